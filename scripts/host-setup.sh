@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine with compose v2, Debian's registry and debootstrap are here.
+# On a machine that already has a working engine and compose v2 (any Spark), this changes
+# nothing. On a bare Debian 12 machine run as root, it installs dockerd 26 + compose v2 from
+# trixie (bookworm's docker.io has no compose v2) and starts dockerd without a bridge: every
+# container sparkctl and its tests run uses host networking.
+set -euo pipefail
+
+say() { printf 'host-setup: %s\n' "$*"; }
+
+engine_ok() { docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }
+tools_ok() { command -v docker-registry >/dev/null && command -v debootstrap >/dev/null; }
+
+if engine_ok && tools_ok; then
+  exit 0
+fi
+
+if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
+  engine_ok || { say "no Docker engine with compose v2 reachable; install Docker and retry"; exit 1; }
+  say "docker-registry and debootstrap are missing: the registry tests will fail"; exit 1
+fi
+
+if ! command -v dockerd >/dev/null || ! docker compose version >/dev/null 2>&1 || ! tools_ok; then
+  say "installing docker.io + compose v2 (trixie), docker-registry, debootstrap"
+  if [ ! -f /etc/apt/sources.list.d/sparkctl-trixie.sources ]; then
+    cat >/etc/apt/sources.list.d/sparkctl-trixie.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    cat >/etc/apt/preferences.d/sparkctl-trixie <<'PIN'
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PIN
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq -t trixie docker.io docker-compose >/dev/null
+  apt-get install -y -qq debootstrap docker-registry >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  say "starting dockerd (--bridge=none --iptables=false), log in /var/log/sparkctl-dockerd.log"
+  setsid dockerd --bridge=none --iptables=false >/var/log/sparkctl-dockerd.log 2>&1 < /dev/null &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+fi
+engine_ok || { say "dockerd did not come up; see /var/log/sparkctl-dockerd.log"; exit 1; }
+say "docker $(docker version --format '{{.Server.Version}}'), $(docker compose version --short)"

@@ -1,0 +1,1 @@
+"""The only modules that import docker, python_on_whales and huggingface_hub."""

@@ -1,0 +1,1 @@
+"""The `sparkctl` command line: typer + rich, one module per command group."""

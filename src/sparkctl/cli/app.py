@@ -1,0 +1,76 @@
+"""The root `sparkctl` command and its single error boundary.
+
+`main()` is the console script: it runs the typer app and turns any failure into one red
+line and exit code 1 (the traceback only with `--debug`).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from sparkctl import __version__
+from sparkctl.cli import config, images, stacks
+from sparkctl.cli.runtime import Runtime
+from sparkctl.errors import SparkctlError
+
+app = typer.Typer(
+    name="sparkctl",
+    help="Deploy, pin, patch, health-check, switch and benchmark LLM stacks on DGX Spark.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(stacks.app, name="stacks")
+app.add_typer(images.app, name="image")
+app.add_typer(config.app, name="config")
+
+_runtime = Runtime()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+) -> None:
+    _runtime.debug = debug
+    ctx.obj = _runtime
+
+
+@app.command()
+def version() -> None:
+    """Print sparkctl's version."""
+    print(__version__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; every error ends here as one line and exit code 1."""
+    err = Console(stderr=True, highlight=False)
+    try:
+        app(args=argv, prog_name="sparkctl", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        err.print("[red]aborted[/]")
+        return 130
+    except SparkctlError as e:
+        _fail(err, f"error: {e}")
+        return 1
+    except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
+        _fail(err, f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+        return 1
+    return 0
+
+
+def _fail(err: Console, line: str) -> None:
+    if _runtime.debug:
+        traceback.print_exc(file=sys.stderr)
+    err.print(f"[red]{escape(line)}[/]", soft_wrap=True)

@@ -1,0 +1,40 @@
+"""The error tree every layer raises from, and the CLI's one boundary catches.
+
+Permanent errors need the user to change something; transient ones may pass on retry and
+carry a delay. Adapters translate third-party exceptions into these (`raise ... from e`).
+"""
+
+from __future__ import annotations
+
+
+class SparkctlError(Exception):
+    """Something sparkctl attempted failed; the message says what, why and what to do."""
+
+    transient = False
+
+
+class TransientError(SparkctlError):
+    """May succeed if retried after `delay` seconds (a registry hiccup, a busy engine)."""
+
+    transient = True
+
+    def __init__(self, message: str, *, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class SpecError(SparkctlError):
+    """A stack or patch file is wrong: names the file, the key and what is allowed."""
+
+    def __init__(self, file: str, key: str, problem: str) -> None:
+        self.file, self.key, self.problem = file, key, problem
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {problem}")
+
+
+class ImageRefused(SparkctlError):
+    """The image policy refuses a ref or digest (blacklisted, or an unpinned `latest`)."""
+
+
+class DockerError(SparkctlError):
+    """A Docker engine call failed; carries the call, status and the engine's words."""

@@ -1,0 +1,133 @@
+"""The image policy: pins (tag -> digest, with provenance) and the blacklist.
+
+Pure: no I/O, no logging. `check` is asked before anything is pulled (with the ref as
+written) and again once the registry has resolved the digest. `spec/imagefile.py` reads and
+edits the YAML file this is built from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sparkctl.errors import ImageRefused
+
+DEFAULT_REGISTRY = "docker.io"
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_REF = re.compile(
+    r"^(?P<name>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+
+
+@dataclass(frozen=True)
+class ImageName:
+    """A parsed image ref, with Docker Hub's implicit registry and `library/` made explicit."""
+
+    registry: str
+    path: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def repository(self) -> str:
+        return f"{self.registry}/{self.path}"
+
+    @property
+    def tagged(self) -> str:
+        """`registry/path:tag` (canonical), or the repository alone when untagged."""
+        return f"{self.repository}:{self.tag}" if self.tag else self.repository
+
+    def __str__(self) -> str:
+        return self.tagged + (f"@{self.digest}" if self.digest else "")
+
+
+def parse_ref(ref: str) -> ImageName:
+    """Parse `[registry/]path[:tag][@sha256:...]`; raise ImageRefused on nonsense."""
+    match = _REF.match(ref.strip())
+    if not match:
+        raise ImageRefused(f"{ref!r} is not an image reference (expected [registry/]name[:tag][@sha256:<64 hex>])")
+    name, tag, digest = match["name"], match["tag"], match["digest"]
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = DEFAULT_REGISTRY, name
+    if registry == DEFAULT_REGISTRY and "/" not in path:
+        path = f"library/{path}"
+    return ImageName(registry, path, tag, digest)
+
+
+def mirrored(name: ImageName, mirrors: Mapping[str, str]) -> str:
+    """The ref to fetch: `name` with its registry swapped for a configured mirror, if any."""
+    mirror = mirrors.get(name.registry)
+    if not mirror:
+        return str(name)
+    return str(ImageName(mirror, name.path, name.tag, name.digest))
+
+
+class Pin(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    digest: str = Field(pattern=DIGEST.pattern)
+    provenance: str = ""  # why this digest is trusted, e.g. "benchmark run 12 passed"
+    known_good: bool = False
+    pinned: dt.date | None = None
+
+
+class Ban(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str = Field(min_length=1)
+    date: dt.date | None = None
+
+
+class ImagePolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pins: dict[str, Pin] = {}
+    blacklist: dict[str, Ban] = {}
+
+    def pin_for(self, ref: str) -> Pin | None:
+        """The pin of `ref`'s tag, however the ref is spelled."""
+        tagged = parse_ref(ref).tagged
+        return next((pin for key, pin in self.pins.items() if parse_ref(key).tagged == tagged), None)
+
+    def ban_for(self, ref: str, digest: str | None = None) -> tuple[str, Ban] | None:
+        """The blacklist entry that matches `ref` (as tagged) or its digest, if any."""
+        name = parse_ref(ref)
+        digests = {d for d in (name.digest, digest) if d}
+        for key, ban in self.blacklist.items():
+            if key in digests:
+                return key, ban
+            if DIGEST.match(key):
+                continue
+            banned = parse_ref(key)
+            if banned.digest and banned.digest in digests:
+                return key, ban
+            if not banned.digest and banned.tagged == name.tagged:
+                return key, ban
+        return None
+
+
+def check(policy: ImagePolicy, ref: str, *, digest: str | None = None, allow_latest: bool = False) -> ImageName:
+    """Refuse a blacklisted ref or digest, or a moving `latest`/untagged ref without opt-in."""
+    name = parse_ref(ref)
+    found = policy.ban_for(ref, digest)
+    if found:
+        key, ban = found
+        since = f" since {ban.date.isoformat()}" if ban.date else ""
+        raise ImageRefused(
+            f"image {ref} is blacklisted{since}: {ban.reason}. "
+            f"Use a known-good tag, or `sparkctl image unblacklist {key}` if it is fixed."
+        )
+    moving = name.tag in (None, "latest") and not name.digest
+    if moving and not allow_latest:
+        raise ImageRefused(
+            f"image {ref} names a moving tag ({name.tag or 'untagged'}); pin a versioned tag or a "
+            "digest, or set `image.allow_latest: true` in the stack to accept it"
+        )
+    return name

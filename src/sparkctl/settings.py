@@ -1,0 +1,75 @@
+"""sparkctl's settings: `SPARKCTL_*` environment variables, then `.env`, then defaults.
+
+Built once by the CLI entry (or the daemon) and passed down; nothing deeper reads the
+environment. Paths that hang off the state dir are derived here, so tests can redirect
+everything by pointing `SPARKCTL_STATE_DIR` somewhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _data_dir(name: str) -> Path:
+    """A checkout's top-level dir (stacks/, patches/, compose/), else the wheel's copy."""
+    checkout = _PACKAGE.parents[1] / name
+    return checkout if checkout.is_dir() else _PACKAGE / "_data" / name
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    return Path(os.environ.get(var) or Path.home() / fallback)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SPARKCTL_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    state_dir: Path = Field(default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state") / "sparkctl")
+    hf_cache_dir: Path = Field(default_factory=lambda: _xdg("HF_HOME", ".cache/huggingface") / "hub")
+    # The standard HF_TOKEN works too; it never leaves sparkctl (engines run offline).
+    hf_token: SecretStr | None = Field(default=None, validation_alias=AliasChoices("SPARKCTL_HF_TOKEN", "HF_TOKEN"))
+    docker_host: str | None = None
+    registry_mirrors: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8000, ge=1, le=65535)
+    memory_ceiling: float = Field(default=0.90, gt=0, le=1)
+    stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
+    patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
+    compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))
+
+    @field_validator("registry_mirrors", mode="before")
+    @classmethod
+    def _parse_mirrors(cls, value: Any) -> Any:
+        """Accept `ghcr.io=127.0.0.1:5001,docker.io=...` as well as a mapping."""
+        if not isinstance(value, str):
+            return value
+        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError("expected REGISTRY=MIRROR[,REGISTRY=MIRROR...]")
+        return {key.strip(): mirror.strip() for key, mirror in pairs}
+
+    @property
+    def images_file(self) -> Path:
+        return self.stacks_dir / "images.yaml"
+
+    def secrets(self) -> list[str]:
+        """Every configured secret value, for the log redactor."""
+        return [s.get_secret_value() for s in (self.hf_token,) if s and s.get_secret_value()]
+
+    def masked(self) -> dict[str, Any]:
+        """The settings as plain values with secrets masked, for `sparkctl config show`."""
+        shown = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = "**********" if value.get_secret_value() else ""
+            shown[name] = str(value) if isinstance(value, Path) else value
+        return shown

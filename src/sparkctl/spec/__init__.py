@@ -1,0 +1,1 @@
+"""Stack and patch-set specs: models, loading (with `extends`), and rendering."""

@@ -1,0 +1,105 @@
+"""Read and edit `images.yaml` (pins and blacklist), keeping its comments and order.
+
+The CLI's `sparkctl image ...` commands and the deploy pipeline call this; the decisions
+themselves live in `policy/images.py`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+
+from sparkctl.errors import SpecError
+from sparkctl.policy.images import DIGEST, Ban, ImagePolicy, Pin, parse_ref
+from sparkctl.spec.load import read_yaml
+
+
+def load_policy(path: Path) -> ImagePolicy:
+    """The policy in `path`; an absent file is an empty policy."""
+    if not path.exists():
+        return ImagePolicy()
+    data = read_yaml(path) or {}
+    try:
+        return ImagePolicy.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise SpecError(str(path), key, f"{first['msg']} (allowed top-level keys: pins, blacklist)") from None
+
+
+def pin(path: Path, ref: str, *, digest: str, provenance: str = "", known_good: bool = False) -> Pin:
+    entry = Pin(digest=digest, provenance=provenance, known_good=known_good, pinned=dt.date.today())
+    _edit(path, "pins", parse_ref(ref).tagged, entry.model_dump(mode="json", exclude_defaults=True))
+    return entry
+
+
+def unpin(path: Path, ref: str) -> bool:
+    return _remove(path, "pins", ref)
+
+
+def blacklist(path: Path, ref: str, *, reason: str, date: dt.date | None = None) -> Ban:
+    entry = Ban(reason=reason, date=date or dt.date.today())
+    key = ref if DIGEST.match(ref) else str(parse_ref(ref))
+    _edit(path, "blacklist", key, entry.model_dump(mode="json", exclude_none=True))
+    return entry
+
+
+def unblacklist(path: Path, ref: str) -> bool:
+    return _remove(path, "blacklist", ref)
+
+
+def _edit(path: Path, section: str, key: str, value: dict[str, Any]) -> None:
+    def apply(doc: CommentedMap) -> None:
+        table = doc.setdefault(section, CommentedMap())
+        if table is None:
+            table = doc[section] = CommentedMap()
+        table[key] = CommentedMap(value)
+
+    _round_trip(path, apply)
+
+
+def _remove(path: Path, section: str, ref: str) -> bool:
+    removed: list[str] = []
+
+    def apply(doc: CommentedMap) -> None:
+        table = doc.get(section) or {}
+        removed.extend(key for key in table if _same(key, ref))
+        for key in removed:
+            del table[key]
+
+    _round_trip(path, apply)
+    return bool(removed)
+
+
+def _same(key: str, ref: str) -> bool:
+    """Whether a policy key and a ref name the same thing, however each is spelled."""
+    if DIGEST.match(key) or DIGEST.match(ref):
+        return key == ref
+    a, b = parse_ref(key), parse_ref(ref)
+    return (a.tagged, a.digest) == (b.tagged, b.digest)
+
+
+def _round_trip(path: Path, apply: Callable[[CommentedMap], None]) -> None:
+    """Load with comments, apply, validate the result, and replace the file atomically."""
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    doc = yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None
+    doc = doc if isinstance(doc, CommentedMap) else CommentedMap()
+    apply(doc)
+    tmp = path.with_suffix(".yaml.tmp")
+    with tmp.open("w", encoding="utf-8") as out:
+        yaml.dump(doc, out)
+    try:
+        load_policy(tmp)
+    except SpecError:
+        tmp.unlink()
+        raise
+    os.replace(tmp, path)

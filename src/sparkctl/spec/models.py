@@ -1,0 +1,241 @@
+"""The declarative models of a serving stack and of a patch set.
+
+Every model is frozen and forbids unknown keys, so a typo in a stack file fails loudly with
+the key and the allowed names. `load.py` builds these from YAML; `render.py` turns a stack
+into a container plan; policy and deploy code read them and never change them.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Seconds = Annotated[float, Field(gt=0, le=86_400)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Kind(StrEnum):
+    VLLM = "vllm"  # sparkctl renders and runs the engine container itself
+    COMPOSE = "compose"  # an existing compose project, brought up through compose v2
+
+
+class Image(Spec):
+    repository: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._/:-]*$")
+    tag: str | None = Field(default=None, pattern=r"^[\w][\w.-]{0,127}$")
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    allow_latest: bool = False  # opt in to a moving `latest`/untagged ref
+
+    @property
+    def ref(self) -> str:
+        """The ref as written: `repo:tag`, `repo@digest` or `repo:tag@digest`."""
+        tag = f":{self.tag}" if self.tag else ""
+        digest = f"@{self.digest}" if self.digest else ""
+        return f"{self.repository}{tag}{digest}"
+
+
+class Weights(Spec):
+    """A Hugging Face repo at a revision, or a directory already on this machine."""
+
+    repo: str | None = Field(default=None, pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: str = "main"
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Weights:
+        if (self.repo is None) == (self.path is None):
+            raise ValueError("give exactly one of `repo` (a Hugging Face repo id) or `path`")
+        return self
+
+
+class Speculative(Spec):
+    method: Literal["dflash", "eagle", "eagle3", "mtp", "ngram", "draft_model"]
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    draft_sample_method: Literal["greedy", "probabilistic"] | None = None
+    attention_backend: str | None = None
+    prompt_lookup_max: int | None = Field(default=None, ge=1)
+    prompt_lookup_min: int | None = Field(default=None, ge=1)
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.method not in ("ngram", "mtp")
+
+
+class VllmArgs(Spec):
+    """`vllm serve` flags, typed. Anything not modelled goes through `extra_args`."""
+
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    max_model_len: int | None = Field(default=None, ge=16)
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    attention_backend: str | None = None
+    mamba_cache_dtype: str | None = None
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: str | None = None
+    quantization: str | None = None
+    compilation_config: dict[str, object] | None = None
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    distributed_executor_backend: Literal["ray", "mp"] | None = None
+    enforce_eager: bool = False
+    speculative: Speculative | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+class Mount(Spec):
+    source: str = Field(min_length=1)
+    target: str = Field(pattern=r"^/")
+    read_only: bool = True
+
+
+SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"})
+
+
+class Container(Spec):
+    # Some engine images (aeon) have /bin/bash as ENTRYPOINT: always name `vllm` explicitly.
+    entrypoint: tuple[str, ...] | None = ("vllm",)
+    ipc: Literal["host", "private", "shareable"] = "host"
+    shm_size: str = Field(default="16g", pattern=SIZE.pattern)
+    gpus: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
+    env: dict[str, str] = {}
+    mounts: tuple[Mount, ...] = ()
+    compile_cache: str | None = Field(default=None, pattern=r"^/")
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        leaked = SECRET_ENV & env.keys()
+        if leaked:
+            raise ValueError(
+                f"{sorted(leaked)[0]} must not be set here: engines run offline (HF_HUB_OFFLINE=1) and "
+                "the token stays in sparkctl's settings (SPARKCTL_HF_TOKEN)"
+            )
+        return env
+
+
+class Resources(Spec):
+    # vLLM reserves this fraction of unified memory up front; admission sums it.
+    gpu_memory_utilization: Fraction = 0.80
+
+
+class Health(Spec):
+    """Budgets per phase of the health check, in seconds."""
+
+    start: Seconds = 60
+    load: Seconds = 1800
+    ready: Seconds = 120
+    canary: Seconds = 120
+
+
+class Canary(Spec):
+    prompt: str = Field(default="Reply with one short sentence: what is 2 + 2?", min_length=1)
+    max_tokens: int = Field(default=32, ge=1, le=4096)
+
+
+class Expectations(Spec):
+    min_decode_tps: float | None = Field(default=None, gt=0)  # at depth 0, single stream
+    min_acceptance: float | None = Field(default=None, ge=0, le=1)
+    max_drop: float | None = Field(default=None, gt=0, lt=1)  # vs the last known-good run
+    min_concurrency: int | None = Field(default=None, ge=1)  # must not crash at this many
+
+
+class KnownIssue(Spec):
+    text: str = Field(min_length=1)
+    max_concurrency: int | None = Field(default=None, ge=1)  # enforced by the gateway
+
+
+class ComposeProject(Spec):
+    project: str = Field(min_length=1)  # a directory under the compose dir
+    service: str = Field(min_length=1)  # the service that serves the endpoint
+    served_model_name: str = Field(min_length=1)
+    port: Port
+    env: dict[str, str] = {}
+
+
+class Stack(Spec):
+    name: Name
+    kind: Kind = Kind.VLLM
+    description: str = ""
+    abstract: bool = False  # a base for `extends`, never deployed
+    extends: Name | None = None
+    image: Image
+    model: Weights | None = None
+    draft: Weights | None = None
+    patches: tuple[Name, ...] = ()
+    vllm: VllmArgs | None = None
+    compose: ComposeProject | None = None
+    container: Container = Container()
+    resources: Resources = Resources()
+    health: Health = Health()
+    canary: Canary = Canary()
+    bench_profile: Literal["quick", "seed", "concurrency"] = "quick"
+    expectations: Expectations = Expectations()
+    known_issues: tuple[KnownIssue, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Stack:
+        if self.abstract:
+            return self
+        if self.kind is Kind.VLLM:
+            if self.vllm is None or self.model is None:
+                raise ValueError("a `vllm` stack needs `model` and `vllm`")
+            if self.compose is not None:
+                raise ValueError("`compose` belongs to kind `compose` only")
+            spec = self.vllm.speculative
+            if spec and spec.needs_draft and self.draft is None:
+                raise ValueError(f"speculative method {spec.method!r} needs a `draft`")
+        elif self.compose is None:
+            raise ValueError("a `compose` stack needs `compose`")
+        if self.draft is not None and (self.vllm is None or self.vllm.speculative is None):
+            raise ValueError("`draft` is set but `vllm.speculative` is not")
+        return self
+
+    @property
+    def served_name(self) -> str:
+        if self.compose is not None:
+            return self.compose.served_model_name
+        assert self.vllm is not None
+        return self.vllm.served_model_name or self.name
+
+    @property
+    def port(self) -> int:
+        return self.compose.port if self.compose else self.vllm.port  # type: ignore[union-attr]
+
+    @property
+    def max_concurrency(self) -> int | None:
+        caps = [i.max_concurrency for i in self.known_issues if i.max_concurrency]
+        return min(caps) if caps else None
+
+
+class Overlay(Spec):
+    """A whole file from the draft snapshot, laid over a path in vLLM's package dir."""
+
+    source: str = Field(pattern=r"^(draft|model):.+")
+    target: str = Field(pattern=r"^[\w./-]+\.py$")
+
+
+class Shim(Spec):
+    """Class-level attribute defaults inserted into a class of a vLLM source file."""
+
+    file: str = Field(pattern=r"^[\w./-]+\.py$")
+    class_name: str = Field(alias="class", pattern=r"^[A-Za-z_]\w*$")
+    attributes: dict[str, str] = Field(min_length=1)
+
+
+class PatchSet(Spec):
+    name: Name
+    description: str = ""
+    overlays: tuple[Overlay, ...] = ()
+    shims: tuple[Shim, ...] = ()
+    diffs: tuple[str, ...] = ()  # unified diff files, relative to the patches dir

@@ -1,0 +1,179 @@
+"""Render a vLLM stack into a container plan: image, entrypoint, command, env, mounts, labels.
+
+Pure and deterministic: the same stack and sources give the same plan, byte for byte, so the
+spec hash is stable and golden tests can pin it. The deploy pipeline feeds the plan to the
+Docker adapter; `sparkctl stacks render` prints it as `docker run`, compose or JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sparkctl.spec.models import Kind, Stack
+
+MODEL_DIR = "/model"
+DRAFT_DIR = "/draft"
+LABEL_STACK = "sparkctl.stack"
+LABEL_SPEC_HASH = "sparkctl.spec-hash"
+LABEL_FINGERPRINT = "sparkctl.fingerprint"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the things a stack needs are on the host (known once the deploy fetched them)."""
+
+    model_dir: str
+    draft_dir: str | None = None
+    overlays: tuple[tuple[str, str], ...] = ()  # (host file, path inside the container)
+    compile_cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class MountPlan:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    name: str
+    image: str
+    entrypoint: tuple[str, ...] | None
+    command: tuple[str, ...]
+    env: dict[str, str]
+    mounts: tuple[MountPlan, ...]
+    labels: dict[str, str]
+    ipc_mode: str
+    shm_size: str
+    gpus: str | int
+    network_mode: str = "host"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def docker_run(self) -> str:
+        args = ["docker", "run", "-d", "--name", self.name, "--network", self.network_mode,
+                "--ipc", self.ipc_mode, "--shm-size", self.shm_size]
+        if self.gpus != "none":
+            args += ["--gpus", str(self.gpus)]
+        for key, value in self.labels.items():
+            args += ["--label", f"{key}={value}"]
+        for key, value in self.env.items():
+            args += ["-e", f"{key}={value}"]
+        for m in self.mounts:
+            args += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
+        if self.entrypoint:
+            args += ["--entrypoint", self.entrypoint[0]]
+        args += [self.image, *(self.entrypoint or ())[1:], *self.command]
+        return shlex.join(args)
+
+    def compose_service(self) -> dict[str, Any]:
+        service: dict[str, Any] = {
+            "image": self.image, "container_name": self.name, "network_mode": self.network_mode,
+            "ipc": self.ipc_mode, "shm_size": self.shm_size, "labels": dict(self.labels),
+            "environment": dict(self.env),
+            "volumes": [f"{m.source}:{m.target}" + (":ro" if m.read_only else "") for m in self.mounts],
+        }
+        if self.entrypoint:
+            service["entrypoint"] = list(self.entrypoint)
+        service["command"] = list(self.command)
+        if self.gpus != "none":
+            count = "all" if self.gpus == "all" else self.gpus
+            service["deploy"] = {"resources": {"reservations": {"devices": [
+                {"driver": "nvidia", "count": count, "capabilities": ["gpu"]}]}}}
+        return {"services": {self.labels[LABEL_STACK]: service}}
+
+
+def spec_hash(stack: Stack) -> str:
+    """A short, stable hash of everything the stack file says (after `extends`)."""
+    canonical = json.dumps(stack.model_dump(mode="json", by_alias=True), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def container_name(stack: Stack) -> str:
+    return f"sparkctl-{stack.name}"
+
+
+def render(
+    stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None
+) -> ContainerPlan:
+    """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest)."""
+    if stack.kind is not Kind.VLLM or stack.vllm is None:
+        raise ValueError(f"stack {stack.name} is a {stack.kind} stack; only vllm stacks render to a container")
+    labels = {LABEL_STACK: stack.name, LABEL_SPEC_HASH: spec_hash(stack)}
+    if fingerprint:
+        labels[LABEL_FINGERPRINT] = fingerprint
+    c = stack.container
+    return ContainerPlan(
+        name=container_name(stack),
+        image=image or stack.image.ref,
+        entrypoint=c.entrypoint,
+        command=("serve", MODEL_DIR, *vllm_args(stack)),
+        env={"HF_HUB_OFFLINE": "1", **dict(sorted(c.env.items()))},
+        mounts=_mounts(stack, sources),
+        labels=labels,
+        ipc_mode=c.ipc,
+        shm_size=c.shm_size,
+        gpus=c.gpus,
+    )
+
+
+def vllm_args(stack: Stack) -> list[str]:
+    """`vllm serve` flags for the stack, in a fixed order."""
+    v = stack.vllm
+    assert v is not None
+    args = ["--served-model-name", stack.served_name, "--host", v.host, "--port", str(v.port)]
+    args += _value("--max-model-len", v.max_model_len)
+    args += ["--gpu-memory-utilization", f"{stack.resources.gpu_memory_utilization:g}"]
+    args += _toggle("prefix-caching", v.enable_prefix_caching)
+    args += _toggle("chunked-prefill", v.enable_chunked_prefill)
+    args += _value("--quantization", v.quantization)
+    args += _value("--attention-backend", v.attention_backend)
+    args += _value("--mamba-cache-dtype", v.mamba_cache_dtype)
+    args += _value("--kv-cache-dtype", v.kv_cache_dtype)
+    args += _value("--max-num-seqs", v.max_num_seqs)
+    args += _value("--max-num-batched-tokens", v.max_num_batched_tokens)
+    if v.tensor_parallel_size != 1:
+        args += ["--tensor-parallel-size", str(v.tensor_parallel_size)]
+    args += _value("--distributed-executor-backend", v.distributed_executor_backend)
+    if v.compilation_config is not None:
+        args += ["--compilation-config", json.dumps(v.compilation_config, sort_keys=True)]
+    if v.enforce_eager:
+        args.append("--enforce-eager")
+    if v.speculative is not None:
+        config = {"method": v.speculative.method}
+        if stack.draft is not None:
+            config["model"] = DRAFT_DIR
+        config |= v.speculative.model_dump(exclude={"method"}, exclude_none=True)
+        args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    return args + list(v.extra_args)
+
+
+def _value(flag: str, value: object) -> list[str]:
+    return [] if value is None else [flag, str(value)]
+
+
+def _toggle(name: str, on: bool | None) -> list[str]:
+    if on is None:
+        return []
+    return [f"--enable-{name}"] if on else [f"--no-enable-{name}"]
+
+
+def _mounts(stack: Stack, sources: Sources) -> tuple[MountPlan, ...]:
+    mounts = [MountPlan(sources.model_dir, MODEL_DIR)]
+    if stack.draft is not None:
+        if sources.draft_dir is None:
+            raise ValueError(f"stack {stack.name} has a draft but no draft dir was given")
+        mounts.append(MountPlan(sources.draft_dir, DRAFT_DIR))
+    mounts += [MountPlan(host, target) for host, target in sources.overlays]
+    cache = stack.container.compile_cache
+    if cache and sources.compile_cache_dir:
+        mounts.append(MountPlan(sources.compile_cache_dir, cache, read_only=False))
+    mounts += [MountPlan(m.source, m.target, m.read_only) for m in stack.container.mounts]
+    return tuple(mounts)
