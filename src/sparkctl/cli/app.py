@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import traceback
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -53,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False)
     try:
         app(args=argv, prog_name="sparkctl", standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err.print("[red]aborted[/]")
         return 130
+    except typer.TyperException as e:  # usage errors: typer prints them with the usage line
+        e.show()
+        return getattr(e, "exit_code", 2)
     except SparkctlError as e:
         _fail(err, f"error: {e}")
         return 1

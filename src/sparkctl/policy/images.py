@@ -18,8 +18,10 @@ from sparkctl.errors import ImageRefused
 
 DEFAULT_REGISTRY = "docker.io"
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_COMPONENT = r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
 _REF = re.compile(
-    r"^(?P<name>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+    rf"^(?:(?P<host>[a-z0-9.-]+(?::\d+)?)/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>\w[\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 
 
@@ -50,14 +52,13 @@ def parse_ref(ref: str) -> ImageName:
     match = _REF.match(ref.strip())
     if not match:
         raise ImageRefused(f"{ref!r} is not an image reference (expected [registry/]name[:tag][@sha256:<64 hex>])")
-    name, tag, digest = match["name"], match["tag"], match["digest"]
-    first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first, rest
-    else:
-        registry, path = DEFAULT_REGISTRY, name
+    host, path = match["host"], match["path"]
+    if host and not ("." in host or ":" in host or host == "localhost"):
+        host, path = None, f"{host}/{path}"  # `vllm/vllm-openai`: a Docker Hub namespace
+    registry = host or DEFAULT_REGISTRY
     if registry == DEFAULT_REGISTRY and "/" not in path:
         path = f"library/{path}"
+    tag, digest = match["tag"], match["digest"]
     return ImageName(registry, path, tag, digest)
 
 

@@ -36,7 +36,7 @@ def load_policy(path: Path) -> ImagePolicy:
 
 def pin(path: Path, ref: str, *, digest: str, provenance: str = "", known_good: bool = False) -> Pin:
     entry = Pin(digest=digest, provenance=provenance, known_good=known_good, pinned=dt.date.today())
-    _edit(path, "pins", parse_ref(ref).tagged, entry.model_dump(mode="json", exclude_defaults=True))
+    _edit(path, "pins", parse_ref(ref).tagged, entry.model_dump(exclude_defaults=True))
     return entry
 
 
@@ -47,7 +47,7 @@ def unpin(path: Path, ref: str) -> bool:
 def blacklist(path: Path, ref: str, *, reason: str, date: dt.date | None = None) -> Ban:
     entry = Ban(reason=reason, date=date or dt.date.today())
     key = ref if DIGEST.match(ref) else str(parse_ref(ref))
-    _edit(path, "blacklist", key, entry.model_dump(mode="json", exclude_none=True))
+    _edit(path, "blacklist", key, entry.model_dump(exclude_none=True))
     return entry
 
 

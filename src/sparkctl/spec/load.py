@@ -149,7 +149,7 @@ def _spec_error(model: type[BaseModel], error: ValidationError, path: Path) -> S
     else:
         got = first.get("input")
         shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-        problem = f"{first['msg']}{shown}"
+        problem = first["msg"].removeprefix("Value error, ") + shown
     more = len(error.errors()) - 1
     return SpecError(str(path), key, problem + (f" (and {more} more problems)" if more else ""))
 

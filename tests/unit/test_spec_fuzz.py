@@ -1,0 +1,56 @@
+"""Fuzz the stack loader: whatever the file holds, it loads or fails with a SpecError."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkctl.errors import SpecError
+from sparkctl.spec.load import load_stacks
+from sparkctl.spec.models import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = sorted(Stack.model_fields) + ["repository", "tag", "repo", "port", "speculative", "method",
+                                     "num_speculative_tokens", "gpu_memory_utilization", "x"]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 300_000), st.floats(allow_nan=False),
+                    st.text(max_size=12), st.sampled_from(["qwen36-base", "qwen36-dflash", "latest", "dflash"]))
+values = st.recursive(scalars, lambda kids: st.one_of(
+    st.lists(kids, max_size=3), st.dictionaries(st.sampled_from(KEYS), kids, max_size=4)), max_leaves=12)
+documents = st.dictionaries(st.sampled_from(KEYS), values, max_size=8)
+
+
+def _load(tmp: Path, text: str) -> None:
+    base = ROOT / "stacks" / "qwen36-base.yaml"
+    target = tmp / "fuzz.yaml"
+    target.write_text(text)
+    try:
+        load_stacks([base, target])
+    except SpecError as e:
+        assert str(e).startswith(str(target)) or str(e).startswith(str(base)), e
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=documents)
+def test_structured_documents(tmp_path: Path, doc: dict) -> None:
+    # JSON is YAML: this writes any structure, typed as generated.
+    _load(tmp_path, json.dumps(doc, default=str))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_arbitrary_text(tmp_path: Path, text: str) -> None:
+    _load(tmp_path, text)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(drop=st.sets(st.sampled_from(["image", "model", "vllm", "name", "extends"])),
+       extra=st.dictionaries(st.sampled_from(KEYS), values, max_size=3))
+def test_mutated_real_stack(tmp_path: Path, drop: set, extra: dict) -> None:
+    doc = {"name": "m", "extends": "qwen36-base", "abstract": False,
+           "image": {"repository": "vllm/vllm-openai", "tag": "v0.24.0"},
+           "model": {"repo": "a/b"}, "vllm": {"port": 8001}}
+    doc = {k: v for k, v in doc.items() if k not in drop} | extra
+    _load(tmp_path, json.dumps(doc, default=str))
