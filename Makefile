@@ -1,0 +1,47 @@
+# sparkctl: `make test` and `make demo` set up what they need on a fresh machine.
+# On a machine that already has a Docker engine with compose v2 (any Spark), setup changes
+# nothing on the system; on a bare Debian 12 machine run as root it installs and starts them.
+
+VENV := .venv
+PYTHON ?= python3
+export SPARKCTL_BUILD_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/sparkctl-build,$(HOME)/.cache/sparkctl-build)
+
+.PHONY: test unit integration setup venv perf demo clean
+
+test: setup  ## every test tier, on the real engine
+	$(VENV)/bin/pytest tests
+
+unit: venv  ## pure tests only, no Docker
+	$(VENV)/bin/pytest tests/unit
+
+integration: setup
+	$(VENV)/bin/pytest tests/integration
+
+setup: venv
+	bash scripts/host-setup.sh
+	bash scripts/base-image.sh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+perf: setup  ## benchmarks that print figures side by side with their references
+	@set -e; found=0; for f in tests/perf/bench_*.py; do \
+	  [ -e "$$f" ] || continue; found=1; $(VENV)/bin/python "$$f"; done; \
+	  [ $$found = 1 ] || echo "perf: no benchmarks yet (they arrive with the deploy, daemon and gateway work)"
+
+demo:
+	@echo "make demo is not built yet. When it is, it will, offline on simulated engines:"
+	@echo "  start the daemon and gateway; sparkctl up qwen36-dflash (pull by digest from a local"
+	@echo "  registry, weights, draft patches + shim); benchmark it; run an agent-like loop through"
+	@echo "  the gateway; switch primary to aeon-gemma4-v2; show aeon-gemma4 :latest refused by the"
+	@echo "  blacklist; switch to diffusiongemma (compose); write the comparison report."
+	@echo "Today: sparkctl stacks list | stacks render qwen36-dflash | image list  (after make venv)."
+	@exit 1
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
