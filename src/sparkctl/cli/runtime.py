@@ -6,6 +6,7 @@ is the one place settings are read from the environment.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -13,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from sparkctl import log
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.images import ImagePolicy
 from sparkctl.settings import Settings
@@ -30,11 +32,13 @@ class Runtime:
     @cached_property
     def settings(self) -> Settings:
         try:
-            return Settings()
+            settings = Settings()
         except ValidationError as e:
             first = e.errors()[0]
             name = "SPARKCTL_" + ".".join(str(p) for p in first["loc"]).upper()
             raise SparkctlError(f"setting {name} is invalid: {first['msg']}") from None
+        log.configure(secrets=settings.secrets(), level=logging.DEBUG if self.debug else logging.INFO)
+        return settings
 
     @cached_property
     def catalog(self) -> Catalog:
