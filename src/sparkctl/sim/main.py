@@ -1,0 +1,183 @@
+"""`vllm serve MODEL [flags]` for the simulated engine: vLLM's flags, checks and start-up.
+
+Accepts the flags sparkctl renders (and a few more the compose projects use), rejects unknown
+flags the way vLLM's argparse does (exit 2, message on stderr), checks the DFlash patches like
+the real engine would fail without them, loads for the profile's time, then serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from sparkctl.sim.engine import VERSION, Engine, Faults, Vocabulary
+from sparkctl.sim.profiles import PROFILES, Profile, min_memory_fraction
+
+OVERLAY_MARKERS = {  # the DSpark draft's vllm_patches carry these lines
+    "model_executor/models/qwen3_dflash.py": "DSPARK_PATCH = \"qwen3_dflash\"",
+    "v1/spec_decode/llm_base_proposer.py": "DSPARK_PATCH = \"llm_base_proposer\"",
+}
+SHIM_ATTRIBUTES = ("_draft_kv_cache_group_ids", "_draft_layer_to_kv_cache_gid")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    profile = PROFILES[args.sim_profile]
+    faults = Faults.parse(os.environ.get("SPARKCTL_SIM_FAULTS", ""))
+    for key in ("crash_after", "crash_above", "slow_health"):
+        if getattr(args, f"sim_{key}") is not None:
+            setattr(faults, key, getattr(args, f"sim_{key}"))
+    faults.hang_on_load |= args.sim_hang_on_load
+    faults.garbage |= args.sim_garbage
+    faults.empty |= args.sim_empty
+    speculative = _speculative(args)
+    _preflight(args, profile, speculative)
+    scale = float(os.environ.get("SPARKCTL_SIM_TIME_SCALE", "1"))
+    _load(profile, scale, faults)
+    vocab = Vocabulary(Path(args.model), seed=args.sim_seed)
+    engine = Engine(profile, vocab, num_speculative=speculative.get("num_speculative_tokens", 0),
+                    scale=scale, max_model_len=args.max_model_len, faults=faults, seed=args.sim_seed)
+    asyncio.run(_serve(engine, args))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm")
+    p.add_argument("--version", action="version", version=VERSION)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("model")
+    s.add_argument("--served-model-name", nargs="+")
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-model-len", type=int, default=131072)
+    s.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
+    s.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
+    s.add_argument("--attention-backend")
+    s.add_argument("--mamba-cache-dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    s.add_argument("--max-num-seqs", type=int)
+    s.add_argument("--max-num-batched-tokens", type=int)
+    s.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"])
+    s.add_argument("--quantization", "-q")
+    s.add_argument("--compilation-config", "-O", type=json.loads)
+    s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    s.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"])
+    s.add_argument("--speculative-config", type=json.loads)
+    s.add_argument("--enforce-eager", action="store_true")
+    s.add_argument("--enable-auto-tool-choice", action="store_true")
+    s.add_argument("--tool-call-parser")
+    s.add_argument("--reasoning-parser")
+    s.add_argument("--sim-profile", choices=sorted(PROFILES),
+                   default=os.environ.get("SPARKCTL_SIM_PROFILE", "qwen36-nvfp4"))
+    s.add_argument("--sim-seed", type=int, default=0)
+    s.add_argument("--sim-crash-after", type=int)
+    s.add_argument("--sim-crash-above", type=int)
+    s.add_argument("--sim-slow-health", type=float)
+    s.add_argument("--sim-hang-on-load", action="store_true")
+    s.add_argument("--sim-garbage", action="store_true")
+    s.add_argument("--sim-empty", action="store_true")
+    return p
+
+
+def vllm_package_dir() -> Path:
+    """vLLM's package dir in this image, found without importing it (as sparkctl does)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("ModuleNotFoundError: No module named 'vllm'")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _speculative(args: argparse.Namespace) -> dict:
+    config = args.speculative_config or {}
+    if config and config.get("method") not in ("dflash", "eagle", "eagle3", "mtp", "ngram", "draft_model"):
+        _die(f"ValueError: unknown speculative method {config.get('method')!r}")
+    return config
+
+
+def _preflight(args: argparse.Namespace, profile: Profile, speculative: dict) -> None:
+    """The start-up failures the real engine has, with the same words."""
+    if not (Path(args.model) / "tokenizer.json").is_file():
+        _die(f"OSError: Can't load tokenizer for '{args.model}': no tokenizer.json")
+    if args.gpu_memory_utilization < min_memory_fraction(profile):
+        _die("ValueError: No available memory for the cache blocks. Try increasing "
+             "`gpu_memory_utilization` when initializing the engine.")
+    if speculative.get("method") == "dflash":
+        _check_dflash(speculative)
+
+
+def _check_dflash(config: dict) -> None:
+    draft = Path(config.get("model") or "")
+    if not draft.is_dir():
+        _die(f"OSError: draft model {draft} not found")
+    vllm = vllm_package_dir()
+    for rel, marker in OVERLAY_MARKERS.items():
+        text = (vllm / rel).read_text() if (vllm / rel).is_file() else ""
+        if marker not in text:
+            _die(f"ImportError: cannot import name 'DSparkDFlashHead' from 'vllm.{rel[:-3].replace('/', '.')}' "
+                 "(the draft's vllm_patches are not applied)")
+    tree = ast.parse((vllm / "v1/spec_decode/dflash.py").read_text())
+    cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "DFlashProposer"), None)
+    assigned = {t.id for n in (cls.body if cls else []) if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Name)}
+    missing = [a for a in SHIM_ATTRIBUTES if a not in assigned]
+    if missing:
+        _die(f"AttributeError: 'DFlashProposer' object has no attribute '{missing[0]}'")
+
+
+def _load(profile: Profile, scale: float, faults: Faults) -> None:
+    _log(f"Loading weights ({profile.weights_gib:.1f} GiB, profile {profile.name})")
+    time.sleep(profile.load_s * scale)
+    if faults.hang_on_load:
+        _log("Loading weights ...")
+        while True:
+            time.sleep(3600)
+    _log(f"Loading weights took {profile.load_s:.2f} seconds")
+    time.sleep(profile.compile_s * scale)
+    _log(f"torch.compile takes {profile.compile_s:.2f} s in total")
+
+
+async def _serve(engine: Engine, args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    from sparkctl.sim.server import Api
+
+    name = (args.served_model_name or [args.model])[0]
+    runner = web.AppRunner(Api(engine, served_name=name, max_model_len=args.max_model_len).app(),
+                           access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+    except OSError as e:
+        _die(f"OSError: [Errno {e.errno}] error while attempting to bind on address "
+             f"('{args.host}', {args.port}): address already in use")
+    _log(f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+    await asyncio.Event().wait()
+
+
+def _log(message: str) -> None:
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] {message}", file=sys.stderr, flush=True)
+
+
+def _die(message: str) -> None:
+    print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [sim] {message}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Speed profiles of the simulated engine, calibrated to the seed studies (DGX Spark, GB10).
+
+Decode and prefill speeds are piecewise-linear in context depth through measured points.
+Figures marked `measured` come from the seeds; `estimate` marks a value the seeds don't give
+(documented in docs/engines.md). Pure data plus interpolation; the server reads it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+Curve = tuple[tuple[int, float], ...]  # (context depth in tokens, tokens/s)
+
+
+def at(curve: Curve, depth: int) -> float:
+    """Linear interpolation through the curve's points, flat beyond both ends."""
+    depths = [d for d, _ in curve]
+    i = bisect_right(depths, depth)
+    if i == 0:
+        return curve[0][1]
+    if i == len(curve):
+        return curve[-1][1]
+    (d0, v0), (d1, v1) = curve[i - 1], curve[i]
+    return v0 + (v1 - v0) * (depth - d0) / (d1 - d0)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    decode: Curve  # single-stream decode tok/s by depth
+    prefill: Curve  # prefill tok/s by depth
+    load_s: float  # weights from NVMe into unified memory, until the port opens
+    compile_s: float = 0.0  # torch.compile / graph capture, after the weights
+    weights_gib: float = 20.0  # memory the weights take: fractions below it cannot start
+    acceptance: float = 0.0  # speculative acceptance rate per drafted token
+    block: int = 1  # tokens per streamed chunk (diffusion engines commit whole blocks)
+    crash_above: int | None = None  # dies when more requests than this run at once
+
+    def decode_tps(self, depth: int) -> float:
+        return at(self.decode, depth)
+
+    def prefill_tps(self, depth: int) -> float:
+        return at(self.prefill, depth)
+
+
+_UNIFIED_GIB = 119.0  # what the GB10 reports usable
+_QWEN_PREFILL: Curve = ((0, 1800.0), (16384, 1500.0), (65536, 900.0))  # estimate
+_MOE_PREFILL: Curve = ((0, 5200.0), (16384, 4400.0), (65536, 3000.0))  # estimate
+# Seed 000: decode is bandwidth-bound and equal across engines; NVFP4 8.9 tok/s, BF16 4.5 at
+# depth 0; no-spec NVFP4 8.6 at 12k and 7.7 at 64k (measured); BF16 scaled alike.
+_NVFP4: Curve = ((0, 8.9), (12288, 8.6), (65536, 7.7))
+_BF16: Curve = ((0, 4.5), (12288, 4.35), (65536, 3.9))
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    Profile("qwen36-nvfp4", _NVFP4, _QWEN_PREFILL, load_s=150, compile_s=40, weights_gib=24),
+    Profile("qwen36-bf16", _BF16, _QWEN_PREFILL, load_s=300, compile_s=40, weights_gib=51),
+    # DFlash n=8 on NVFP4: 21-26 tok/s through 8k, then below no-spec: 7.5 @12k, 5.7 @64k (measured).
+    Profile("qwen36-dflash-n8", ((0, 26.0), (4096, 23.5), (8192, 21.0), (12288, 7.5), (65536, 5.7)),
+            _QWEN_PREFILL, load_s=170, compile_s=45, weights_gib=28, acceptance=0.648),
+    # DFlash n=1 on BF16: the seeds give no figure; one draft token at ~65% acceptance (estimate).
+    Profile("qwen36-dflash-n1", ((0, 6.9), (8192, 6.5), (12288, 4.4), (65536, 3.6)),
+            _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648),
+    # Seed 003: 81 tok/s single stream, acceptance 55-62% (measured).
+    Profile("aeon-gemma4-v2", ((0, 81.0), (32768, 70.0), (262144, 48.0)), _MOE_PREFILL,
+            load_s=90, compile_s=30, weights_gib=17, acceptance=0.58),
+    # The broken `latest` of 2026-06-10: acceptance ~10%, crashes above 16 concurrent requests.
+    Profile("aeon-gemma4-latest-broken", ((0, 44.0), (32768, 38.0), (262144, 26.0)), _MOE_PREFILL,
+            load_s=90, compile_s=30, weights_gib=17, acceptance=0.10, crash_above=16),
+    # Seed 003: 210 tok/s single stream, block-diffusion decoder, torch.compile 31.5 s cold.
+    Profile("diffusiongemma", ((0, 210.0), (32768, 185.0), (262144, 120.0)), _MOE_PREFILL,
+            load_s=88, compile_s=31.5, weights_gib=19, block=16),
+)}
+
+
+def min_memory_fraction(profile: Profile) -> float:
+    """The smallest --gpu-memory-utilization that holds the weights plus a little KV cache."""
+    return min(1.0, (profile.weights_gib + 2.0) / _UNIFIED_GIB)

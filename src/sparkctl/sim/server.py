@@ -1,0 +1,198 @@
+"""The simulated engine's HTTP API, shaped like vLLM's OpenAI server (aiohttp).
+
+Routes: /health, /version, /v1/models, /metrics, /v1/chat/completions, /v1/completions, with
+vLLM's JSON and SSE chunk shapes. Built by `main.py` once loading is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from sparkctl.sim.engine import VERSION, Engine, Histogram
+
+
+class Api:
+    def __init__(self, engine: Engine, *, served_name: str, max_model_len: int) -> None:
+        self.engine, self.served_name, self.max_model_len = engine, served_name, max_model_len
+        self.created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", lambda _: web.json_response({"version": VERSION}))
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        return app
+
+    async def health(self, _: web.Request) -> web.Response:
+        if self.engine.faults.slow_health:
+            await asyncio.sleep(self.engine.faults.slow_health)
+        return web.Response(status=200 if self.engine.healthy else 503)
+
+    async def models(self, _: web.Request) -> web.Response:
+        card = {"id": self.served_name, "object": "model", "created": self.created, "owned_by": "vllm",
+                "root": self.served_name, "parent": None, "max_model_len": self.max_model_len}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _error(400, "messages must be a non-empty list", "BadRequestError")
+        prompt = "".join(f"<|{m.get('role')}|>{_content(m.get('content'))}\n" for m in messages) + "<|assistant|>"
+        return await self._complete(request, body, prompt, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = "".join(map(str, prompt))
+        if not isinstance(prompt, str):
+            return _error(400, "prompt must be a string", "BadRequestError")
+        return await self._complete(request, body, prompt, chat=False)
+
+    async def _complete(self, request: web.Request, body: dict, prompt: str, *, chat: bool) -> web.StreamResponse:
+        if body.get("model") != self.served_name:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        prompt_tokens = self.engine.vocab.count(prompt)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if prompt_tokens + (max_tokens or 1) > self.max_model_len:
+            return _error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                          f"you requested {prompt_tokens + (max_tokens or 1)} tokens.", "BadRequestError")
+        length = self.engine.output_length(prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                                           min_tokens=int(body.get("min_tokens") or 0),
+                                           ignore_eos=bool(body.get("ignore_eos")))
+        reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length)
+        steps = self.engine.generate(prompt_tokens=prompt_tokens, length=length)
+        if body.get("stream"):
+            return await self._stream(request, reply, steps, body.get("stream_options") or {})
+        text = "".join([piece async for step in steps for piece in step])
+        return web.json_response(reply.whole(text))
+
+    async def _stream(self, request: web.Request, reply: _Reply, steps: Any, options: dict) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        if reply.chat:
+            await _send(response, reply.chunk({"role": "assistant", "content": ""}))
+        async for step in steps:
+            await _send(response, reply.chunk("".join(step)))
+        await _send(response, reply.chunk("", finish=True))
+        if options.get("include_usage"):
+            await _send(response, reply.usage_chunk())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=render_metrics(self.engine, self.served_name), content_type="text/plain")
+
+
+class _Reply:
+    """Builds vLLM-shaped response bodies for one request."""
+
+    def __init__(self, *, chat: bool, model: str, prompt_tokens: int, length: int) -> None:
+        self.chat, self.model, self.prompt_tokens, self.length = chat, model, prompt_tokens, length
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.finish = "length" if length else "stop"
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + self.length,
+                "completion_tokens": self.length}
+
+    def whole(self, text: str) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish, "stop_reason": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
+        else:
+            choice["text"] = text
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage()}
+
+    def chunk(self, delta: Any, *, finish: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish if finish else None}
+        if self.chat:
+            choice["delta"] = delta if isinstance(delta, dict) else {"content": delta}
+        else:
+            choice |= {"text": delta, "stop_reason": None}
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice]}
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [], "usage": self.usage()}
+
+
+def render_metrics(engine: Engine, model: str) -> str:
+    m, labels = engine.metrics, f'engine="0",model_name="{model}"'
+    lines: list[str] = []
+
+    def emit(name: str, kind: str, value: float, extra: str = "") -> None:
+        if not any(line.startswith(f"# TYPE {name} ") for line in lines):
+            lines.append(f"# TYPE {name} {kind}")
+        lines.append(f"{name}{{{labels}{extra}}} {float(value)}")
+
+    emit("vllm:num_requests_running", "gauge", m.requests_running)
+    emit("vllm:num_requests_waiting", "gauge", 0)
+    emit("vllm:kv_cache_usage_perc", "gauge", min(1.0, m.requests_running * 0.02))
+    emit("vllm:prompt_tokens_total", "counter", m.prompt_tokens)
+    emit("vllm:generation_tokens_total", "counter", m.generation_tokens)
+    emit("vllm:request_success_total", "counter", m.requests_finished, ',finished_reason="length"')
+    if engine.num_speculative:
+        emit("vllm:spec_decode_num_drafts_total", "counter", m.drafts)
+        emit("vllm:spec_decode_num_draft_tokens_total", "counter", m.draft_tokens)
+        emit("vllm:spec_decode_num_accepted_tokens_total", "counter", m.accepted_tokens)
+        for pos, count in enumerate(m.accepted_per_pos):
+            emit("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", count, f',position="{pos}"')
+    if engine.profile.block > 1:
+        emit("vllm:diffusion_num_committed_tokens", "counter", m.diffusion_committed)
+        emit("vllm:diffusion_num_denoising_steps", "counter", m.diffusion_steps)
+        emit("vllm:diffusion_num_canvas_positions", "counter", m.diffusion_canvas)
+    _histogram(lines, "vllm:time_to_first_token_seconds", m.ttft, labels)
+    _histogram(lines, "vllm:inter_token_latency_seconds", m.itl, labels)
+    return "\n".join(lines) + "\n"
+
+
+def _histogram(lines: list[str], name: str, h: Histogram, labels: str) -> None:
+    lines.append(f"# TYPE {name} histogram")
+    counts = h.counts or [0] * len(h.buckets)
+    for bound, count in zip(h.buckets, counts, strict=True):
+        lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {float(count)}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(h.n)}')
+    lines.append(f"{name}_count{{{labels}}} {float(h.n)}")
+    lines.append(f"{name}_sum{{{labels}}} {h.total}")
+
+
+async def _json(request: web.Request) -> dict | web.Response:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "request body is not valid JSON", "BadRequestError")
+    return body if isinstance(body, dict) else _error(400, "request body must be a JSON object", "BadRequestError")
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"object": "error", "message": message, "type": kind, "param": None,
+                              "code": status}, status=status)
+
+
+async def _send(response: web.StreamResponse, data: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n")

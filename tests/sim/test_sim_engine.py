@@ -1,0 +1,127 @@
+"""The simulated engine behaves like vLLM where sparkctl looks: loading, API shapes, metrics,
+speeds from its profile, patch checks and injected faults."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+
+from sparkctl.sim.profiles import PROFILES
+
+SCALE = 0.01
+
+
+def post(url: str, body: dict) -> tuple[int, dict | list[dict]]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read().decode()
+            if body.get("stream"):
+                events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+                assert events[-1] == "[DONE]"
+                return r.status, [json.loads(e) for e in events[:-1]]
+            return r.status, json.loads(raw)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics") as r:
+        text = r.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            found[re.sub(r"\{.*\}", "", name) if "position" not in name else name] = float(value)
+    return found
+
+
+def test_port_refuses_while_loading_then_health_200(sim) -> None:
+    engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.02)  # ~2.4 s of loading
+    time.sleep(0.5)
+    assert engine.status() is None
+    engine.wait_ready()
+    assert engine.status("/health") == 200
+    with urllib.request.urlopen(engine.url + "/v1/models") as r:
+        card = json.load(r)["data"][0]
+    assert (card["id"], card["max_model_len"]) == ("tiny", 70000)
+
+
+def test_chat_stream_shapes_and_usage(sim) -> None:
+    engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.001)
+    engine.wait_ready()
+    status, chunks = post(engine.url + "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 20,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 20
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text.strip()
+
+
+def test_min_tokens_and_max_tokens(sim) -> None:
+    engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.001)
+    engine.wait_ready()
+    _, body = post(engine.url + "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 100, "min_tokens": 90})
+    assert 90 <= body["usage"]["completion_tokens"] <= 100
+    _, body = post(engine.url + "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 5})
+    assert body["usage"]["completion_tokens"] <= 5 and body["object"] == "text_completion"
+    status, body = post(engine.url + "/v1/completions", {"model": "other", "prompt": "x"})
+    assert status == 404 and "does not exist" in body["message"]
+
+
+def test_metrics_follow_served_tokens(sim) -> None:
+    engine = sim("--sim-profile", "qwen36-dflash-n8", "--speculative-config",
+                 '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}', scale=0.001)
+    engine.wait_ready()
+    before = metrics(engine.url)
+    post(engine.url + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 64, "ignore_eos": True})
+    after = metrics(engine.url)
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 64
+    drafted = after["vllm:spec_decode_num_draft_tokens_total"]
+    assert drafted > 0 and 0 < after["vllm:spec_decode_num_accepted_tokens_total"] <= drafted
+
+
+def stream_timed(url: str, body: dict) -> tuple[list[float], dict]:
+    """Arrival time of each content chunk, and the usage, of one streamed completion."""
+    req = urllib.request.Request(url, json.dumps(body | {"stream": True, "stream_options": {"include_usage": True}})
+                                 .encode(), {"Content-Type": "application/json"})
+    times, usage = [], {}
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            if chunk["choices"] and chunk["choices"][0].get("text"):
+                times.append(time.monotonic())
+    return times, usage
+
+
+@pytest.mark.parametrize(("profile", "depth"), [("qwen36-dflash-n8", 0), ("qwen36-dflash-n8", 8192),
+                                                ("aeon-gemma4-v2", 0), ("qwen36-nvfp4", 8192),
+                                                ("diffusiongemma", 0)])
+def test_decode_speed_matches_the_profile(sim, profile: str, depth: int) -> None:
+    """Decode tok/s from the first content chunk to the last (llama-benchy's way), after time
+    scaling, is within 10% of the profile at that depth."""
+    engine = sim("--sim-profile", profile, "--speculative-config",
+                 '{"method":"ngram","num_speculative_tokens":8}', scale=SCALE)
+    engine.wait_ready()
+    p = PROFILES[profile]
+    tokens = 600 if p.decode_tps(depth) > 50 else 150
+    prompt = "".join(["Spark "] * (depth // 2))
+    times, usage = stream_timed(engine.url + "/v1/completions", {
+        "model": "tiny", "prompt": prompt, "max_tokens": tokens, "ignore_eos": True})
+    assert usage["completion_tokens"] == tokens
+    first_chunk_tokens = tokens - (len(times) - 1) * (tokens / len(times))  # mean tokens per chunk
+    measured = (tokens - first_chunk_tokens) / (times[-1] - times[0]) * SCALE
+    expected = p.decode_tps(usage["prompt_tokens"] + tokens // 2)
+    assert abs(measured - expected) / expected < 0.10, (measured, expected, usage)
