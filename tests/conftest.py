@@ -1,8 +1,22 @@
-"""Shared fixtures: a scratch copy of the shipped stacks, and the CLI runner."""
+"""Shared fixtures: a scratch copy of the shipped stacks, the CLI runner, and the real
+components (Docker engine, a registry on loopback, engine containers).
+
+Under CI (`CI` set) a missing engine or image is a failure; elsewhere its tests skip with one
+line. Everything a test creates carries `sparkctl.test-run=<id>` and is removed afterwards."""
 
 from __future__ import annotations
 
+import io
+import os
+import re
 import shutil
+import socket
+import subprocess
+import tarfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,3 +53,196 @@ def cli(capsys: pytest.CaptureFixture[str]):
         return code, out, err
 
     return run
+
+
+BASE_IMAGE = "sparkctl-test/base:bookworm"
+TEST_LABEL = "sparkctl.test-run"
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} (CI must provide it: run `make test`)")
+    pytest.skip(f"{what}; `make test` sets it up")
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from sparkctl.adapters.docker import DockerEngine
+    from sparkctl.errors import DockerError
+
+    try:
+        engine = DockerEngine()
+        engine.client.ping()
+    except (DockerError, Exception) as e:  # noqa: BLE001 - any failure means no usable engine
+        _missing(f"no Docker engine: {e}")
+    return engine
+
+
+@pytest.fixture(scope="session")
+def base_image(engine) -> str:
+    """The locally built Debian base image (scripts/base-image.sh)."""
+    if not engine.client.images.list(name=BASE_IMAGE):
+        _missing(f"image {BASE_IMAGE} is missing (scripts/base-image.sh builds it)")
+    return BASE_IMAGE
+
+
+@pytest.fixture
+def run_id(engine) -> Iterator[str]:
+    """A per-test id; containers labelled with it are removed when the test ends."""
+    rid = uuid.uuid4().hex[:10]
+    yield rid
+    for c in engine.client.api.containers(all=True, filters={"label": f"{TEST_LABEL}={rid}"}):
+        engine.remove(c["Id"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Registry:
+    """Debian's docker-registry on 127.0.0.1:<free port>, with its own data dir."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        config = root / "config.yml"
+        config.write_text(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+            f"    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.host}\n"
+        )
+        self.proc = subprocess.Popen(["docker-registry", "serve", str(config)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._wait()
+
+    def _wait(self) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"docker-registry exited: {self.proc.stderr.read().decode()}")
+                time.sleep(0.1)
+        raise RuntimeError("docker-registry did not answer within 20 s")
+
+    def push(self, image: str, repo_tag: str) -> str:
+        """Push a local image as `<registry>/repo_tag`; returns the manifest digest."""
+        target = f"{self.host}/{repo_tag}"
+        subprocess.run(["docker", "tag", image, target], check=True)
+        out = subprocess.run(["docker", "push", target], check=True, capture_output=True, text=True).stdout
+        subprocess.run(["docker", "rmi", target], check=True, capture_output=True)
+        return re.search(r"digest: (sha256:[0-9a-f]{64})", out).group(1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def registry(engine, tmp_path_factory) -> Iterator[Registry]:
+    if shutil.which("docker-registry") is None:
+        _missing("docker-registry is not installed")
+    reg = Registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture
+def tiny_image(engine) -> Iterator:
+    """Make one-file images locally (nothing can be pulled): distinct content, distinct digest."""
+    made: list[str] = []
+
+    def make(content: str) -> str:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("stamp")
+            info.size = len(content.encode())
+            tar.addfile(info, io.BytesIO(content.encode()))
+        repo, tag = "sparkctl-test/tiny", uuid.uuid4().hex[:8]
+        engine.client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=tag)
+        made.append(f"{repo}:{tag}")
+        return made[-1]
+
+    yield make
+    for name in made:
+        engine.client.images.remove(name, force=True)
+
+
+SIM_IMAGE = "sparkctl-sim:latest"
+VLLM_CPU_IMAGE = "sparkctl-test/vllm-cpu:0.32.0"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight Llama with a chat template, readable inside containers."""
+    from sparkctl.sim.tinymodel import write_model
+
+    target = write_model(tmp_path_factory.mktemp("models") / "tiny")
+    for path in [target, *target.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target
+
+
+class EngineContainer:
+    """An engine image serving a model dir on 127.0.0.1:<free port> (host network, ipc host)."""
+
+    def __init__(self, engine, image: str, model_dir: Path, *args: str, run_id: str,
+                 env: dict[str, str] | None = None, mounts: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        volumes = {str(model_dir): {"bind": "/model", "mode": "ro"}}
+        volumes |= {host: {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
+        self.container = engine.client.containers.run(
+            image, ["serve", "/model", "--served-model-name", "tiny", "--host", "127.0.0.1",
+                    "--port", str(self.port), *args],
+            detach=True, network_mode="host", ipc_mode="host", environment=env or {},
+            volumes=volumes, labels={TEST_LABEL: run_id})
+
+    def status(self, path: str = "/health") -> int | None:
+        """The HTTP status of GET path, or None while the port refuses connections."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return None
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while self.status() != 200:
+            self.container.reload()
+            if self.container.status == "exited":
+                raise AssertionError(f"engine exited:\n{self.logs()}")
+            assert time.monotonic() < deadline, f"engine not healthy after {timeout} s:\n{self.logs()}"
+            time.sleep(0.1)
+
+    def logs(self, tail: int = 30) -> str:
+        return self.container.logs(tail=tail).decode(errors="replace")
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        return self.container.wait(timeout=timeout)["StatusCode"]
+
+
+@pytest.fixture(scope="session")
+def images(engine) -> dict[str, str]:
+    found = {}
+    for key, image in (("sim", SIM_IMAGE), ("vllm-cpu", VLLM_CPU_IMAGE)):
+        if not engine.client.images.list(name=image):
+            _missing(f"image {image} is missing (`make images` builds it)")
+        found[key] = image
+    return found
+
+
+@pytest.fixture
+def start_engine(engine, images, tiny_model_dir, run_id):
+    """Start an engine container by kind ("sim" or "vllm-cpu"); removed when the test ends."""
+
+    def start(kind: str, *args: str, **kw) -> EngineContainer:
+        return EngineContainer(engine, images[kind], tiny_model_dir, *args, run_id=run_id, **kw)
+
+    return start

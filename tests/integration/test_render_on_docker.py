@@ -9,7 +9,7 @@ from pathlib import Path
 from sparkctl.spec.load import load_catalog
 from sparkctl.spec.render import Sources, render
 
-from .conftest import TEST_LABEL
+from tests.conftest import TEST_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = "/usr/local/lib/python3.12/site-packages/vllm"

@@ -74,7 +74,7 @@ def test_min_tokens_and_max_tokens(sim) -> None:
     _, body = post(engine.url + "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 5})
     assert body["usage"]["completion_tokens"] <= 5 and body["object"] == "text_completion"
     status, body = post(engine.url + "/v1/completions", {"model": "other", "prompt": "x"})
-    assert status == 404 and "does not exist" in body["message"]
+    assert status == 404 and "does not exist" in body["error"]["message"]
 
 
 def test_metrics_follow_served_tokens(sim) -> None:

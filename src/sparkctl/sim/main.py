@@ -158,7 +158,7 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> None:
     from sparkctl.sim.server import Api
 
     name = (args.served_model_name or [args.model])[0]
-    runner = web.AppRunner(Api(engine, served_name=name, max_model_len=args.max_model_len).app(),
+    runner = web.AppRunner(Api(engine, served_name=name, root=args.model, max_model_len=args.max_model_len).app(),
                            access_log=None)
     await runner.setup()
     try:

@@ -18,14 +18,15 @@ from sparkctl.sim.engine import VERSION, Engine, Histogram
 
 
 class Api:
-    def __init__(self, engine: Engine, *, served_name: str, max_model_len: int) -> None:
+    def __init__(self, engine: Engine, *, served_name: str, root: str, max_model_len: int) -> None:
         self.engine, self.served_name, self.max_model_len = engine, served_name, max_model_len
+        self.root = root
         self.created = int(time.time())
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_get("/health", self.health)
-        app.router.add_get("/version", lambda _: web.json_response({"version": VERSION}))
+        app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -37,9 +38,12 @@ class Api:
             await asyncio.sleep(self.engine.faults.slow_health)
         return web.Response(status=200 if self.engine.healthy else 503)
 
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": VERSION})
+
     async def models(self, _: web.Request) -> web.Response:
         card = {"id": self.served_name, "object": "model", "created": self.created, "owned_by": "vllm",
-                "root": self.served_name, "parent": None, "max_model_len": self.max_model_len}
+                "root": self.root, "parent": None, "max_model_len": self.max_model_len}
         return web.json_response({"object": "list", "data": [card]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -65,7 +69,8 @@ class Api:
 
     async def _complete(self, request: web.Request, body: dict, prompt: str, *, chat: bool) -> web.StreamResponse:
         if body.get("model") != self.served_name:
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+            return _error(404, f"The model `{body.get('model')}` does not exist. Valid aliases: "
+                          f"{self.served_name}.", "NotFoundError", param="model")
         prompt_tokens = self.engine.vocab.count(prompt)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if prompt_tokens + (max_tokens or 1) > self.max_model_len:
@@ -189,9 +194,9 @@ def _content(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"object": "error", "message": message, "type": kind, "param": None,
-                              "code": status}, status=status)
+def _error(status: int, message: str, kind: str, *, param: str | None = None) -> web.Response:
+    error = {"message": message, "type": kind, "param": param, "code": status}
+    return web.json_response({"error": error}, status=status)
 
 
 async def _send(response: web.StreamResponse, data: dict[str, Any]) -> None:

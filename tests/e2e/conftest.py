@@ -1,0 +1,47 @@
+"""Engines the contract suite runs against, unchanged: the simulated one and real vLLM (CPU)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_LABEL, EngineContainer
+
+ARGS = {
+    "sim": ("--max-model-len", "2048", "--gpu-memory-utilization", "0.2", "--sim-profile", "aeon-gemma4-v2"),
+    "vllm-cpu": ("--max-model-len", "2048", "--gpu-memory-utilization", "0.2", "--enforce-eager"),
+}
+SIM_ENV = {"SPARKCTL_SIM_TIME_SCALE": "0.02"}  # ~2.4 s of loading, 4000 tok/s decode
+
+
+@pytest.fixture(scope="session", params=["sim", "vllm-cpu"])
+def served(request, engine, images, tiny_model_dir) -> Iterator[EngineContainer]:
+    """One engine per kind for the whole session; `before_load` is /health right after start."""
+    kind = request.param
+    run_id = uuid.uuid4().hex[:10]
+    container = EngineContainer(engine, images[kind], tiny_model_dir, *ARGS[kind], run_id=run_id,
+                                env=SIM_ENV if kind == "sim" else {})
+    container.kind = kind
+    container.before_load = container.status()
+    container.wait_ready()
+    yield container
+    for c in engine.client.api.containers(all=True, filters={"label": f"{TEST_LABEL}={run_id}"}):
+        engine.remove(c["Id"])
+
+
+@pytest.fixture(scope="session")
+def book_url() -> Iterator[str]:
+    """A long English text on loopback, as llama-benchy's prompt corpus (no internet here)."""
+    root = Path("/usr/share/common-licenses")
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/GPL-3"
+    server.shutdown()
