@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shutil
 import socket
-import subprocess
 import tarfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -101,51 +100,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Registry:
-    """Debian's docker-registry on 127.0.0.1:<free port>, with its own data dir."""
-
-    def __init__(self, root: Path) -> None:
-        self.port = free_port()
-        self.host = f"127.0.0.1:{self.port}"
-        config = root / "config.yml"
-        config.write_text(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
-            f"    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {self.host}\n"
-        )
-        self.proc = subprocess.Popen(["docker-registry", "serve", str(config)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._wait()
-
-    def _wait(self) -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"docker-registry exited: {self.proc.stderr.read().decode()}")
-                time.sleep(0.1)
-        raise RuntimeError("docker-registry did not answer within 20 s")
-
-    def push(self, image: str, repo_tag: str) -> str:
-        """Push a local image as `<registry>/repo_tag`; returns the manifest digest."""
-        target = f"{self.host}/{repo_tag}"
-        subprocess.run(["docker", "tag", image, target], check=True)
-        out = subprocess.run(["docker", "push", target], check=True, capture_output=True, text=True).stdout
-        subprocess.run(["docker", "rmi", target], check=True, capture_output=True)
-        return re.search(r"digest: (sha256:[0-9a-f]{64})", out).group(1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="session")
-def registry(engine, tmp_path_factory) -> Iterator[Registry]:
+def registry(engine, tmp_path_factory) -> Iterator:
     if shutil.which("docker-registry") is None:
         _missing("docker-registry is not installed")
+    from sparkctl.sim.registry import Registry
+
     reg = Registry(tmp_path_factory.mktemp("registry"))
     yield reg
     reg.stop()
@@ -194,13 +154,15 @@ class EngineContainer:
                  env: dict[str, str] | None = None, mounts: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        volumes = {str(model_dir): {"bind": "/model", "mode": "ro"}}
-        volumes |= {host: {"bind": target, "mode": "ro"} for host, target in (mounts or {}).items()}
+        from docker.types import Mount
+
+        binds = [Mount("/model", str(model_dir), type="bind", read_only=True)]
+        binds += [Mount(target, host, type="bind", read_only=True) for host, target in (mounts or {}).items()]
         self.container = engine.client.containers.run(
             image, ["serve", "/model", "--served-model-name", "tiny", "--host", "127.0.0.1",
                     "--port", str(self.port), *args],
             detach=True, network_mode="host", ipc_mode="host", environment=env or {},
-            volumes=volumes, labels={TEST_LABEL: run_id})
+            mounts=binds, labels={TEST_LABEL: run_id})
 
     def status(self, path: str = "/health") -> int | None:
         """The HTTP status of GET path, or None while the port refuses connections."""

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from sparkctl.spec.load import load_catalog
 from sparkctl.spec.render import Sources, render
-
 from tests.conftest import TEST_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]

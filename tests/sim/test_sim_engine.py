@@ -69,7 +69,8 @@ def test_chat_stream_shapes_and_usage(sim) -> None:
 def test_min_tokens_and_max_tokens(sim) -> None:
     engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.001)
     engine.wait_ready()
-    _, body = post(engine.url + "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 100, "min_tokens": 90})
+    _, body = post(engine.url + "/v1/completions",
+                   {"model": "tiny", "prompt": "x", "max_tokens": 100, "min_tokens": 90})
     assert 90 <= body["usage"]["completion_tokens"] <= 100
     _, body = post(engine.url + "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 5})
     assert body["usage"]["completion_tokens"] <= 5 and body["object"] == "text_completion"

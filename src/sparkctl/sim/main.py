@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from sparkctl.sim.engine import VERSION, Engine, Faults, Vocabulary
-from sparkctl.sim.profiles import PROFILES, Profile, min_memory_fraction
+from sparkctl.sim.profiles import PROFILES, Profile, auto_profile, min_memory_fraction
 
 OVERLAY_MARKERS = {  # the DSpark draft's vllm_patches carry these lines
     "model_executor/models/qwen3_dflash.py": "DSPARK_PATCH = \"qwen3_dflash\"",
@@ -28,7 +28,7 @@ SHIM_ATTRIBUTES = ("_draft_kv_cache_group_ids", "_draft_layer_to_kv_cache_gid")
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    profile = PROFILES[args.sim_profile]
+    model_dir = resolve_model(args.model)
     faults = Faults.parse(os.environ.get("SPARKCTL_SIM_FAULTS", ""))
     for key in ("crash_after", "crash_above", "slow_health"):
         if getattr(args, f"sim_{key}") is not None:
@@ -37,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     faults.garbage |= args.sim_garbage
     faults.empty |= args.sim_empty
     speculative = _speculative(args)
-    _preflight(args, profile, speculative)
+    profile = PROFILES[args.sim_profile or auto_profile(_model_name(model_dir), speculative)]
+    _preflight(args, model_dir, profile, speculative)
     scale = float(os.environ.get("SPARKCTL_SIM_TIME_SCALE", "1"))
     _load(profile, scale, faults)
-    vocab = Vocabulary(Path(args.model), seed=args.sim_seed)
+    vocab = Vocabulary(model_dir, seed=args.sim_seed)
     engine = Engine(profile, vocab, num_speculative=speculative.get("num_speculative_tokens", 0),
                     scale=scale, max_model_len=args.max_model_len, faults=faults, seed=args.sim_seed)
     asyncio.run(_serve(engine, args))
@@ -74,8 +75,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--enable-auto-tool-choice", action="store_true")
     s.add_argument("--tool-call-parser")
     s.add_argument("--reasoning-parser")
-    s.add_argument("--sim-profile", choices=sorted(PROFILES),
-                   default=os.environ.get("SPARKCTL_SIM_PROFILE", "qwen36-nvfp4"))
+    s.add_argument("--sim-profile", choices=sorted(PROFILES), default=os.environ.get("SPARKCTL_SIM_PROFILE"),
+                   help="default: $SPARKCTL_SIM_PROFILE, else chosen from the model and speculative config")
     s.add_argument("--sim-seed", type=int, default=0)
     s.add_argument("--sim-crash-after", type=int)
     s.add_argument("--sim-crash-above", type=int)
@@ -110,9 +111,28 @@ def _speculative(args: argparse.Namespace) -> dict:
     return config
 
 
-def _preflight(args: argparse.Namespace, profile: Profile, speculative: dict) -> None:
+def resolve_model(model: str) -> Path:
+    """A model dir, or a repo id found in the Hugging Face cache (engines run offline)."""
+    if Path(model).is_dir():
+        return Path(model)
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    repo = hub.expanduser() / ("models--" + model.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    if not ref.is_file():
+        _die(f"OSError: We couldn't connect to the Hub and {model} is not in the cache at {repo}")
+    return repo / "snapshots" / ref.read_text().strip()
+
+
+def _model_name(model_dir: Path) -> str:
+    try:
+        return json.loads((model_dir / "config.json").read_text()).get("_name_or_path") or str(model_dir)
+    except (OSError, ValueError):
+        return str(model_dir)
+
+
+def _preflight(args: argparse.Namespace, model_dir: Path, profile: Profile, speculative: dict) -> None:
     """The start-up failures the real engine has, with the same words."""
-    if not (Path(args.model) / "tokenizer.json").is_file():
+    if not (model_dir / "tokenizer.json").is_file():
         _die(f"OSError: Can't load tokenizer for '{args.model}': no tokenizer.json")
     if args.gpu_memory_utilization < min_memory_fraction(profile):
         _die("ValueError: No available memory for the cache blocks. Try increasing "
@@ -141,7 +161,7 @@ def _check_dflash(config: dict) -> None:
 
 
 def _load(profile: Profile, scale: float, faults: Faults) -> None:
-    _log(f"Loading weights ({profile.weights_gib:.1f} GiB, profile {profile.name})")
+    _log(f"Loading weights ({profile.weights_gib:.1f} GiB, sim profile {profile.name})")
     time.sleep(profile.load_s * scale)
     if faults.hang_on_load:
         _log("Loading weights ...")

@@ -58,6 +58,9 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     # DFlash n=8 on NVFP4: 21-26 tok/s through 8k, then below no-spec: 7.5 @12k, 5.7 @64k (measured).
     Profile("qwen36-dflash-n8", ((0, 26.0), (4096, 23.5), (8192, 21.0), (12288, 7.5), (65536, 5.7)),
             _QWEN_PREFILL, load_s=170, compile_s=45, weights_gib=28, acceptance=0.648),
+    # DFlash n=8 on BF16: the seeds give no figure; NVFP4's shape scaled to BF16's no-spec (estimate).
+    Profile("qwen36-bf16-dflash-n8", ((0, 13.2), (4096, 11.9), (8192, 10.6), (12288, 3.8), (65536, 2.9)),
+            _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648),
     # DFlash n=1 on BF16: the seeds give no figure; one draft token at ~65% acceptance (estimate).
     Profile("qwen36-dflash-n1", ((0, 6.9), (8192, 6.5), (12288, 4.4), (65536, 3.6)),
             _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648),
@@ -71,6 +74,22 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("diffusiongemma", ((0, 210.0), (32768, 185.0), (262144, 120.0)), _MOE_PREFILL,
             load_s=88, compile_s=31.5, weights_gib=19, block=16),
 )}
+
+
+def auto_profile(model_name: str, speculative: dict) -> str:
+    """The profile for a model (its config's `_name_or_path` or repo id) and speculative config,
+    so the shipped stacks run unchanged on the sim image."""
+    name = model_name.lower()
+    if "diffusiongemma" in name:
+        return "diffusiongemma"
+    if "gemma-4" in name or "gemma4" in name:
+        return "aeon-gemma4-v2"
+    bf16 = "bf16" in name
+    if speculative.get("method") == "dflash":
+        if speculative.get("num_speculative_tokens") == 1:
+            return "qwen36-dflash-n1"
+        return "qwen36-bf16-dflash-n8" if bf16 else "qwen36-dflash-n8"
+    return "qwen36-bf16" if bf16 else "qwen36-nvfp4"
 
 
 def min_memory_fraction(profile: Profile) -> float:
