@@ -138,13 +138,12 @@ VLLM_CPU_IMAGE = "sparkctl-test/vllm-cpu:0.32.0"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A tiny random-weight Llama with a chat template, readable inside containers."""
-    from sparkctl.sim.tinymodel import write_model
+    """A tiny random-weight Llama with a chat template, readable inside containers; cached by
+    the content of its generator in SPARKCTL_BUILD_CACHE (else a temp dir)."""
+    from sparkctl.sim.tinymodel import cached_model
 
-    target = write_model(tmp_path_factory.mktemp("models") / "tiny")
-    for path in [target, *target.iterdir()]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return target
+    cache = os.environ.get("SPARKCTL_BUILD_CACHE")
+    return cached_model(Path(cache) / "models" if cache else tmp_path_factory.mktemp("models"))
 
 
 class EngineContainer:

@@ -126,3 +126,73 @@ def test_decode_speed_matches_the_profile(sim, profile: str, depth: int) -> None
     measured = (tokens - first_chunk_tokens) / (times[-1] - times[0]) * SCALE
     expected = p.decode_tps(usage["prompt_tokens"] + tokens // 2)
     assert abs(measured - expected) / expected < 0.10, (measured, expected, usage)
+
+
+def test_bad_flag_values_are_rejected_like_vllm(tiny_model) -> None:
+    import subprocess
+    import sys
+
+    for bad in (["--gpu-memory-utilization", "1.5"], ["--max-model-len", "lots"], ["--kv-cache-dtype", "fp3"]):
+        proc = subprocess.run([sys.executable, "-m", "sparkctl.sim", "serve", str(tiny_model), *bad],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and "vllm serve: error: argument" in proc.stderr, proc.stderr
+
+
+def test_too_little_memory_fails_at_start(sim) -> None:
+    engine = sim("--sim-profile", "qwen36-bf16", "--gpu-memory-utilization", "0.3")
+    assert engine.proc.wait(timeout=30) == 1
+    assert "No available memory for the cache blocks" in engine.proc.stderr.read()
+
+
+def test_requests_beyond_the_kv_cache_wait(sim) -> None:
+    """At 0.2 of memory the Gemma profile holds ~30K KV tokens: two 16.6K requests take turns."""
+    import threading
+
+    engine = sim("--sim-profile", "aeon-gemma4-v2", "--gpu-memory-utilization", "0.2", scale=0.05)
+    engine.wait_ready()
+    body = {"model": "tiny", "prompt": "Spark " * 16000, "max_tokens": 600, "ignore_eos": True}
+    threads = [threading.Thread(target=post, args=(engine.url + "/v1/completions", body)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    seen_waiting = 0.0
+    while any(t.is_alive() for t in threads):
+        seen_waiting = max(seen_waiting, metrics(engine.url)["vllm:num_requests_waiting"])
+        time.sleep(0.01)
+    assert seen_waiting == 1
+
+
+@pytest.mark.parametrize(("fault", "check"), [
+    ("empty", lambda body, _: body["choices"][0]["text"] == "" and body["usage"]["completion_tokens"] == 8),
+    ("garbage", lambda body, _: not any(c.isalpha() for c in body["choices"][0]["text"])),
+    ("slow_health=1.0", lambda _, elapsed: elapsed >= 1.0),
+])
+def test_injected_faults(sim, fault: str, check) -> None:
+    engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.001, env={"SPARKCTL_SIM_FAULTS": fault})
+    engine.wait_ready(timeout=30)
+    request = {"model": "tiny", "prompt": "x", "max_tokens": 8, "ignore_eos": True}
+    _, body = post(engine.url + "/v1/completions", request)
+    start = time.monotonic()
+    assert engine.status() == 200
+    assert check(body, time.monotonic() - start)
+
+
+def test_crash_above_concurrency(sim) -> None:
+    import threading
+
+    engine = sim("--sim-profile", "aeon-gemma4-latest-broken", "--sim-crash-above", "2", scale=0.01)
+    engine.wait_ready()
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 200, "ignore_eos": True}
+
+    def call() -> None:
+        try:
+            post(engine.url + "/v1/completions", body)
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert engine.proc.wait(timeout=10) == 1
+    assert "illegal memory access" in engine.proc.stderr.read()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from sparkctl.sim.profiles import Profile
+from sparkctl.sim.profiles import Profile, kv_capacity
 
 VERSION = "0.23.0+sparkctl.sim"
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -74,6 +74,7 @@ class Metrics:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_running: int = 0
+    requests_waiting: int = 0
     requests_finished: int = 0
     drafts: int = 0
     draft_tokens: int = 0
@@ -105,12 +106,17 @@ class Vocabulary:
 
 class Engine:
     def __init__(self, profile: Profile, vocab: Vocabulary, *, num_speculative: int, scale: float,
-                 max_model_len: int, faults: Faults, seed: int = 0) -> None:
+                 max_model_len: int, memory_fraction: float, faults: Faults, seed: int = 0) -> None:
         self.profile, self.vocab, self.scale = profile, vocab, scale
         self.num_speculative, self.max_model_len, self.faults = num_speculative, max_model_len, faults
         self.metrics = Metrics(accepted_per_pos=[0] * num_speculative)
         self.rng = random.Random(seed)
         self.healthy = True
+        # What the memory fraction leaves after the weights becomes KV cache; requests that
+        # don't fit wait, as vLLM's scheduler makes them.
+        self.kv_capacity = kv_capacity(profile, memory_fraction)
+        self.kv_used = 0
+        self._released = asyncio.Event()
 
     def output_length(self, *, prompt_tokens: int, max_tokens: int | None, min_tokens: int, ignore_eos: bool) -> int:
         limit = self.max_model_len - prompt_tokens
@@ -122,26 +128,34 @@ class Engine:
 
     async def generate(self, *, prompt_tokens: int, length: int) -> AsyncIterator[list[str]]:
         """Yield the text pieces of each engine step, at the profile's speed."""
+        m, need, start = self.metrics, prompt_tokens + length, time.monotonic()
+        m.requests_waiting += 1
+        while self.kv_used and self.kv_used + need > self.kv_capacity:
+            self._released.clear()
+            await self._released.wait()
+        m.requests_waiting -= 1
+        self.kv_used += need
         self._admit()
-        m = self.metrics
         m.prompt_tokens += prompt_tokens
-        start = time.monotonic()
         try:
-            await asyncio.sleep(prompt_tokens / self.profile.prefill_tps(0) * self.scale)
-            clock, emitted, first = time.monotonic(), 0, True
+            await asyncio.sleep(prompt_tokens / self.profile.prefill_tps(prompt_tokens) * self.scale)
+            clock = last = time.monotonic()
+            emitted = 0
             while emitted < length:
                 step = min(self._step_tokens(), length - emitted)
                 clock += step / self.profile.decode_tps(prompt_tokens + emitted) * self.scale
                 await asyncio.sleep(max(0.0, clock - time.monotonic()))
                 now = time.monotonic()
-                (m.ttft.observe(now - start) if first else m.itl.observe((now - start) / max(emitted, 1)))
-                first = False
+                (m.itl if emitted else m.ttft).observe(now - (last if emitted else start))
+                last = now
                 emitted += step
                 m.generation_tokens += step
                 yield self._text(step)
         finally:
             m.requests_running -= 1
             m.requests_finished += 1
+            self.kv_used -= need
+            self._released.set()
 
     def _admit(self) -> None:
         m, f = self.metrics, self.faults

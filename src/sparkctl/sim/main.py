@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     _load(profile, scale, faults)
     vocab = Vocabulary(model_dir, seed=args.sim_seed)
     engine = Engine(profile, vocab, num_speculative=speculative.get("num_speculative_tokens", 0),
-                    scale=scale, max_model_len=args.max_model_len, faults=faults, seed=args.sim_seed)
+                    scale=scale, max_model_len=args.max_model_len, memory_fraction=args.gpu_memory_utilization,
+                    faults=faults, seed=args.sim_seed)
     asyncio.run(_serve(engine, args))
     return 0
 

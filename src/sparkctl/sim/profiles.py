@@ -36,6 +36,7 @@ class Profile:
     acceptance: float = 0.0  # speculative acceptance rate per drafted token
     block: int = 1  # tokens per streamed chunk (diffusion engines commit whole blocks)
     crash_above: int | None = None  # dies when more requests than this run at once
+    kv_tokens_per_gib: float = 4800.0  # KV tokens per GiB (Qwen3.6: ~322K tokens at 0.80, seed 003)
 
     def decode_tps(self, depth: int) -> float:
         return at(self.decode, depth)
@@ -66,13 +67,13 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648),
     # Seed 003: 81 tok/s single stream, acceptance 55-62% (measured).
     Profile("aeon-gemma4-v2", ((0, 81.0), (32768, 70.0), (262144, 48.0)), _MOE_PREFILL,
-            load_s=90, compile_s=30, weights_gib=17, acceptance=0.58),
+            load_s=90, compile_s=30, weights_gib=17, acceptance=0.58, kv_tokens_per_gib=4_400),
     # The broken `latest` of 2026-06-10: acceptance ~10%, crashes above 16 concurrent requests.
     Profile("aeon-gemma4-latest-broken", ((0, 44.0), (32768, 38.0), (262144, 26.0)), _MOE_PREFILL,
-            load_s=90, compile_s=30, weights_gib=17, acceptance=0.10, crash_above=16),
+            load_s=90, compile_s=30, weights_gib=17, acceptance=0.10, crash_above=16, kv_tokens_per_gib=4_400),
     # Seed 003: 210 tok/s single stream, block-diffusion decoder, torch.compile 31.5 s cold.
     Profile("diffusiongemma", ((0, 210.0), (32768, 185.0), (262144, 120.0)), _MOE_PREFILL,
-            load_s=88, compile_s=31.5, weights_gib=19, block=16),
+            load_s=88, compile_s=31.5, weights_gib=19, block=16, kv_tokens_per_gib=45_800),
 )}
 
 
@@ -90,6 +91,11 @@ def auto_profile(model_name: str, speculative: dict) -> str:
             return "qwen36-dflash-n1"
         return "qwen36-bf16-dflash-n8" if bf16 else "qwen36-dflash-n8"
     return "qwen36-bf16" if bf16 else "qwen36-nvfp4"
+
+
+def kv_capacity(profile: Profile, memory_fraction: float) -> int:
+    """KV-cache tokens left once the weights are in, at this --gpu-memory-utilization."""
+    return int(max(0.0, memory_fraction * _UNIFIED_GIB - profile.weights_gib) * profile.kv_tokens_per_gib)
 
 
 def min_memory_fraction(profile: Profile) -> float:

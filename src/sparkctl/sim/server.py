@@ -150,8 +150,8 @@ def render_metrics(engine: Engine, model: str) -> str:
         lines.append(f"{name}{{{labels}{extra}}} {float(value)}")
 
     emit("vllm:num_requests_running", "gauge", m.requests_running)
-    emit("vllm:num_requests_waiting", "gauge", 0)
-    emit("vllm:kv_cache_usage_perc", "gauge", min(1.0, m.requests_running * 0.02))
+    emit("vllm:num_requests_waiting", "gauge", m.requests_waiting)
+    emit("vllm:kv_cache_usage_perc", "gauge", min(1.0, engine.kv_used / max(engine.kv_capacity, 1)))
     emit("vllm:prompt_tokens_total", "counter", m.prompt_tokens)
     emit("vllm:generation_tokens_total", "counter", m.generation_tokens)
     emit("vllm:request_success_total", "counter", m.requests_finished, ',finished_reason="length"')

@@ -73,3 +73,27 @@ def _write_weights(path: Path, c: dict, seed: int) -> None:
                     p + "mlp.down_proj.weight": w(h, i), p + "input_layernorm.weight": np.ones(h, np.float32),
                     p + "post_attention_layernorm.weight": np.ones(h, np.float32)}
     save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def cached_model(cache_root: Path, *, weights: bool = True) -> Path:
+    """`write_model` once per content of this module: later calls reuse the directory."""
+    import hashlib
+    import os
+    import tempfile
+
+    key = hashlib.sha256(Path(__file__).read_bytes() + bytes([weights])).hexdigest()[:16]
+    target = cache_root / f"tiny-{key}"
+    if (target / "config.json").is_file():
+        return target
+    cache_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=cache_root))
+    write_model(scratch, weights=weights)
+    for path in [scratch, *scratch.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)  # readable inside containers
+    try:
+        os.rename(scratch, target)
+    except OSError:  # another process got there first
+        import shutil
+
+        shutil.rmtree(scratch)
+    return target
