@@ -22,6 +22,7 @@ if [ "$extra" = --with-torch-wheel ]; then
   [ -n "$wheel" ] || { echo "build-image: no torch 2.13.0+cpu wheel in /opt/wheels"; exit 1; }
   cp "$wheel" "$ctx/wheels/"
 fi
+find "$ctx" -name __pycache__ -prune -exec rm -rf {} +
 # The CA bundle and the wheel's bytes don't define the image: hash their names, not contents.
 key=$( (cd "$ctx" && find . -type f ! -name ca-certificates.crt ! -path './wheels/*' -print0 | sort -z \
         | xargs -0 sha256sum; ls "$ctx/wheels" 2>/dev/null || true) | sha256sum | cut -c1-16)

@@ -6,7 +6,9 @@ the engine's explanation. Built once by the CLI or the daemon from settings.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import io
+import tarfile
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,6 +51,74 @@ class DockerEngine:
         with _translated(f"resolve {source} at its registry"):
             return self.client.images.get_registry_data(source).id
 
+    def pull(self, repository: str, digest: str, *, on_layer: Callable[[str, int, int], None] | None = None) -> None:
+        """Pull `repository@digest`, reporting (layer id, bytes done, bytes total) as layers move."""
+        with _translated(f"pull {repository}@{digest}"):
+            for event in self.client.api.pull(repository, tag=digest, stream=True, decode=True):
+                if "error" in event:
+                    raise DockerError(f"pull {repository}@{digest}: {event['error']}")
+                detail = event.get("progressDetail") or {}
+                if on_layer and event.get("id") and detail.get("total"):
+                    on_layer(event["id"], detail.get("current", 0), detail["total"])
+
+    def has_image(self, ref: str) -> bool:
+        try:
+            with _translated(f"inspect image {ref}"):
+                self.client.api.inspect_image(ref)
+        except DockerError as e:
+            if "No such image" in str(e) or "404" in str(e):
+                return False
+            raise
+        return True
+
+    def run_once(self, image: str, entrypoint: list[str], command: list[str]) -> str:
+        """Run a throwaway container (no network) and return its stdout; fails with its output."""
+        with _translated(f"run {' '.join(entrypoint)} in {image}"):
+            container = self.client.containers.create(image, command, entrypoint=entrypoint, network_mode="none")
+            try:
+                container.start()
+                status = container.wait(timeout=120)["StatusCode"]
+                out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+                if status != 0:
+                    err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+                    raise DockerError(f"run {' '.join(entrypoint)} in {image}: exit {status}: {_tail(err)}")
+                return out
+            finally:
+                container.remove(force=True)
+
+    def read_files(self, image: str, paths: list[str]) -> dict[str, bytes | None]:
+        """Copy files out of an image through a created, never-started container (None: absent)."""
+        found: dict[str, bytes | None] = {}
+        with _translated(f"read files from {image}"):
+            container = self.client.containers.create(image, ["true"], entrypoint=["true"], network_mode="none")
+        try:
+            for path in paths:
+                try:
+                    stream, _ = container.get_archive(path)
+                except docker.errors.NotFound:
+                    found[path] = None
+                    continue
+                with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                    member = tar.next()
+                    handle = tar.extractfile(member) if member and member.isfile() else None
+                    found[path] = handle.read() if handle else None
+        finally:
+            container.remove(force=True)
+        return found
+
+    def start(self, name_or_id: str) -> None:
+        with _translated(f"start container {name_or_id}"):
+            self.client.api.start(name_or_id)
+
+    def logs(self, name_or_id: str, *, tail: int = 30) -> str:
+        with _translated(f"read the logs of {name_or_id}"):
+            return self.client.api.logs(name_or_id, tail=tail).decode(errors="replace")
+
+    def follow_logs(self, name_or_id: str, *, tail: int = 30) -> Iterator[str]:
+        with _translated(f"follow the logs of {name_or_id}"):
+            for chunk in self.client.api.logs(name_or_id, tail=tail, stream=True, follow=True):
+                yield chunk.decode(errors="replace")
+
     def inspect(self, name_or_id: str) -> dict[str, Any]:
         with _translated(f"inspect container {name_or_id}"):
             return self.client.api.inspect_container(name_or_id)
@@ -69,6 +139,10 @@ class DockerEngine:
         wanted = [LABEL_STACK] + [f"{k}={v}" for k, v in labels.items()]
         with _translated("list containers"):
             return self.client.api.containers(all=True, filters={"label": wanted})
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def _gpus(gpus: str | int) -> list[DeviceRequest]:

@@ -1,0 +1,59 @@
+"""Compose projects through python-on-whales (docker compose v2).
+
+A compose stack runs as project `sparkctl-<stack>` from its directory under the compose dir,
+with variables from an env file sparkctl writes (never holding the HF token) and, on machines
+without an NVIDIA runtime, an override that drops the GPU reservation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from python_on_whales import DockerClient
+from python_on_whales.exceptions import DockerException
+
+from sparkctl.errors import DockerError
+
+NO_GPU_OVERRIDE = "services:\n  {service}:\n    deploy: !reset {{}}\n"
+
+
+class ComposeProject:
+    def __init__(self, project_dir: Path, *, name: str, service: str, env: dict[str, str], work_dir: Path,
+                 gpus: bool = True) -> None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        env_file = work_dir / "sparkctl.env"
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+        files = [project_dir / "compose.yml"]
+        if not gpus:
+            override = work_dir / "no-gpu.yml"
+            override.write_text(NO_GPU_OVERRIDE.format(service=service))
+            files.append(override)
+        self.name, self.service = name, service
+        self.client = DockerClient(compose_files=files, compose_project_name=name,
+                                   compose_env_files=[env_file], compose_project_directory=project_dir)
+
+    def up(self) -> None:
+        """Build if needed and start in the background."""
+        with _translated(f"compose up {self.name}"):
+            self.client.compose.up(detach=True, build=True, quiet=True)
+
+    def down(self) -> None:
+        with _translated(f"compose down {self.name}"):
+            self.client.compose.down(remove_orphans=True, quiet=True)
+
+    def container_ids(self) -> list[str]:
+        with _translated(f"compose ps {self.name}"):
+            return [c.id for c in self.client.compose.ps(all=True)]
+
+
+class _translated:
+    def __init__(self, call: str) -> None:
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, error: BaseException | None, _tb: object) -> None:
+        if isinstance(error, DockerException):
+            out = "\n".join(((error.stderr or "") + (error.stdout or "")).strip().splitlines()[-20:])
+            raise DockerError(f"{self.call}: exit {error.return_code}: {out}") from None

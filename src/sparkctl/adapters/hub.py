@@ -1,0 +1,121 @@
+"""The Hugging Face Hub, through `huggingface_hub`: resolve a revision, download a snapshot.
+
+The token comes from settings and never reaches a log line or an error message; Hub errors
+become SparkctlErrors that say what to do (gated repo -> set SPARKCTL_HF_TOKEN). Built once by
+the CLI or the daemon.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import tqdm as hf_tqdm
+
+from sparkctl.errors import SparkctlError, TransientError
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    repo: str
+    commit: str
+    files: dict[str, int]  # path -> size in bytes
+
+    @property
+    def size(self) -> int:
+        return sum(self.files.values())
+
+
+class HubClient:
+    def __init__(self, *, cache_dir: Path, token: str | None = None, endpoint: str | None = None) -> None:
+        self.cache_dir, self._token, self.endpoint = cache_dir, token, endpoint
+        self.api = HfApi(endpoint=endpoint, token=token or False)
+
+    def resolve(self, repo: str, revision: str) -> Snapshot:
+        """The commit `revision` names now, with every file's size."""
+        with _translated(repo, revision):
+            info = self.api.model_info(repo, revision=revision, files_metadata=True)
+        return Snapshot(repo, info.sha, {s.rfilename: s.size or 0 for s in info.siblings or []})
+
+    def snapshot_dir(self, snapshot: Snapshot) -> Path:
+        return self.cache_dir / ("models--" + snapshot.repo.replace("/", "--")) / "snapshots" / snapshot.commit
+
+    def missing_bytes(self, snapshot: Snapshot) -> int:
+        """Bytes still to download (files already complete in the cache don't count)."""
+        folder = self.snapshot_dir(snapshot)
+        return sum(size for path, size in snapshot.files.items()
+                   if not ((folder / path).is_file() and (folder / path).stat().st_size == size))
+
+    def download(self, snapshot: Snapshot, *, revision: str, progress: Progress | None = None) -> Path:
+        """Download the snapshot (resuming partial files); `revision` names it in the cache refs."""
+        with _translated(snapshot.repo, snapshot.commit):
+            path = snapshot_download(snapshot.repo, revision=snapshot.commit, cache_dir=self.cache_dir,
+                                     endpoint=self.endpoint, token=self._token or False,
+                                     tqdm_class=_bar_class(progress) if progress else None)
+        if revision != snapshot.commit:  # let offline readers find it by the name the stack used
+            refs = self.cache_dir / ("models--" + snapshot.repo.replace("/", "--")) / "refs"
+            refs.mkdir(parents=True, exist_ok=True)
+            (refs / revision).write_text(snapshot.commit)
+        return Path(path)
+
+
+def _bar_class(progress: Progress) -> type:
+    class Bar(hf_tqdm):
+        """A silent tqdm that forwards the byte counts of the download to `progress`."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            kwargs.pop("name", None)
+            super().__init__(*args, **{**kwargs, "file": io.StringIO(), "disable": False})
+
+        def update(self, n: float | None = 1) -> bool | None:
+            shown = super().update(n)
+            if self.unit == "B" and self.total:
+                progress(int(self.n), int(self.total))
+            return shown
+
+    return Bar
+
+
+class _translated:
+    """Turn huggingface_hub's exceptions into errors a Spark owner can act on."""
+
+    def __init__(self, repo: str, revision: str) -> None:
+        self.repo, self.revision = repo, revision
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, error: BaseException | None, _tb: object) -> None:
+        if error is None or not isinstance(error, Exception):
+            return
+        where = f"{self.repo}@{self.revision}"
+        if isinstance(error, GatedRepoError):
+            raise SparkctlError(f"{where} is a gated repo and the Hub refused access "
+                                f"({_status(error)}): accept its terms on the Hub and set SPARKCTL_HF_TOKEN "
+                                "(or HF_TOKEN) to a token that may read it") from None
+        if isinstance(error, RevisionNotFoundError):
+            raise SparkctlError(f"{where}: no such revision on the Hub; fix `revision` in the stack") from None
+        if isinstance(error, RepositoryNotFoundError):
+            raise SparkctlError(f"{self.repo}: no such repo on the Hub (or it is private: set "
+                                "SPARKCTL_HF_TOKEN); fix `repo` in the stack") from None
+        if isinstance(error, LocalEntryNotFoundError | HfHubHTTPError | OSError):
+            raise TransientError(f"download of {where} failed: {type(error).__name__}: "
+                                 f"{str(error).splitlines()[0] if str(error) else ''}; rerun to resume",
+                                 delay=2.0) from None
+
+
+def _status(error: HfHubHTTPError) -> str:
+    response = getattr(error, "response", None)
+    return f"HTTP {response.status_code}" if response is not None else "no access"

@@ -1,0 +1,1 @@
+"""The deploy pipeline: image, weights, patches, container, health; and what it records."""

@@ -1,0 +1,38 @@
+"""How the pipeline tells people what it is doing: a small reporter interface.
+
+The CLI implements it with rich (phases, progress bars); tests record calls; the daemon will
+turn calls into events for its API. The pipeline never prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sparkctl.state.store import Phase
+
+
+class Reporter(Protocol):
+    def phase(self, stack: str, phase: Phase, detail: str = "") -> None: ...
+
+    def progress(self, task: str, done: int, total: int) -> None: ...
+
+    def note(self, stack: str, text: str) -> None: ...
+
+
+@dataclass
+class RecordingReporter:
+    """Keeps every call, for tests and for callers that report afterwards."""
+
+    phases: list[tuple[str, Phase, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    progressed: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def phase(self, stack: str, phase: Phase, detail: str = "") -> None:
+        self.phases.append((stack, phase, detail))
+
+    def progress(self, task: str, done: int, total: int) -> None:
+        self.progressed[task] = (done, total)
+
+    def note(self, stack: str, text: str) -> None:
+        self.notes.append(text)

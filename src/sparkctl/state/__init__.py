@@ -1,0 +1,1 @@
+"""What sparkctl remembers: the SQLite store of deployments, phases and resolved digests."""

@@ -1,0 +1,160 @@
+"""The state store: SQLite in the state dir (WAL), with numbered schema migrations.
+
+Holds deployments (fingerprint parts, outcome, error), their phase transitions with times, and
+the digest each image ref resolved to. The deploy pipeline writes it; `status` and the daemon
+read it. Opened per process; every write is its own short transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+MIGRATIONS = (
+    """
+    CREATE TABLE deployments (
+        id INTEGER PRIMARY KEY,
+        stack TEXT NOT NULL,
+        fingerprint TEXT,
+        parts TEXT NOT NULL DEFAULT '{}',
+        phase TEXT NOT NULL,
+        started REAL NOT NULL,
+        finished REAL,
+        error TEXT
+    );
+    CREATE INDEX deployments_stack ON deployments (stack, id);
+    CREATE TABLE transitions (
+        deployment INTEGER NOT NULL REFERENCES deployments (id),
+        phase TEXT NOT NULL,
+        at REAL NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TABLE digests (
+        ref TEXT PRIMARY KEY,
+        digest TEXT NOT NULL,
+        resolved REAL NOT NULL
+    );
+    """,
+)
+
+
+class Phase(StrEnum):
+    RESOLVING = "resolving"
+    PULLING = "pulling"
+    FETCHING = "fetching"
+    PATCHING = "patching"
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    CANARY = "canary"
+    RUNNING = "running"  # terminal success: healthy and serving
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def is_terminal(self) -> bool:
+        return self in (Phase.RUNNING, Phase.FAILED, Phase.STOPPED)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    id: int
+    stack: str
+    fingerprint: str | None
+    parts: dict[str, str]
+    phase: Phase
+    started: float
+    finished: float | None
+    error: str | None
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def begin(self, stack: str) -> int:
+        now = time.time()
+        with self._tx():
+            cur = self.db.execute("INSERT INTO deployments (stack, phase, started) VALUES (?, ?, ?)",
+                                  (stack, Phase.RESOLVING, now))
+            self.db.execute("INSERT INTO transitions VALUES (?, ?, ?, '')", (cur.lastrowid, Phase.RESOLVING, now))
+        return cur.lastrowid
+
+    def advance(self, deployment: int, phase: Phase, detail: str = "", *, error: str | None = None) -> None:
+        now = time.time()
+        finished = now if phase.is_terminal() else None
+        with self._tx():
+            self.db.execute("UPDATE deployments SET phase = ?, finished = ?, error = COALESCE(?, error) WHERE id = ?",
+                            (phase, finished, error, deployment))
+            self.db.execute("INSERT INTO transitions VALUES (?, ?, ?, ?)", (deployment, phase, now, detail))
+
+    def set_fingerprint(self, deployment: int, fingerprint: str, parts: dict[str, str]) -> None:
+        with self._tx():
+            self.db.execute("UPDATE deployments SET fingerprint = ?, parts = ? WHERE id = ?",
+                            (fingerprint, json.dumps(parts, sort_keys=True), deployment))
+
+    def latest(self, stack: str) -> Deployment | None:
+        row = self.db.execute("SELECT * FROM deployments WHERE stack = ? ORDER BY id DESC LIMIT 1", (stack,)).fetchone()
+        return _deployment(row) if row else None
+
+    def history(self, stack: str | None = None, *, limit: int = 50) -> list[Deployment]:
+        query = "SELECT * FROM deployments" + (" WHERE stack = ?" if stack else "") + " ORDER BY id DESC LIMIT ?"
+        rows = self.db.execute(query, (stack, limit) if stack else (limit,)).fetchall()
+        return [_deployment(r) for r in rows]
+
+    def transitions(self, deployment: int) -> list[tuple[Phase, float, str]]:
+        rows = self.db.execute("SELECT phase, at, detail FROM transitions WHERE deployment = ? ORDER BY rowid",
+                               (deployment,)).fetchall()
+        return [(Phase(p), at, d) for p, at, d in rows]
+
+    def digest(self, ref: str) -> str | None:
+        row = self.db.execute("SELECT digest FROM digests WHERE ref = ?", (ref,)).fetchone()
+        return row[0] if row else None
+
+    def record_digest(self, ref: str, digest: str) -> None:
+        with self._tx():
+            self.db.execute("INSERT INTO digests VALUES (?, ?, ?) ON CONFLICT (ref) DO UPDATE SET "
+                            "digest = excluded.digest, resolved = excluded.resolved", (ref, digest, time.time()))
+
+    def integrity_ok(self) -> bool:
+        return self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    def _tx(self) -> sqlite3.Connection:
+        return _Transaction(self.db)
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        for number, script in enumerate(MIGRATIONS[version:], version + 1):
+            with self._tx():
+                for statement in filter(str.strip, script.split(";")):
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version = {number}")
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error), for a connection in autocommit mode."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if kind else "COMMIT")
+
+
+def _deployment(row: tuple) -> Deployment:
+    id_, stack, fingerprint, parts, phase, started, finished, error = row
+    return Deployment(id_, stack, fingerprint, json.loads(parts), Phase(phase), started, finished, error)
