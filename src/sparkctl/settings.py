@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -41,19 +41,25 @@ class Settings(BaseSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8000, ge=1, le=65535)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)
+    # "auto": give engines the GPU when Docker has the NVIDIA runtime (a Spark), else run without.
+    gpus: Literal["auto", "all", "none"] = "auto"
+    # Extra environment for every engine container (e.g. VLLM_LOGGING_LEVEL=DEBUG, or
+    # SPARKCTL_SIM_TIME_SCALE for the simulated engine); part of each deployment's fingerprint.
+    engine_env: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    hf_endpoint: str | None = Field(default=None, validation_alias=AliasChoices("SPARKCTL_HF_ENDPOINT", "HF_ENDPOINT"))
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))
 
-    @field_validator("registry_mirrors", mode="before")
+    @field_validator("registry_mirrors", "engine_env", mode="before")
     @classmethod
-    def _parse_mirrors(cls, value: Any) -> Any:
-        """Accept `ghcr.io=127.0.0.1:5001,docker.io=...` as well as a mapping."""
+    def _parse_pairs(cls, value: Any) -> Any:
+        """Accept `KEY=VALUE,KEY=VALUE` (e.g. `ghcr.io=127.0.0.1:5001`) as well as a mapping."""
         if not isinstance(value, str):
             return value
         pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
         if any(len(pair) != 2 for pair in pairs):
-            raise ValueError("expected REGISTRY=MIRROR[,REGISTRY=MIRROR...]")
+            raise ValueError("expected KEY=VALUE[,KEY=VALUE...]")
         return {key.strip(): mirror.strip() for key, mirror in pairs}
 
     @property

@@ -1,12 +1,14 @@
 """Compose projects through python-on-whales (docker compose v2).
 
 A compose stack runs as project `sparkctl-<stack>` from its directory under the compose dir,
-with variables from an env file sparkctl writes (never holding the HF token) and, on machines
-without an NVIDIA runtime, an override that drops the GPU reservation.
+with variables from an env file sparkctl writes (never holding the HF token) and an override
+file adding sparkctl's engine environment and, on machines without an NVIDIA runtime,
+dropping the GPU reservation.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from python_on_whales import DockerClient
@@ -14,22 +16,17 @@ from python_on_whales.exceptions import DockerException
 
 from sparkctl.errors import DockerError
 
-NO_GPU_OVERRIDE = "services:\n  {service}:\n    deploy: !reset {{}}\n"
-
 
 class ComposeProject:
-    def __init__(self, project_dir: Path, *, name: str, service: str, env: dict[str, str], work_dir: Path,
-                 gpus: bool = True) -> None:
+    def __init__(self, project_dir: Path, *, name: str, service: str, variables: dict[str, str],
+                 engine_env: dict[str, str], work_dir: Path, gpus: bool = True) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         env_file = work_dir / "sparkctl.env"
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
-        files = [project_dir / "compose.yml"]
-        if not gpus:
-            override = work_dir / "no-gpu.yml"
-            override.write_text(NO_GPU_OVERRIDE.format(service=service))
-            files.append(override)
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(variables.items())))
+        override = work_dir / "sparkctl.override.yml"
+        override.write_text(_override(service, engine_env, gpus))
         self.name, self.service = name, service
-        self.client = DockerClient(compose_files=files, compose_project_name=name,
+        self.client = DockerClient(compose_files=[project_dir / "compose.yml", override], compose_project_name=name,
                                    compose_env_files=[env_file], compose_project_directory=project_dir)
 
     def up(self) -> None:
@@ -44,6 +41,17 @@ class ComposeProject:
     def container_ids(self) -> list[str]:
         with _translated(f"compose ps {self.name}"):
             return [c.id for c in self.client.compose.ps(all=True)]
+
+
+def _override(service: str, engine_env: dict[str, str], gpus: bool) -> str:
+    lines = ["services:", f"  {service}:"]
+    if engine_env:
+        lines += ["    environment:"] + [f"      {k}: {json.dumps(v)}" for k, v in sorted(engine_env.items())]
+    if not gpus:
+        lines.append("    deploy: !reset {}")
+    if len(lines) == 2:
+        lines.append("    labels: {}")
+    return "\n".join(lines) + "\n"
 
 
 class _translated:

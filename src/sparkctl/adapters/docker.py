@@ -119,6 +119,24 @@ class DockerEngine:
             for chunk in self.client.api.logs(name_or_id, tail=tail, stream=True, follow=True):
                 yield chunk.decode(errors="replace")
 
+    def state(self, name_or_id: str) -> tuple[str, int, bool]:
+        """(status, exit code, OOM-killed) of a container."""
+        s = self.inspect(name_or_id)["State"]
+        return s["Status"], s.get("ExitCode", 0), bool(s.get("OOMKilled"))
+
+    def stop(self, name_or_id: str, *, timeout: int = 30) -> None:
+        with _translated(f"stop container {name_or_id}"):
+            self.client.api.stop(name_or_id, timeout=timeout)
+
+    def rename(self, name_or_id: str, new_name: str) -> None:
+        with _translated(f"rename container {name_or_id} to {new_name}"):
+            self.client.api.rename(name_or_id, new_name)
+
+    def has_gpu_runtime(self) -> bool:
+        """Whether containers can get GPUs here (the NVIDIA runtime is registered)."""
+        with _translated("read the engine's info"):
+            return "nvidia" in (self.client.info().get("Runtimes") or {})
+
     def inspect(self, name_or_id: str) -> dict[str, Any]:
         with _translated(f"inspect container {name_or_id}"):
             return self.client.api.inspect_container(name_or_id)

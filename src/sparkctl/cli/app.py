@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkctl import __version__
-from sparkctl.cli import config, images, stacks
+from sparkctl.cli import config, deploy, images, stacks
 from sparkctl.cli.runtime import Runtime
 from sparkctl.errors import SparkctlError
 
@@ -28,6 +28,9 @@ app = typer.Typer(
 app.add_typer(stacks.app, name="stacks")
 app.add_typer(images.app, name="image")
 app.add_typer(config.app, name="config")
+app.add_typer(deploy.patch_app, name="patch")
+for command in (deploy.up, deploy.down, deploy.status, deploy.logs):
+    app.command()(command)
 
 _runtime = Runtime()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import ValidationError
@@ -19,6 +20,12 @@ from sparkctl.errors import SparkctlError
 from sparkctl.policy.images import ImagePolicy
 from sparkctl.settings import Settings
 from sparkctl.spec.load import Catalog, load_catalog
+
+if TYPE_CHECKING:  # imported lazily: `sparkctl status` must start fast
+    from sparkctl.adapters.docker import DockerEngine
+    from sparkctl.deploy.pipeline import Deployer
+    from sparkctl.deploy.progress import Reporter
+    from sparkctl.state.store import Store
 
 
 @dataclass
@@ -43,6 +50,27 @@ class Runtime:
     @cached_property
     def catalog(self) -> Catalog:
         return load_catalog(self.settings.stacks_dir, self.settings.patches_dir)
+
+    @cached_property
+    def docker(self) -> DockerEngine:
+        from sparkctl.adapters.docker import DockerEngine
+
+        return DockerEngine(self.settings.docker_host)
+
+    @cached_property
+    def store(self) -> Store:
+        from sparkctl.state.store import Store
+
+        return Store(self.settings.state_dir / "sparkctl.db")
+
+    def deployer(self, reporter: Reporter) -> Deployer:
+        from sparkctl.adapters.hub import HubClient
+        from sparkctl.deploy.pipeline import Deployer
+
+        s = self.settings
+        token = s.hf_token.get_secret_value() if s.hf_token else None
+        hub = HubClient(cache_dir=s.hf_cache_dir, token=token, endpoint=s.hf_endpoint)
+        return Deployer(s, self.catalog, self.policy, self.docker, hub, self.store, reporter)
 
     @cached_property
     def policy(self) -> ImagePolicy:

@@ -20,14 +20,20 @@ DRAFT_DIR = "/draft"
 LABEL_STACK = "sparkctl.stack"
 LABEL_SPEC_HASH = "sparkctl.spec-hash"
 LABEL_FINGERPRINT = "sparkctl.fingerprint"
+LABEL_MEMORY = "sparkctl.gpu-memory"  # the fraction reserved, for admission without the stack file
 
 
 @dataclass(frozen=True)
 class Sources:
     """Where the things a stack needs are on the host (known once the deploy fetched them)."""
 
-    model_dir: str
-    draft_dir: str | None = None
+    model_dir: str  # mounted at /model
+    draft_dir: str | None = None  # mounted at /draft
+    # Inside those mounts, where the files are: the HF cache keeps a snapshot's files as
+    # symlinks into the repo's blobs/, so the whole repo folder is mounted and the engine is
+    # pointed at snapshots/<commit> in it.
+    model_subpath: str = ""
+    draft_subpath: str = ""
     overlays: tuple[tuple[str, str], ...] = ()  # (host file, path inside the container)
     compile_cache_dir: str | None = None
 
@@ -101,12 +107,14 @@ def container_name(stack: Stack) -> str:
 
 
 def render(
-    stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None
+    stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None,
+    gpus: bool = True, env: dict[str, str] | None = None,
 ) -> ContainerPlan:
     """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest)."""
     if stack.kind is not Kind.VLLM or stack.vllm is None:
         raise ValueError(f"stack {stack.name} is a {stack.kind} stack; only vllm stacks render to a container")
-    labels = {LABEL_STACK: stack.name, LABEL_SPEC_HASH: spec_hash(stack)}
+    labels = {LABEL_STACK: stack.name, LABEL_SPEC_HASH: spec_hash(stack),
+              LABEL_MEMORY: f"{stack.resources.gpu_memory_utilization:g}"}
     if fingerprint:
         labels[LABEL_FINGERPRINT] = fingerprint
     c = stack.container
@@ -114,17 +122,17 @@ def render(
         name=container_name(stack),
         image=image or stack.image.ref,
         entrypoint=c.entrypoint,
-        command=("serve", MODEL_DIR, *vllm_args(stack)),
-        env={"HF_HUB_OFFLINE": "1", **dict(sorted(c.env.items()))},
+        command=("serve", _inside(MODEL_DIR, sources.model_subpath), *vllm_args(stack, sources.draft_subpath)),
+        env={"HF_HUB_OFFLINE": "1", **dict(sorted({**(env or {}), **c.env}.items()))},
         mounts=_mounts(stack, sources),
         labels=labels,
         ipc_mode=c.ipc,
         shm_size=c.shm_size,
-        gpus=c.gpus,
+        gpus=c.gpus if gpus else "none",
     )
 
 
-def vllm_args(stack: Stack) -> list[str]:
+def vllm_args(stack: Stack, draft_subpath: str = "") -> list[str]:
     """`vllm serve` flags for the stack, in a fixed order."""
     v = stack.vllm
     assert v is not None
@@ -149,10 +157,14 @@ def vllm_args(stack: Stack) -> list[str]:
     if v.speculative is not None:
         config = {"method": v.speculative.method}
         if stack.draft is not None:
-            config["model"] = DRAFT_DIR
+            config["model"] = _inside(DRAFT_DIR, draft_subpath)
         config |= v.speculative.model_dump(exclude={"method"}, exclude_none=True)
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     return args + list(v.extra_args)
+
+
+def _inside(mount: str, subpath: str) -> str:
+    return f"{mount}/{subpath}" if subpath else mount
 
 
 def _value(flag: str, value: object) -> list[str]:

@@ -1,0 +1,116 @@
+"""`sparkctl up | down | status | logs` and `sparkctl patch check`."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import typer
+from rich.table import Table
+
+from sparkctl.cli.console import ConsoleReporter
+from sparkctl.cli.runtime import runtime
+from sparkctl.errors import SparkctlError
+from sparkctl.spec.models import Kind
+from sparkctl.spec.render import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_STACK
+
+patch_app = typer.Typer(help="Check a stack's patches against its image.", no_args_is_help=True)
+
+
+def up(
+    ctx: typer.Context,
+    stack: str,
+    refresh: bool = typer.Option(False, "--refresh", help="Follow the tag if it moved since it was pinned."),
+    replace: bool = typer.Option(False, "--replace", help="Stop the stacks in the way if memory is short."),
+) -> None:
+    """Bring STACK up: image by digest, weights, patches, container, health checks."""
+    rt = runtime(ctx)
+    with ConsoleReporter(rt.console) as reporter:
+        result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
+    extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
+    verb = "up" if result.changed else "already up, unchanged"
+    rt.console.print(f"[green]{stack} {verb}[/]: {result.url}/v1 (fingerprint {result.fingerprint}{extra})")
+
+
+def down(ctx: typer.Context, stack: str) -> None:
+    """Stop and remove STACK's containers; state, pins and downloads are kept."""
+    rt = runtime(ctx)
+    with ConsoleReporter(rt.console) as reporter:
+        removed = rt.deployer(reporter).down(stack)
+    rt.console.print(f"{stack}: {'removed ' + str(removed) + ' container(s)' if removed else 'was not running'}")
+
+
+def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory."""
+    rt = runtime(ctx)
+    rows = _status_rows(rt)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("stack", "phase", "endpoint", "fingerprint", "uptime", "memory")
+    for row in rows:
+        table.add_row(row["stack"], row["phase"], row["endpoint"], (row["fingerprint"] or "")[:12],
+                      _duration(row["uptime_s"]), f"{row['memory']:.2f}" if row["memory"] is not None else "")
+    rt.console.print(table if rows else "no stacks are deployed")
+
+
+def logs(
+    ctx: typer.Context,
+    stack: str,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+    tail: int = typer.Option(100, "--tail", "-n", help="Lines from the end."),
+) -> None:
+    """Print STACK's engine log."""
+    rt = runtime(ctx)
+    containers = rt.docker.containers(**{LABEL_STACK: stack})
+    if not containers:
+        raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
+    name = containers[0]["Id"]
+    if follow:
+        for chunk in rt.docker.follow_logs(name, tail=tail):
+            print(chunk, end="", flush=True)
+    else:
+        print(rt.docker.logs(name, tail=tail), end="")
+
+
+@patch_app.command("check")
+def patch_check(ctx: typer.Context, stack: str) -> None:
+    """Apply STACK's patch sets to its image's files without starting anything; print the diff."""
+    rt = runtime(ctx)
+    spec = rt.catalog.stack(stack)
+    if spec.kind is Kind.COMPOSE or not spec.patches:
+        rt.console.print(f"{stack} has no patch sets")
+        return
+    with ConsoleReporter(rt.console) as reporter:
+        prepared = rt.deployer(reporter).prepare(spec)
+    print(prepared.patches.diff, end="")
+    rt.console.print(f"[green]patches apply[/]: {len(prepared.patches.mounts)} files, patch-set hash "
+                     f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")
+
+
+def _status_rows(rt) -> list[dict]:
+    now = time.time()
+    rows = []
+    for c in sorted(rt.docker.containers(), key=lambda c: c["Labels"][LABEL_STACK]):
+        labels, name = c["Labels"], c["Labels"][LABEL_STACK]
+        latest = rt.store.latest(name)
+        try:
+            stack = rt.catalog.stack(name)
+            endpoint = f"http://127.0.0.1:{stack.port}/v1"
+        except SparkctlError:
+            endpoint = ""
+        phase = latest.phase.value if latest and c["State"] == "running" else c["State"]
+        rows.append({"stack": name, "phase": phase, "state": c["State"], "endpoint": endpoint,
+                     "fingerprint": labels.get(LABEL_FINGERPRINT), "container": c["Names"][0].lstrip("/"),
+                     "uptime_s": round(now - c["Created"]) if c["State"] == "running" else None,
+                     "memory": float(labels[LABEL_MEMORY]) if labels.get(LABEL_MEMORY) else None,
+                     "error": latest.error if latest else None})
+    return rows
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, s = divmod(int(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s"

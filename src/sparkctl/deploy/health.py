@@ -1,0 +1,172 @@
+"""Health in phases, each with its own budget from the stack: starting -> loading -> ready ->
+canary.
+
+Connection refused is normal while vLLM loads (its port opens only once the weights are in);
+the last engine log line is shown as progress meanwhile. A container that exits fails at once
+with its last 30 log lines and a hint for known signatures. Called by the pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import SparkctlError
+from sparkctl.spec.models import Stack
+from sparkctl.state.store import Phase
+
+HINTS = (
+    (re.compile(r"has no attribute '_draft_(kv_cache_group_ids|layer_to_kv_cache_gid)'"),
+     "the DFlash 2-line shim is missing from vllm/v1/spec_decode/dflash.py: add patch set dspark-dflash "
+     "to the stack (`sparkctl patch check STACK` shows what it changes)"),
+    (re.compile(r"vllm_patches are not applied|cannot import name 'DSpark", re.I),
+     "the draft's vllm_patches overlays are not mounted: the stack needs patch set dspark-dflash"),
+    (re.compile(r"/dev/shm|shm_open|Bus error", re.I),
+     "shared memory is too small: raise container.shm_size or use container.ipc: host"),
+    (re.compile(r"No available memory for the cache blocks|out of memory|OOM|Cannot allocate memory", re.I),
+     "out of memory: lower resources.gpu_memory_utilization or stop other stacks (`sparkctl status`)"),
+    (re.compile(r"address already in use", re.I),
+     "the port is in use: another process listens on it (`ss -ltnp`); change vllm.port in the stack"),
+)
+
+
+class HealthError(SparkctlError):
+    """The engine did not become healthy; carries the phase and the engine's last words."""
+
+    def __init__(self, message: str, *, phase: Phase, logs: str = "") -> None:
+        hint = next((h for pattern, h in HINTS if pattern.search(logs)), None)
+        tail = "\n".join(logs.strip().splitlines()[-30:])
+        full = message + (f"\nhint: {hint}" if hint else "") + (f"\nlast engine log lines:\n{tail}" if tail else "")
+        super().__init__(full)
+        self.phase, self.hint = phase, hint
+
+
+@dataclass
+class Engine:
+    """What health checks need from the container: its state and its log."""
+
+    state: Callable[[], tuple[str, int, bool]]  # (status, exit code, OOM-killed)
+    logs: Callable[[int], str]
+
+
+def wait_healthy(stack: Stack, url: str, engine: Engine, *, reporter: Reporter,
+                 clock: Callable[[], float] = time.monotonic, poll: float = 0.1) -> float | None:
+    """Walk the phases; returns the canary's speculative acceptance (None when not speculative)."""
+    budgets = stack.health
+    deadline = clock() + budgets.start
+    reporter.phase(stack.name, Phase.STARTING)
+    while _alive(engine, Phase.STARTING) != "running":
+        _within(deadline, clock, Phase.STARTING, budgets.start, engine)
+        time.sleep(poll)
+    reporter.phase(stack.name, Phase.LOADING)
+    deadline, shown = clock() + budgets.load, ""
+    while _status(url + "/health") is None:
+        _alive(engine, Phase.LOADING)
+        _within(deadline, clock, Phase.LOADING, budgets.load, engine)
+        line = (engine.logs(1).strip().splitlines() or [""])[-1]
+        if line and line != shown:
+            reporter.phase(stack.name, Phase.LOADING, line[-160:])
+            shown = line
+        time.sleep(poll)
+    reporter.phase(stack.name, Phase.READY)
+    deadline = clock() + budgets.ready
+    while not _ready(url, stack.served_name):
+        _alive(engine, Phase.READY)
+        _within(deadline, clock, Phase.READY, budgets.ready, engine)
+        time.sleep(poll)
+    reporter.phase(stack.name, Phase.CANARY)
+    return _canary(stack, url, engine)
+
+
+def acceptance(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Speculative acceptance (accepted / drafted tokens) between two /metrics readings."""
+    drafted = after.get("vllm:spec_decode_num_draft_tokens_total", 0) - before.get(
+        "vllm:spec_decode_num_draft_tokens_total", 0)
+    if drafted <= 0:
+        return None
+    accepted = after.get("vllm:spec_decode_num_accepted_tokens_total", 0) - before.get(
+        "vllm:spec_decode_num_accepted_tokens_total", 0)
+    return accepted / drafted
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Sum of every sample of each metric on /metrics (labels folded)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{[^}]*\})? ([-+0-9.eE]+|NaN)$", line)
+        if match and match[2] != "NaN":
+            values[match[1]] = values.get(match[1], 0.0) + float(match[2])
+    return values
+
+
+def _canary(stack: Stack, url: str, engine: Engine) -> float | None:
+    speculative = stack.vllm is not None and stack.vllm.speculative is not None
+    before = metrics(url) if speculative else {}
+    body = {"model": stack.served_name, "messages": [{"role": "user", "content": stack.canary.prompt}],
+            "max_tokens": stack.canary.max_tokens, "min_tokens": min(8, stack.canary.max_tokens)}
+    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=stack.health.canary) as response:
+            reply = json.load(response)
+    except (OSError, ValueError) as e:
+        raise HealthError(f"canary chat completion failed: {e}", phase=Phase.CANARY, logs=engine.logs(30)) from None
+    text = (reply.get("choices") or [{}])[0].get("message", {}).get("content") or ""
+    if not text.strip():
+        raise HealthError("canary chat completion returned no text", phase=Phase.CANARY, logs=engine.logs(30))
+    if not speculative:
+        return None
+    rate = acceptance(before, metrics(url))
+    floor = stack.expectations.min_acceptance
+    if floor is not None and (rate is None or rate < floor):
+        shown = "no drafts" if rate is None else f"{rate:.2f}"
+        raise HealthError(f"canary speculative acceptance {shown} is under the stack's floor {floor:.2f}",
+                          phase=Phase.CANARY)
+    return rate
+
+
+def _alive(engine: Engine, phase: Phase) -> str:
+    status, code, oom = engine.state()
+    if status in ("exited", "dead"):
+        cause = "was OOM-killed" if oom else f"exited with code {code}"
+        raise HealthError(f"engine container {cause} while {phase}", phase=phase, logs=engine.logs(30)
+                          + ("\nOOMKilled" if oom else ""))
+    return status
+
+
+def _within(deadline: float, clock: Callable[[], float], phase: Phase, budget: float, engine: Engine) -> None:
+    if clock() > deadline:
+        raise HealthError(f"engine still {phase} after its {budget:g} s budget (health.{_budget_key(phase)} "
+                          "in the stack); it may hang", phase=phase, logs=engine.logs(30))
+
+
+def _budget_key(phase: Phase) -> str:
+    return {Phase.STARTING: "start", Phase.LOADING: "load", Phase.READY: "ready"}.get(phase, "canary")
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def _ready(url: str, served_name: str) -> bool:
+    if _status(url + "/health") != 200:
+        return False
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
+            return any(m.get("id") == served_name for m in json.load(response).get("data", []))
+    except (OSError, ValueError):
+        return False

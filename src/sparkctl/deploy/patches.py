@@ -1,0 +1,154 @@
+"""The patch step: change vLLM's files for a stack without changing the image.
+
+Finds vLLM's package dir inside the image (cached per digest), copies the target files out of
+a never-started container, applies overlays (whole files from the draft or model snapshot),
+unified diffs and class-attribute shims on the host, checks each result (it parses, the shim
+re-applies as a no-op), and writes them to an overlay dir keyed by their hash. The pipeline
+bind-mounts each file read-only over its path; the hash goes into the fingerprint.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkctl.adapters.docker import DockerEngine
+from sparkctl.deploy import diffs
+from sparkctl.deploy.shim import apply_shim
+from sparkctl.errors import SparkctlError
+from sparkctl.spec.models import PatchSet
+
+FIND_VLLM = ("import importlib.util as u; s = u.find_spec('vllm'); "
+             "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
+
+
+class PatchError(SparkctlError):
+    """A patch does not apply to this image: nothing was started."""
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    vllm_dir: str
+    mounts: tuple[tuple[str, str], ...]  # (host file, path in the container)
+    hash: str  # of every patched file's path and content; "" when nothing is patched
+    diff: str  # unified diff of the changes, for `sparkctl patch check`
+
+
+def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: DockerEngine,
+            sources: Mapping[str, Path], state_dir: Path, patches_dir: Path) -> PatchResult:
+    """Apply `patch_sets` to the image's files; `sources` maps "draft"/"model" to snapshot dirs."""
+    if not patch_sets:
+        return PatchResult("", (), "", "")
+    vllm_dir = find_vllm(docker, image, digest, cache=state_dir / "vllm-dirs.json")
+    steps = _steps(patch_sets, patches_dir)
+    originals = docker.read_files(image, [f"{vllm_dir}/{rel}" for rel in steps])
+    patched: dict[str, str] = {}
+    for rel, actions in steps.items():
+        original = originals[f"{vllm_dir}/{rel}"]
+        text = original.decode() if original is not None else None
+        for kind, action in actions:
+            text = _apply(kind, action, text, rel=rel, sources=sources, vllm_dir=vllm_dir)
+        _check(rel, text, actions, vllm_dir)
+        patched[rel] = text
+    digest_of = hashlib.sha256(json.dumps(sorted(patched.items())).encode()).hexdigest()[:16]
+    folder = _write(state_dir / "overlays" / digest_of, patched)
+    mounts = tuple((str(folder / rel), f"{vllm_dir}/{rel}") for rel in sorted(patched))
+    diff = "".join(_diff(f"{vllm_dir}/{rel}", originals[f"{vllm_dir}/{rel}"], patched[rel]) for rel in sorted(patched))
+    return PatchResult(vllm_dir, mounts, digest_of, diff)
+
+
+def find_vllm(docker: DockerEngine, image: str, digest: str, *, cache: Path) -> str:
+    """vLLM's package dir in the image, found with importlib (vLLM is not imported)."""
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    if digest in known:
+        return known[digest]
+    found = docker.run_once(image, ["python3"], ["-c", FIND_VLLM]).strip()
+    if not found.startswith("/"):
+        raise PatchError(f"no vLLM package in {image}: `python3` there cannot find `vllm`; "
+                         "this stack's patches need a vLLM image")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(known | {digest: found}, indent=2))
+    return found
+
+
+def _steps(patch_sets: list[PatchSet], patches_dir: Path) -> dict[str, list[tuple[str, object]]]:
+    """Per target file (relative to vLLM's dir), the actions in order: overlays, diffs, shims."""
+    steps: dict[str, list[tuple[str, object]]] = {}
+    for patch_set in patch_sets:
+        for overlay in patch_set.overlays:
+            steps.setdefault(overlay.target, []).append(("overlay", overlay.source))
+        for name in patch_set.diffs:
+            path = patches_dir / name
+            if not path.is_file():
+                raise PatchError(f"patch set {patch_set.name}: diff file {path} does not exist")
+            for file_diff in diffs.parse(path.read_text(), source=str(path)):
+                steps.setdefault(_relative(file_diff.path), []).append(("diff", (path, file_diff)))
+        for shim in patch_set.shims:
+            steps.setdefault(shim.file, []).append(("shim", shim))
+    return steps
+
+
+def _apply(kind: str, action: object, text: str | None, *, rel: str, sources: Mapping[str, Path],
+           vllm_dir: str) -> str:
+    if kind == "overlay":
+        origin, _, path = str(action).partition(":")
+        source = sources.get(origin)
+        if source is None or not (source / path).is_file():
+            where = source or f"no {origin} snapshot"
+            raise PatchError(f"overlay source {action} is missing (looked in {where}); "
+                             f"the {origin} repo does not carry it at this revision")
+        return (source / path).read_text()
+    if text is None:
+        raise PatchError(f"patch target {vllm_dir}/{rel} is missing from the image: the image's vLLM "
+                         "is not the one this patch set was written for")
+    if kind == "diff":
+        path, file_diff = action  # type: ignore[misc]
+        return diffs.apply(text, file_diff, source=str(path))
+    return apply_shim(text, action.class_name, action.attributes, filename=f"{vllm_dir}/{rel}")  # type: ignore[attr-defined]
+
+
+def _check(rel: str, text: str, actions: list[tuple[str, object]], vllm_dir: str) -> None:
+    try:
+        ast.parse(text, filename=rel)
+    except SyntaxError as e:
+        raise PatchError(f"patched {vllm_dir}/{rel} is not valid Python (line {e.lineno}: {e.msg})") from None
+    for kind, shim in actions:
+        if kind == "shim" and apply_shim(text, shim.class_name, shim.attributes) != text:  # type: ignore[attr-defined]
+            raise PatchError(f"shim on {vllm_dir}/{rel} is not idempotent")
+
+
+def _write(folder: Path, files: dict[str, str]) -> Path:
+    """Write once per content hash; a finished folder is never rewritten."""
+    if folder.is_dir():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+    for rel, text in files.items():
+        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / rel).write_text(text)
+        (scratch / rel).chmod(0o444)
+    scratch.chmod(0o755)
+    try:
+        os.rename(scratch, folder)
+    except OSError:  # written meanwhile by another process, with the same content
+        shutil.rmtree(scratch, ignore_errors=True)
+    return folder
+
+
+def _diff(path: str, original: bytes | None, patched: str) -> str:
+    before = original.decode().splitlines(keepends=True) if original is not None else []
+    return "".join(difflib.unified_diff(before, patched.splitlines(keepends=True),
+                                        fromfile=f"image:{path}", tofile=f"patched:{path}"))
+
+
+def _relative(path: str) -> str:
+    """A diff's path relative to vLLM's package dir (`vllm/x.py` or `x.py`)."""
+    return path.split("vllm/", 1)[1] if "vllm/" in path else path

@@ -1,0 +1,232 @@
+"""`sparkctl up` and `down`: resolve -> image -> weights -> patches -> container -> health.
+
+Every failure before the container step leaves the machine as it was. Past it, the stack's
+previous container is only stopped (and renamed) while the new one starts; if the new one
+fails its health phases it is removed and the previous one restarted, so a failed deploy
+leaves the previous state running. Each deployment and its phase transitions are recorded.
+Built by the CLI (and the daemon) with its adapters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkctl.adapters.compose import ComposeProject
+from sparkctl.adapters.docker import DockerEngine
+from sparkctl.adapters.hub import HubClient
+from sparkctl.deploy import health, image, patches, weights
+from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import SparkctlError
+from sparkctl.policy.admission import admit
+from sparkctl.policy.images import ImagePolicy
+from sparkctl.settings import Settings
+from sparkctl.spec.load import Catalog
+from sparkctl.spec.models import Kind, Stack
+from sparkctl.spec.render import (
+    LABEL_FINGERPRINT,
+    LABEL_MEMORY,
+    LABEL_SPEC_HASH,
+    LABEL_STACK,
+    Sources,
+    container_name,
+    render,
+    spec_hash,
+)
+from sparkctl.state.store import Phase, Store
+
+
+@dataclass(frozen=True)
+class UpResult:
+    stack: str
+    fingerprint: str
+    changed: bool  # False: the running container already matched, nothing was touched
+    url: str
+    acceptance: float | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything fetched and checked before a container is touched."""
+
+    image: image.ResolvedImage
+    model: weights.FetchedWeights | None
+    draft: weights.FetchedWeights | None
+    patches: patches.PatchResult
+    fingerprint: str
+    parts: dict[str, str]
+
+
+@dataclass
+class Deployer:
+    settings: Settings
+    catalog: Catalog
+    policy: ImagePolicy
+    docker: DockerEngine
+    hub: HubClient
+    store: Store
+    reporter: Reporter
+
+    def up(self, name: str, *, refresh: bool = False, replace: bool = False) -> UpResult:
+        stack = self.catalog.stack(name)
+        deployment = self.store.begin(name)
+        try:
+            self._admit(stack, replace=replace)
+            prepared = self.prepare(stack, deployment, refresh=refresh)
+            self.store.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
+            if stack.kind is Kind.COMPOSE:
+                result = self._up_compose(stack, prepared)
+            else:
+                result = self._up_container(stack, prepared)
+        except SparkctlError as e:
+            self._phase(deployment, stack, Phase.FAILED, error=str(e))
+            raise
+        self._phase(deployment, stack, Phase.RUNNING, "unchanged" if not result.changed else "")
+        return result
+
+    def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False) -> Prepared:
+        """Resolve and fetch everything the stack needs, and patch; starts nothing."""
+        self._phase(deployment, stack, Phase.RESOLVING)
+        resolved = image.resolve(stack, policy=self.policy, docker=self.docker, store=self.store,
+                                 mirrors=self.settings.registry_mirrors, refresh=refresh, reporter=self.reporter)
+        self._phase(deployment, stack, Phase.PULLING, resolved.run_ref)
+        image.pull(resolved, docker=self.docker, reporter=self.reporter)
+        self.store.record_digest(resolved.name.tagged, resolved.digest)
+        self._phase(deployment, stack, Phase.FETCHING)
+        model = weights.fetch(stack.model, hub=self.hub, reporter=self.reporter, label="model") if stack.model else None
+        draft = weights.fetch(stack.draft, hub=self.hub, reporter=self.reporter, label="draft") if stack.draft else None
+        self._phase(deployment, stack, Phase.PATCHING)
+        sources = {k: w.path for k, w in (("model", model), ("draft", draft)) if w is not None}
+        patched = patches.prepare([self.catalog.patch_sets[p] for p in stack.patches], image=resolved.run_ref,
+                                  digest=resolved.digest, docker=self.docker, sources=sources,
+                                  state_dir=self.settings.state_dir, patches_dir=self.settings.patches_dir)
+        parts = {"image": resolved.digest, "model": model.commit if model else "",
+                 "draft": draft.commit if draft else "", "patches": patched.hash, "spec": spec_hash(stack),
+                 "env": json.dumps(self.settings.engine_env, sort_keys=True)}
+        fingerprint = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+        return Prepared(resolved, model, draft, patched, fingerprint, parts)
+
+    def down(self, name: str) -> int:
+        """Stop and remove the stack's containers (state and pins are kept); how many went."""
+        stack = self.catalog.stack(name)
+        if stack.kind is Kind.COMPOSE:
+            self._compose(stack, {}).down()
+        removed = [self.docker.remove(c["Id"]) for c in self.docker.containers(**{LABEL_STACK: name})]
+        latest = self.store.latest(name)
+        if latest is not None and latest.phase is Phase.RUNNING:
+            self.store.advance(latest.id, Phase.STOPPED, "sparkctl down")
+        return len(removed)
+
+    def _admit(self, stack: Stack, *, replace: bool) -> None:
+        running = {c["Labels"][LABEL_STACK]: float(c["Labels"].get(LABEL_MEMORY) or 0)
+                   for c in self.docker.containers() if c["State"] == "running"}
+        verdict = admit(stack.name, stack.resources.gpu_memory_utilization, running,
+                        ceiling=self.settings.memory_ceiling)
+        if verdict.fits:
+            return
+        if not replace:
+            raise SparkctlError(verdict.explain(stack.name))
+        for other in verdict.in_the_way:
+            self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
+            for c in self.docker.containers(**{LABEL_STACK: other}):
+                self.docker.remove(c["Id"])
+
+    def _up_container(self, stack: Stack, prepared: Prepared) -> UpResult:
+        url = f"http://127.0.0.1:{stack.port}"
+        current = self.docker.containers(**{LABEL_STACK: stack.name})
+        if any(_matches(c, prepared.fingerprint, stack) for c in current):
+            self.reporter.note(stack.name, f"{stack.name} is already running with fingerprint "
+                                           f"{prepared.fingerprint}: nothing to do")
+            return UpResult(stack.name, prepared.fingerprint, False, url)
+        plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
+                      fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env)
+        previous = self._set_aside(current)
+        try:
+            self.docker.create(plan)
+            self.docker.start(plan.name)
+            rate = health.wait_healthy(stack, url, self._engine(plan.name), reporter=self.reporter)
+        except SparkctlError:
+            self.docker.remove(plan.name)
+            self._restore(previous, stack)
+            raise
+        for c in previous:
+            self.docker.remove(c)
+        return UpResult(stack.name, prepared.fingerprint, True, url, rate)
+
+    def _up_compose(self, stack: Stack, prepared: Prepared) -> UpResult:
+        assert stack.compose is not None
+        url = f"http://127.0.0.1:{stack.port}"
+        env = {"BASE_IMAGE": prepared.image.run_ref, "IMAGE": f"sparkctl/{stack.name}:{prepared.fingerprint}",
+               "FINGERPRINT": prepared.fingerprint, "PORT": str(stack.port), "HF_HUB_OFFLINE": "1",
+               "SERVED_MODEL_NAME": stack.served_name, "HF_HUB_CACHE_DIR": str(self.settings.hf_cache_dir),
+               "COMPILE_CACHE": str(self._compile_cache(stack)),
+               "GPU_MEMORY_UTILIZATION": f"{stack.resources.gpu_memory_utilization:g}", **stack.compose.env}
+        if stack.model and stack.model.repo:
+            env["MODEL_ID"] = stack.model.repo
+        self.reporter.phase(stack.name, Phase.STARTING, f"docker compose up ({stack.compose.project})")
+        project = self._compose(stack, env)
+        project.up()
+        [container] = project.container_ids()[:1] or [None]
+        if container is None:
+            raise SparkctlError(f"compose project {project.name} started no container for {stack.compose.service}")
+        rate = health.wait_healthy(stack, url, self._engine(container), reporter=self.reporter)
+        return UpResult(stack.name, prepared.fingerprint, True, url, rate)
+
+    def _compose(self, stack: Stack, env: dict[str, str]) -> ComposeProject:
+        assert stack.compose is not None
+        return ComposeProject(self.settings.compose_dir / stack.compose.project, name=f"sparkctl-{stack.name}",
+                              service=stack.compose.service, variables=env, engine_env=self.settings.engine_env,
+                              gpus=self._gpus(), work_dir=self.settings.state_dir / "compose" / stack.name)
+
+    def _sources(self, stack: Stack, prepared: Prepared) -> Sources:
+        assert prepared.model is not None
+        model, draft = prepared.model, prepared.draft
+        return Sources(model_dir=str(model.mount), model_subpath=model.subpath,
+                       draft_dir=str(draft.mount) if draft else None, draft_subpath=draft.subpath if draft else "",
+                       overlays=prepared.patches.mounts,
+                       compile_cache_dir=str(self._compile_cache(stack)) if stack.container.compile_cache else None)
+
+    def _compile_cache(self, stack: Stack) -> Path:
+        path = self.settings.state_dir / "compile-cache" / stack.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _set_aside(self, containers: list[dict]) -> list[str]:
+        """Stop the stack's current containers and move them out of the way of the new name."""
+        aside = []
+        for c in containers:
+            new_name = f"{c['Names'][0].lstrip('/')}-previous-{c['Id'][:8]}"
+            if c["State"] == "running":
+                self.docker.stop(c["Id"])
+            self.docker.rename(c["Id"], new_name)
+            aside.append(new_name)
+        return aside
+
+    def _restore(self, previous: list[str], stack: Stack) -> None:
+        for name in previous[:1]:
+            self.docker.rename(name, container_name(stack))
+            self.docker.start(container_name(stack))
+            self.reporter.note(stack.name, "the previous deployment was restarted")
+
+    def _engine(self, container: str) -> health.Engine:
+        return health.Engine(state=lambda: self.docker.state(container),
+                             logs=lambda n: self.docker.logs(container, tail=n))
+
+    def _gpus(self) -> bool:
+        if self.settings.gpus == "auto":
+            return self.docker.has_gpu_runtime()
+        return self.settings.gpus == "all"
+
+    def _phase(self, deployment: int | None, stack: Stack, phase: Phase, detail: str = "", *,
+               error: str | None = None) -> None:
+        if deployment is not None:
+            self.store.advance(deployment, phase, detail, error=error)
+        self.reporter.phase(stack.name, phase, detail)
+
+
+def _matches(container: dict, fingerprint: str, stack: Stack) -> bool:
+    labels = container["Labels"]
+    return (container["State"] == "running" and labels.get(LABEL_FINGERPRINT) == fingerprint
+            and labels.get(LABEL_SPEC_HASH) == spec_hash(stack))

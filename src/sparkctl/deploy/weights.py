@@ -1,0 +1,58 @@
+"""The weights step: model and draft at their pinned revisions, from the Hub or a local dir.
+
+Resolves the revision to a commit (recorded in the fingerprint), refuses to start a download
+the disk cannot hold (with the numbers), and downloads with byte progress, resuming partial
+files. Called by the pipeline; the token stays inside the Hub adapter.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkctl.adapters.hub import HubClient
+from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import SparkctlError
+from sparkctl.spec.models import Weights
+
+HEADROOM = 1 << 30  # leave a GiB free: the page cache and logs need room too
+
+
+@dataclass(frozen=True)
+class FetchedWeights:
+    path: Path  # the files, on the host
+    commit: str  # the Hub commit, or "local:<path>"
+    mount: Path  # what to mount: the repo's cache folder (snapshot symlinks point into its blobs/)
+    subpath: str = ""  # `path` relative to `mount`
+
+
+def fetch(weights: Weights, *, hub: HubClient, reporter: Reporter, label: str) -> FetchedWeights:
+    if weights.path is not None:
+        path = Path(weights.path)
+        if not path.is_dir():
+            raise SparkctlError(f"{label} path {path} is not a directory on this machine")
+        return FetchedWeights(path, f"local:{path}", path)
+    assert weights.repo is not None
+    snapshot = hub.resolve(weights.repo, weights.revision)
+    missing = hub.missing_bytes(snapshot)
+    if missing:
+        free = shutil.disk_usage(_existing(hub.cache_dir)).free
+        if missing + HEADROOM > free:
+            raise SparkctlError(
+                f"not enough disk for {weights.repo}: {_gib(missing)} to download (+{_gib(HEADROOM)} headroom), "
+                f"{_gib(free)} free at {hub.cache_dir}; free space or point SPARKCTL_HF_CACHE_DIR elsewhere")
+    path = hub.download(snapshot, revision=weights.revision,
+                        progress=lambda done, total: reporter.progress(f"{label} {weights.repo}", done, total))
+    repo_folder = path.parent.parent
+    return FetchedWeights(path, snapshot.commit, repo_folder, path.relative_to(repo_folder).as_posix())
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
