@@ -207,3 +207,23 @@ def start_engine(engine, images, tiny_model_dir, run_id):
         return EngineContainer(engine, images[kind], tiny_model_dir, *args, run_id=run_id, **kw)
 
     return start
+
+
+HUB_TOKEN = "hf_test_token_123"
+
+
+@pytest.fixture(scope="session")
+def published(registry, images):
+    """The loopback registry with the sim image under every real name the stacks use."""
+    registry.publish_sim(images["sim"])
+    return registry
+
+
+@pytest.fixture(scope="session")
+def hub(tiny_model_dir):
+    """The local Hub serving the fixture repos (DiffusionGemma gated behind HUB_TOKEN)."""
+    from sparkctl.sim.hub import Hub, HubServer
+    from sparkctl.sim.repos import seed_repos
+
+    with HubServer(Hub(seed_repos(tiny_model_dir), token=HUB_TOKEN)) as server:
+        yield server

@@ -61,15 +61,16 @@ class DockerEngine:
                 if on_layer and event.get("id") and detail.get("total"):
                     on_layer(event["id"], detail.get("current", 0), detail["total"])
 
-    def has_image(self, ref: str) -> bool:
+    def local_image_id(self, ref: str, *, built_here: bool = False) -> str | None:
+        """The id of the image `ref` names on this engine, or None if it has none; with
+        `built_here`, only if it never came from a registry (it has no repo digest)."""
         try:
-            with _translated(f"inspect image {ref}"):
-                self.client.api.inspect_image(ref)
-        except DockerError as e:
-            if "No such image" in str(e) or "404" in str(e):
-                return False
-            raise
-        return True
+            info = self.client.api.inspect_image(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as e:
+            raise DockerError(f"inspect image {ref}: {e.explanation or e}") from e
+        return None if built_here and info.get("RepoDigests") else info["Id"]
 
     def run_once(self, image: str, entrypoint: list[str], command: list[str]) -> str:
         """Run a throwaway container (no network) and return its stdout; fails with its output."""

@@ -12,16 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.utils import tqdm as hf_tqdm
-
 from sparkctl.errors import SparkctlError, TransientError
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -39,14 +29,18 @@ class Snapshot:
 
 
 class HubClient:
+    """huggingface_hub is imported on first use: an unchanged `up` never needs it."""
+
     def __init__(self, *, cache_dir: Path, token: str | None = None, endpoint: str | None = None) -> None:
         self.cache_dir, self._token, self.endpoint = cache_dir, token, endpoint
-        self.api = HfApi(endpoint=endpoint, token=token or False)
 
     def resolve(self, repo: str, revision: str) -> Snapshot:
         """The commit `revision` names now, with every file's size."""
+        from huggingface_hub import HfApi
+
         with _translated(repo, revision):
-            info = self.api.model_info(repo, revision=revision, files_metadata=True)
+            info = HfApi(endpoint=self.endpoint, token=self._token or False).model_info(
+                repo, revision=revision, files_metadata=True)
         return Snapshot(repo, info.sha, {s.rfilename: s.size or 0 for s in info.siblings or []})
 
     def snapshot_dir(self, snapshot: Snapshot) -> Path:
@@ -60,6 +54,8 @@ class HubClient:
 
     def download(self, snapshot: Snapshot, *, revision: str, progress: Progress | None = None) -> Path:
         """Download the snapshot (resuming partial files); `revision` names it in the cache refs."""
+        from huggingface_hub import snapshot_download
+
         with _translated(snapshot.repo, snapshot.commit):
             path = snapshot_download(snapshot.repo, revision=snapshot.commit, cache_dir=self.cache_dir,
                                      endpoint=self.endpoint, token=self._token or False,
@@ -72,6 +68,8 @@ class HubClient:
 
 
 def _bar_class(progress: Progress) -> type:
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
     class Bar(hf_tqdm):
         """A silent tqdm that forwards the byte counts of the download to `progress`."""
 
@@ -100,6 +98,14 @@ class _translated:
     def __exit__(self, kind: type | None, error: BaseException | None, _tb: object) -> None:
         if error is None or not isinstance(error, Exception):
             return
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
         where = f"{self.repo}@{self.revision}"
         if isinstance(error, GatedRepoError):
             raise SparkctlError(f"{where} is a gated repo and the Hub refused access "
@@ -116,6 +122,6 @@ class _translated:
                                  delay=2.0) from None
 
 
-def _status(error: HfHubHTTPError) -> str:
+def _status(error: Exception) -> str:
     response = getattr(error, "response", None)
     return f"HTTP {response.status_code}" if response is not None else "no access"

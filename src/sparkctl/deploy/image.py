@@ -30,7 +30,12 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
             mirrors: Mapping[str, str], refresh: bool, reporter: Reporter) -> ResolvedImage:
     name = check(policy, stack.image.ref, allow_latest=stack.image.allow_latest)
     source = mirrored(ImageName(name.registry, name.path, name.tag), mirrors)
-    known = stack.image.digest or _pinned(policy, name) or store.digest(name.tagged)
+    known = stack.image.digest or _pinned(policy, name) or store.resolved(name.tagged)
+    local = docker.local_image_id(stack.image.ref, built_here=True)
+    if local and not refresh and known in (None, local):  # built here, never pushed: run that build
+        reporter.note(stack.name, f"{stack.image.ref} is a local build ({local[:19]}), not from a registry")
+        check(policy, stack.image.ref, digest=local, allow_latest=stack.image.allow_latest)
+        return ResolvedImage(name, local, local)
     remote = _remote_digest(docker, source, stack, reporter, required=refresh or known is None)
     digest = remote if (refresh or known is None) else known
     moved = remote if remote and known and remote != known and not refresh else None
@@ -44,7 +49,7 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
 
 def pull(image: ResolvedImage, *, docker: DockerEngine, reporter: Reporter) -> None:
     """Pull by digest unless Docker has it already."""
-    if docker.has_image(image.run_ref):
+    if docker.local_image_id(image.run_ref):
         return
     repository = image.run_ref.split("@", 1)[0]
     docker.pull(repository, image.digest,

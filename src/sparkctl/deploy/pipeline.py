@@ -93,10 +93,11 @@ class Deployer:
                                  mirrors=self.settings.registry_mirrors, refresh=refresh, reporter=self.reporter)
         self._phase(deployment, stack, Phase.PULLING, resolved.run_ref)
         image.pull(resolved, docker=self.docker, reporter=self.reporter)
-        self.store.record_digest(resolved.name.tagged, resolved.digest)
+        self.store.record_resolved(resolved.name.tagged, resolved.digest)
         self._phase(deployment, stack, Phase.FETCHING)
-        model = weights.fetch(stack.model, hub=self.hub, reporter=self.reporter, label="model") if stack.model else None
-        draft = weights.fetch(stack.draft, hub=self.hub, reporter=self.reporter, label="draft") if stack.draft else None
+        model, draft = (weights.fetch(w, hub=self.hub, store=self.store, refresh=refresh, reporter=self.reporter,
+                                      label=label) if w else None
+                        for w, label in ((stack.model, "model"), (stack.draft, "draft")))
         self._phase(deployment, stack, Phase.PATCHING)
         sources = {k: w.path for k, w in (("model", model), ("draft", draft)) if w is not None}
         patched = patches.prepare([self.catalog.patch_sets[p] for p in stack.patches], image=resolved.run_ref,

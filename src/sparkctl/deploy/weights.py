@@ -1,8 +1,9 @@
 """The weights step: model and draft at their pinned revisions, from the Hub or a local dir.
 
-Resolves the revision to a commit (recorded in the fingerprint), refuses to start a download
-the disk cannot hold (with the numbers), and downloads with byte progress, resuming partial
-files. Called by the pipeline; the token stays inside the Hub adapter.
+Resolves the revision to a commit once and records it (later `up`s use that commit without
+asking the Hub, unless `--refresh`), refuses to start a download the disk cannot hold (with
+the numbers), and downloads with byte progress, resuming partial files. Called by the
+pipeline; the token stays inside the Hub adapter.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sparkctl.adapters.hub import HubClient
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.models import Weights
+from sparkctl.state.store import Store
 
 HEADROOM = 1 << 30  # leave a GiB free: the page cache and logs need room too
 
@@ -27,13 +29,19 @@ class FetchedWeights:
     subpath: str = ""  # `path` relative to `mount`
 
 
-def fetch(weights: Weights, *, hub: HubClient, reporter: Reporter, label: str) -> FetchedWeights:
+def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, reporter: Reporter,
+          label: str) -> FetchedWeights:
     if weights.path is not None:
         path = Path(weights.path)
         if not path.is_dir():
             raise SparkctlError(f"{label} path {path} is not a directory on this machine")
         return FetchedWeights(path, f"local:{path}", path)
     assert weights.repo is not None
+    key = f"hf:{weights.repo}@{weights.revision}"
+    repo_folder = hub.cache_dir / ("models--" + weights.repo.replace("/", "--"))
+    known = None if refresh else store.resolved(key)
+    if known and (repo_folder / "snapshots" / known).is_dir():
+        return FetchedWeights(repo_folder / "snapshots" / known, known, repo_folder, f"snapshots/{known}")
     snapshot = hub.resolve(weights.repo, weights.revision)
     missing = hub.missing_bytes(snapshot)
     if missing:
@@ -44,7 +52,7 @@ def fetch(weights: Weights, *, hub: HubClient, reporter: Reporter, label: str) -
                 f"{_gib(free)} free at {hub.cache_dir}; free space or point SPARKCTL_HF_CACHE_DIR elsewhere")
     path = hub.download(snapshot, revision=weights.revision,
                         progress=lambda done, total: reporter.progress(f"{label} {weights.repo}", done, total))
-    repo_folder = path.parent.parent
+    store.record_resolved(key, snapshot.commit)
     return FetchedWeights(path, snapshot.commit, repo_folder, path.relative_to(repo_folder).as_posix())
 
 

@@ -31,6 +31,7 @@ class Faults:
     crash_after: int | None = None  # exit once this many requests have been served
     crash_above: int | None = None  # exit when more than this many run at once
     hang_on_load: bool = False  # never finish loading (the port never opens)
+    crash_on_load: bool = False  # die while loading, as an engine whose weights don't fit does
     slow_health: float = 0.0  # seconds /health takes to answer
     garbage: bool = False  # completions are random bytes-as-text
     empty: bool = False  # completions are empty
@@ -48,8 +49,8 @@ class Faults:
         return faults
 
 
-_FAULT_KINDS = {"crash_after": int, "crash_above": int, "hang_on_load": bool, "slow_health": float,
-                "garbage": bool, "empty": bool}
+_FAULT_KINDS = {"crash_after": int, "crash_above": int, "hang_on_load": bool, "crash_on_load": bool,
+                "slow_health": float, "garbage": bool, "empty": bool}
 
 
 @dataclass

@@ -100,7 +100,9 @@ class _Handler(BaseHTTPRequestHandler):
         if found:
             self._json({"id": repo, "modelId": repo, "sha": found.commit, "private": False,
                         "gated": "manual" if found.gated else False,
-                        "siblings": [{"rfilename": p} for p in sorted(found.files)]}, body=body)
+                        "siblings": [{"rfilename": p, "size": len(data), "blobId": hashlib.sha1(data).hexdigest(),
+                                      "lfs": {"sha256": found.etag(p), "size": len(data), "pointerSize": 134}}
+                                     for p, data in sorted(found.files.items())]}, body=body)
 
     def _tree(self, *, repo: str, rev: str, sub: str | None, body: bool) -> None:
         found = self._repo(repo, rev)

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, f"sim_{key}") is not None:
             setattr(faults, key, getattr(args, f"sim_{key}"))
     faults.hang_on_load |= args.sim_hang_on_load
+    faults.crash_on_load |= args.sim_crash_on_load
     faults.garbage |= args.sim_garbage
     faults.empty |= args.sim_empty
     speculative = _speculative(args)
@@ -83,6 +84,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sim-crash-above", type=int)
     s.add_argument("--sim-slow-health", type=float)
     s.add_argument("--sim-hang-on-load", action="store_true")
+    s.add_argument("--sim-crash-on-load", action="store_true")
     s.add_argument("--sim-garbage", action="store_true")
     s.add_argument("--sim-empty", action="store_true")
     return p
@@ -168,6 +170,8 @@ def _load(profile: Profile, scale: float, faults: Faults) -> None:
         _log("Loading weights ...")
         while True:
             time.sleep(3600)
+    if faults.crash_on_load:
+        _die("RuntimeError: CUDA error: out of memory while loading weights (injected)")
     _log(f"Loading weights took {profile.load_s:.2f} seconds")
     time.sleep(profile.compile_s * scale)
     _log(f"torch.compile takes {profile.compile_s:.2f} s in total")

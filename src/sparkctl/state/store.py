@@ -1,7 +1,8 @@
 """The state store: SQLite in the state dir (WAL), with numbered schema migrations.
 
 Holds deployments (fingerprint parts, outcome, error), their phase transitions with times, and
-the digest each image ref resolved to. The deploy pipeline writes it; `status` and the daemon
+what each image tag and model revision resolved to (digest, commit), so later `up`s run
+exactly that. The deploy pipeline writes it; `status` and the daemon
 read it. Opened per process; every write is its own short transaction.
 """
 
@@ -117,11 +118,12 @@ class Store:
                                (deployment,)).fetchall()
         return [(Phase(p), at, d) for p, at, d in rows]
 
-    def digest(self, ref: str) -> str | None:
+    def resolved(self, ref: str) -> str | None:
+        """What `ref` (an image tag, or `hf:repo@revision`) resolved to when last fetched."""
         row = self.db.execute("SELECT digest FROM digests WHERE ref = ?", (ref,)).fetchone()
         return row[0] if row else None
 
-    def record_digest(self, ref: str, digest: str) -> None:
+    def record_resolved(self, ref: str, digest: str) -> None:
         with self._tx():
             self.db.execute("INSERT INTO digests VALUES (?, ?, ?) ON CONFLICT (ref) DO UPDATE SET "
                             "digest = excluded.digest, resolved = excluded.resolved", (ref, digest, time.time()))

@@ -1,0 +1,210 @@
+"""`sparkctl up / down / status` end to end on a real dockerd: the sim image pulled by digest
+from a loopback registry under its real name, weights from the local Hub, the DSpark overlays
+and the shim, phased health; and every failure case ending in one clear message, no stray
+container, and the previous deployment still running."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkctl.sim.repos import QWEN_NVFP4
+
+VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
+FAST = "SPARKCTL_SIM_TIME_SCALE=0.01"
+
+
+@pytest.fixture
+def world(workspace, published, hub, monkeypatch, engine):
+    """Settings pointed at the loopback registry and Hub; sparkctl containers removed after."""
+    monkeypatch.setenv("SPARKCTL_REGISTRY_MIRRORS", f"ghcr.io={published.host},docker.io={published.host}")
+    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("SPARKCTL_GPUS", "none")
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
+    yield workspace
+    for c in engine.client.api.containers(all=True, filters={"label": "sparkctl.stack"}):
+        engine.remove(c["Id"])
+
+
+def stack_file(workspace: Path, name: str, text: str) -> None:
+    (workspace / "stacks" / f"{name}.yaml").write_text(f"name: {name}\n{text}")
+
+
+def sparkctl_containers(engine) -> list[dict]:
+    return engine.client.api.containers(all=True, filters={"label": "sparkctl.stack"})
+
+
+def test_up_qwen36_dflash_reaches_canary_with_overlays_and_shim(world, cli, engine) -> None:
+    code, out, err = cli("up", "qwen36-dflash")
+    assert code == 0, err
+    assert "qwen36-dflash up: http://127.0.0.1:8107/v1" in out and "speculative acceptance" in out
+    for phase in ("resolving", "pulling", "fetching", "patching", "starting", "loading", "ready", "canary", "running"):
+        assert phase in out
+    container = engine.client.containers.get("sparkctl-qwen36-dflash")
+    mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
+    targets = [f"{VLLM}/v1/spec_decode/dflash.py", f"{VLLM}/model_executor/models/qwen3_dflash.py",
+               f"{VLLM}/v1/spec_decode/llm_base_proposer.py"]
+    assert all(not mounts[t]["RW"] for t in targets + ["/model", "/draft"])
+    dflash = container.exec_run(["cat", targets[0]]).output.decode()
+    assert "    _draft_kv_cache_group_ids = ()\n    _draft_layer_to_kv_cache_gid = {}\n" in dflash
+    assert 'DSPARK_PATCH = "qwen3_dflash"' in container.exec_run(["cat", targets[1]]).output.decode()
+    write = container.exec_run(["sh", "-c", f"echo x >> {targets[0]}"])
+    assert write.exit_code != 0 and "Read-only" in write.output.decode()
+    env = container.attrs["Config"]["Env"]
+    assert "HF_HUB_OFFLINE=1" in env and not any("TOKEN" in e for e in env)
+
+
+def test_up_again_is_a_no_op_and_status_shows_it(world, cli, engine) -> None:
+    assert cli("up", "qwen36-dflash")[0] == 0
+    started = engine.client.containers.get("sparkctl-qwen36-dflash").attrs["State"]["StartedAt"]
+    code, out, _ = cli("up", "qwen36-dflash")
+    assert code == 0 and "already up, unchanged" in out
+    assert engine.client.containers.get("sparkctl-qwen36-dflash").attrs["State"]["StartedAt"] == started
+    code, out, _ = cli("status", "--json")
+    [row] = json.loads(out)
+    assert (row["stack"], row["phase"], row["memory"]) == ("qwen36-dflash", "running", 0.8)
+    assert row["endpoint"] == "http://127.0.0.1:8107/v1" and len(row["fingerprint"]) == 16
+    code, out, _ = cli("logs", "qwen36-dflash", "-n", "5")
+    assert "Starting vLLM API server" in out
+    code, out, _ = cli("down", "qwen36-dflash")
+    assert code == 0 and not sparkctl_containers(engine)
+    assert json.loads(cli("status", "--json")[1]) == []
+
+
+def test_without_the_shim_the_engine_fails_and_sparkctl_names_the_hint(world, cli, engine) -> None:
+    (world / "patches" / "overlays-only.yaml").write_text(
+        "name: overlays-only\noverlays:\n"
+        "  - {source: 'draft:vllm_patches/qwen3_dflash.py', target: model_executor/models/qwen3_dflash.py}\n"
+        "  - {source: 'draft:vllm_patches/llm_base_proposer.py', target: v1/spec_decode/llm_base_proposer.py}\n")
+    stack_file(world, "noshim", "extends: qwen36-dflash\npatches: [overlays-only]\n")
+    code, _, err = cli("up", "noshim")
+    assert code == 1
+    assert "AttributeError: 'DFlashProposer' object has no attribute '_draft_kv_cache_group_ids'" in err
+    assert "hint: the DFlash 2-line shim is missing" in err
+    assert not sparkctl_containers(engine)
+
+
+def test_patch_check_prints_the_diff_without_starting_anything(world, cli, engine) -> None:
+    code, out, err = cli("patch", "check", "qwen36-dflash")
+    assert code == 0, err
+    assert "+    _draft_kv_cache_group_ids = ()" in out and "+    _draft_layer_to_kv_cache_gid = {}" in out
+    assert "patches apply: 3 files" in out
+    assert not sparkctl_containers(engine)
+
+
+def test_compose_stack_comes_up_and_down(world, cli, engine, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKCTL_HF_TOKEN", "hf_test_token_123")
+    code, out, err = cli("up", "diffusiongemma")
+    assert code == 0, err + out
+    assert "diffusiongemma up: http://127.0.0.1:8111/v1" in out
+    [container] = sparkctl_containers(engine)
+    info = engine.inspect(container["Id"])
+    assert info["Config"]["Labels"]["com.docker.compose.project"] == "sparkctl-diffusiongemma"
+    assert not any("hf_test_token_123" in e for e in info["Config"]["Env"])
+    assert "sim profile diffusiongemma" in engine.logs(container["Id"], tail=50)
+    code, out, _ = cli("down", "diffusiongemma")
+    assert code == 0 and not sparkctl_containers(engine)
+
+
+# --- failures: one clear message, nothing half-done ------------------------------------------
+
+def up_ok_then(cli, engine) -> str:
+    """Deploy qwen36-dflash; returns its container id, to check it survives what follows."""
+    assert cli("up", "qwen36-dflash")[0] == 0
+    return engine.client.containers.get("sparkctl-qwen36-dflash").id
+
+
+def assert_still_running(engine, container_id: str) -> None:
+    [c] = [c for c in sparkctl_containers(engine)]
+    assert (c["Id"], c["State"]) == (container_id, "running")
+
+
+def test_blacklisted_tag(world, cli, engine) -> None:
+    stack_file(world, "gemma-latest", "extends: aeon-gemma4-v2\nimage:\n  tag: latest\n  allow_latest: true\n")
+    code, _, err = cli("up", "gemma-latest")
+    assert code == 1 and err.count("\n") == 1
+    assert "blacklisted since 2026-06-10: DFlash acceptance dropped to ~10%" in err
+    assert not sparkctl_containers(engine)
+
+
+def test_moved_tag_is_reported_not_followed(world, cli, engine, published, images) -> None:
+    running = up_ok_then(cli, engine)
+    published.move_tag("aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix", images["sim"], stamp="moved")
+    code, out, _ = cli("up", "qwen36-dflash")
+    assert code == 0 and "has moved" in out and "running the pinned digest" in out and "unchanged" in out
+    assert_still_running(engine, running)
+
+
+def test_gated_repo_without_a_token(world, cli, engine) -> None:
+    code, _, err = cli("up", "diffusiongemma")
+    assert code == 1 and "gated repo" in err and "SPARKCTL_HF_TOKEN" in err and "HTTP 401" in err
+    assert not sparkctl_containers(engine)
+
+
+def test_disk_too_small(world, cli, engine, tmp_path: Path, monkeypatch) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    monkeypatch.setenv("SPARKCTL_HF_CACHE_DIR", str(small / "hub"))
+    try:
+        code, _, err = cli("up", "qwen36-dflash")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert code == 1 and "not enough disk for AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-NVFP4" in err
+    assert "GiB free at" in err
+    assert not sparkctl_containers(engine)
+
+
+def test_interrupted_download_resumes(world, cli, engine, hub) -> None:
+    weights = b"\x00" * (24 * 2**20)
+    hub.hub.repos[QWEN_NVFP4].files["model-00002-of-00002.safetensors"] = weights
+    hub.hub.drop_after["model-00002-of-00002.safetensors"] = 15 * 2**20
+    try:
+        code, _, err = cli("up", "qwen36-dflash")
+    finally:
+        del hub.hub.repos[QWEN_NVFP4].files["model-00002-of-00002.safetensors"]
+    assert code == 0, err
+    assert any(r.endswith(f"00002.safetensors bytes={10 * 2**20}-") for r in hub.hub.requests)
+
+
+def test_patch_target_missing_from_the_image(world, cli, engine) -> None:
+    (world / "patches" / "wrong.yaml").write_text(
+        "name: wrong\nshims:\n  - file: v1/spec_decode/nope.py\n    class: DFlashProposer\n"
+        "    attributes: {x: '()'}\n")
+    stack_file(world, "wrong", "extends: qwen36-dflash\npatches: [dspark-dflash, wrong]\n")
+    code, _, err = cli("up", "wrong")
+    assert code == 1 and err.count("\n") == 1
+    assert f"patch target {VLLM}/v1/spec_decode/nope.py is missing from the image" in err
+    assert not sparkctl_containers(engine)
+
+
+def test_port_in_use(world, cli, engine) -> None:
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", 8107))
+        busy.listen()
+        code, _, err = cli("up", "qwen36-dflash")
+    assert code == 1 and "hint: the port is in use" in err and "address already in use" in err
+    assert not sparkctl_containers(engine)
+
+
+@pytest.mark.parametrize(("fault", "words"), [
+    ("crash_on_load", "exited with code 1 while loading"),
+    ("hang_on_load", "still loading after its 3 s budget"),
+])
+def test_failed_redeploy_keeps_the_previous_one_running(world, cli, engine, monkeypatch, fault, words) -> None:
+    (world / "stacks" / "qwen36-dflash.yaml").write_text(
+        (world / "stacks" / "qwen36-dflash.yaml").read_text() + "health:\n  load: 3\n")
+    running = up_ok_then(cli, engine)
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", f"{FAST},SPARKCTL_SIM_FAULTS={fault}")
+    code, _, err = cli("up", "qwen36-dflash")
+    assert code == 1 and words in err, err
+    assert_still_running(engine, running)
+    assert engine.client.containers.get("sparkctl-qwen36-dflash").id == running
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
+    code, out, _ = cli("up", "qwen36-dflash")
+    assert code == 0 and "unchanged" in out
