@@ -1,0 +1,49 @@
+"""The deploy pipeline against real vLLM (CPU build): the shim on vLLM's own dflash.py, and a
+stack brought up through every health phase, canary included."""
+
+from __future__ import annotations
+
+import difflib
+import json
+
+from sparkctl.deploy.patches import find_vllm
+from sparkctl.deploy.shim import apply_shim
+from sparkctl.sim.main import SHIM_ATTRIBUTES
+
+SHIM = dict(zip(SHIM_ATTRIBUTES, ("()", "{}"), strict=True))
+
+
+def test_shim_applies_to_the_real_dflash_py_and_is_idempotent(engine, images, tmp_path) -> None:
+    image = images["vllm-cpu"]
+    vllm = find_vllm(engine, image, "test-digest", cache=tmp_path / "vllm-dirs.json")
+    assert vllm.endswith("site-packages/vllm")
+    path = f"{vllm}/v1/spec_decode/dflash.py"
+    original = engine.read_files(image, [path])[path].decode()
+    assert "class DFlashProposer(SpecDecodeBaseProposer):" in original
+    shimmed = apply_shim(original, "DFlashProposer", SHIM, filename=path)
+    added = [line for line in difflib.ndiff(original.splitlines(), shimmed.splitlines()) if line[:2] in ("+ ", "- ")]
+    assert added == ["+     _draft_kv_cache_group_ids = ()", "+     _draft_layer_to_kv_cache_gid = {}"]
+    assert apply_shim(shimmed, "DFlashProposer", SHIM, filename=path) == shimmed
+    assert json.loads((tmp_path / "vllm-dirs.json").read_text()) == {"test-digest": vllm}
+
+
+def test_a_stack_on_real_vllm_goes_through_every_phase(workspace, hub, engine, cli, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("SPARKCTL_GPUS", "none")
+    (workspace / "stacks" / "tiny-cpu.yaml").write_text(
+        "name: tiny-cpu\n"
+        "image: {repository: sparkctl-test/vllm-cpu, tag: '0.32.0'}\n"
+        "model: {repo: AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-NVFP4}\n"
+        "vllm: {served_model_name: tiny, port: 8190, max_model_len: 2048, enforce_eager: true}\n"
+        "resources: {gpu_memory_utilization: 0.2}\n"
+        "container: {shm_size: 1g}\n"
+        "health: {load: 300}\n")
+    try:
+        code, out, err = cli("up", "tiny-cpu")
+        assert code == 0, err + out
+        for phase in ("starting", "loading", "ready", "canary", "running"):
+            assert phase in out
+        assert "local build" in out and "tiny-cpu up: http://127.0.0.1:8190/v1" in out
+    finally:
+        cli("down", "tiny-cpu")
+    assert not engine.client.api.containers(all=True, filters={"label": "sparkctl.stack=tiny-cpu"})

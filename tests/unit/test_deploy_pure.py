@@ -1,0 +1,140 @@
+"""Pure parts of the deploy pipeline: the shim, unified diffs, memory admission, health hints,
+acceptance from metrics, and the state store."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from sparkctl.deploy import diffs
+from sparkctl.deploy.health import HealthError, acceptance
+from sparkctl.deploy.shim import ShimError, apply_shim
+from sparkctl.policy.admission import admit
+from sparkctl.state.store import Phase, Store
+
+SHIM = {"_draft_kv_cache_group_ids": "()", "_draft_layer_to_kv_cache_gid": "{}"}
+PLAIN = "import x\n\n\nclass DFlashProposer(Base):\n    def __init__(self):\n        pass\n"
+DOC = 'class DFlashProposer(Base):\n    """Doc."""\n\n    x = 1\n'
+DECORATED = "class DFlashProposer(Base):\n    @property\n    def a(self):\n        return 1\n"
+NESTED = "if True:\n    class DFlashProposer(Base):\n        def f(self):\n            pass\n"
+CRLF = "class DFlashProposer(Base):\r\n    def f(self):\r\n        pass\r\n"
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    (PLAIN, "class DFlashProposer(Base):\n    _draft_kv_cache_group_ids = ()\n    _draft_layer_to_kv_cache_gid = {}\n"
+            "    def __init__"),
+    (DOC, '    """Doc."""\n    _draft_kv_cache_group_ids = ()\n    _draft_layer_to_kv_cache_gid = {}\n\n    x = 1'),
+    (DECORATED, "Base):\n    _draft_kv_cache_group_ids = ()\n    _draft_layer_to_kv_cache_gid = {}\n    @property"),
+    (NESTED, "Base):\n        _draft_kv_cache_group_ids = ()\n"
+             "        _draft_layer_to_kv_cache_gid = {}\n        def f"),
+    (CRLF, "Base):\r\n    _draft_kv_cache_group_ids = ()\r\n    _draft_layer_to_kv_cache_gid = {}\r\n    def f"),
+])
+def test_shim_inserts_two_lines_and_nothing_else(source: str, expected: str) -> None:
+    result = apply_shim(source, "DFlashProposer", SHIM)
+    assert expected in result
+    assert result.replace("_draft_kv_cache_group_ids = ()", "").replace("_draft_layer_to_kv_cache_gid = {}", "") \
+        .count("\n") == source.count("\n") + 2
+    assert apply_shim(result, "DFlashProposer", SHIM) == result  # idempotent
+    ast.parse(result)
+
+
+def test_shim_adds_only_what_is_missing() -> None:
+    half = PLAIN.replace("    def __init__", "    _draft_kv_cache_group_ids = (1,)\n    def __init__")
+    result = apply_shim(half, "DFlashProposer", SHIM)
+    assert "_draft_kv_cache_group_ids = (1,)" in result and result.count("_draft_kv_cache_group_ids") == 1
+    assert "_draft_layer_to_kv_cache_gid = {}" in result
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ("class Other:\n    pass\n", "no class 'DFlashProposer' to shim (classes here: Other)"),
+    ("class DFlashProposer: pass\n", "body on the header line"),
+    ("def broken(:\n", "not valid Python"),
+    ("class DFlashProposer:\n    pass\nclass DFlashProposer:\n    pass\n", "defined 2 times"),
+])
+def test_shim_refuses_clearly(source: str, words: str) -> None:
+    with pytest.raises(ShimError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        apply_shim(source, "DFlashProposer", SHIM, filename="dflash.py")
+
+
+def test_shim_value_must_be_an_expression() -> None:
+    with pytest.raises(ShimError, match="not a Python expression"):
+        apply_shim(PLAIN, "DFlashProposer", {"x": "def"})
+
+
+DIFF = """--- a/vllm/x.py
++++ b/vllm/x.py
+@@ -2,3 +2,4 @@
+ b = 2
+-c = 3
++c = 30
++d = 4
+ e = 5
+"""
+
+
+def test_diff_applies_with_offset_and_names_the_failing_hunk() -> None:
+    [file_diff] = diffs.parse(DIFF)
+    assert file_diff.path == "vllm/x.py"
+    assert diffs.apply("a = 1\nb = 2\nc = 3\ne = 5\n", file_diff) == "a = 1\nb = 2\nc = 30\nd = 4\ne = 5\n"
+    shifted = "# new\n# lines\na = 1\nb = 2\nc = 3\ne = 5\n"
+    assert "c = 30\nd = 4\n" in diffs.apply(shifted, file_diff)
+    with pytest.raises(diffs.DiffError, match=r"hunk 1 \(at line 2, starting 'b = 2'\) does not apply to vllm/x.py"):
+        diffs.apply("a = 1\nb = 2\nc = 99\n", file_diff, source="mine.diff")
+    with pytest.raises(diffs.DiffError, match="no file changes"):
+        diffs.parse("just text\n")
+
+
+@pytest.mark.parametrize(("fraction", "running", "fits", "in_the_way"), [
+    (0.80, {}, True, ()),
+    (0.80, {"old": 0.80}, False, ("old",)),
+    (0.30, {"a": 0.30, "b": 0.30}, True, ()),  # exactly at the ceiling
+    (0.31, {"a": 0.30, "b": 0.30}, False, ("a",)),  # a tie is broken by name
+    (0.40, {"a": 0.30, "b": 0.20}, True, ()),
+    (0.85, {"a": 0.30, "b": 0.50}, False, ("b", "a")),
+    (0.80, {"same": 0.80}, True, ()),  # the stack itself does not count against itself
+])
+def test_admission(fraction: float, running: dict, fits: bool, in_the_way: tuple) -> None:
+    verdict = admit("same", fraction, running, ceiling=0.90)
+    assert (verdict.fits, verdict.in_the_way) == (fits, in_the_way)
+    if not fits:
+        assert "--replace" in verdict.explain("same") and in_the_way[0] in verdict.explain("same")
+
+
+@pytest.mark.parametrize(("logs", "hint"), [
+    ("AttributeError: 'DFlashProposer' object has no attribute '_draft_layer_to_kv_cache_gid'", "2-line shim"),
+    ("RuntimeError: unable to open shared memory object </torch_1> in read-write mode: /dev/shm", "shm_size"),
+    ("ValueError: No available memory for the cache blocks.", "gpu_memory_utilization"),
+    ("OSError: [Errno 98] error while attempting to bind: address already in use", "port is in use"),
+    ("all good", None),
+])
+def test_health_hints(logs: str, hint: str | None) -> None:
+    error = HealthError("engine exited", phase=Phase.LOADING, logs=logs)
+    assert (hint in (error.hint or "")) if hint else error.hint is None
+    assert logs in str(error)
+
+
+def test_acceptance_from_metric_deltas() -> None:
+    before = {"vllm:spec_decode_num_draft_tokens_total": 80, "vllm:spec_decode_num_accepted_tokens_total": 40}
+    after = {"vllm:spec_decode_num_draft_tokens_total": 160, "vllm:spec_decode_num_accepted_tokens_total": 92}
+    assert acceptance(before, after) == pytest.approx(0.65)
+    assert acceptance(before, before) is None
+
+
+def test_store_records_phases_and_survives_reopen(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    dep = store.begin("qwen36-dflash")
+    store.advance(dep, Phase.PULLING, "ref")
+    store.set_fingerprint(dep, "abc", {"image": "sha256:1"})
+    store.advance(dep, Phase.FAILED, error="boom")
+    store.record_resolved("hf:a/b@main", "c0ffee")
+    store.close()
+    again = Store(tmp_path / "s.db")
+    latest = again.latest("qwen36-dflash")
+    assert (latest.phase, latest.error, latest.fingerprint, latest.parts) == (Phase.FAILED, "boom", "abc",
+                                                                                 {"image": "sha256:1"})
+    assert latest.finished is not None and Phase.FAILED.is_terminal() and not Phase.LOADING.is_terminal()
+    assert [p for p, _, _ in again.transitions(dep)] == [Phase.RESOLVING, Phase.PULLING, Phase.FAILED]
+    assert again.resolved("hf:a/b@main") == "c0ffee" and again.integrity_ok()
+    assert again.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
