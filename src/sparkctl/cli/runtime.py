@@ -15,7 +15,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from sparkctl import log
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.images import ImagePolicy
 from sparkctl.settings import Settings
@@ -44,8 +43,13 @@ class Runtime:
             first = e.errors()[0]
             name = "SPARKCTL_" + ".".join(str(p) for p in first["loc"]).upper()
             raise SparkctlError(f"setting {name} is invalid: {first['msg']}") from None
-        log.configure(secrets=settings.secrets(), level=logging.DEBUG if self.debug else logging.INFO)
         return settings
+
+    def configure_logging(self) -> None:
+        """For commands that log (the daemon); interactive commands talk through rich."""
+        from sparkctl import log
+
+        log.configure(secrets=self.settings.secrets(), level=logging.DEBUG if self.debug else logging.INFO)
 
     @cached_property
     def catalog(self) -> Catalog:

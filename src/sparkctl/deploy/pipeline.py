@@ -13,8 +13,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sparkctl.adapters.compose import ComposeProject
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
 from sparkctl.deploy import health, image, patches, weights
@@ -36,6 +36,9 @@ from sparkctl.spec.render import (
     spec_hash,
 )
 from sparkctl.state.store import Phase, Store
+
+if TYPE_CHECKING:
+    from sparkctl.adapters.compose import ComposeProject
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ class Deployer:
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
     def _compose(self, stack: Stack, env: dict[str, str]) -> ComposeProject:
+        from sparkctl.adapters.compose import ComposeProject  # python-on-whales only when needed
+
         assert stack.compose is not None
         return ComposeProject(self.settings.compose_dir / stack.compose.project, name=f"sparkctl-{stack.name}",
                               service=stack.compose.service, variables=env, engine_env=self.settings.engine_env,

@@ -64,7 +64,7 @@ def load_patch_sets(patches_dir: Path) -> dict[str, PatchSet]:
 def read_yaml(path: Path) -> Any:
     """Parse one YAML file; syntax errors name the file and the line."""
     try:
-        return YAML(typ="safe", pure=True).load(path.read_text(encoding="utf-8"))
+        return YAML(typ="safe").load(path.read_text(encoding="utf-8"))
     except YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark else ""

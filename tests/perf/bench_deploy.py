@@ -1,0 +1,117 @@
+"""Deploy figures, each printed beside its reference:
+
+- orchestration overhead of `sparkctl up` (image and weights cached): its wall time minus the
+  engine's own start (container start to the first /health 200, seen by an independent poller);
+- a repeated `up` of an unchanged running stack (goal <= 0.5 s, no restart);
+- download throughput of sparkctl's weights step against plain `snapshot_download` of the same
+  repo from the same local Hub, in the same run (goal: ratio >= 0.95).
+
+Run with `make perf` (or `.venv/bin/python tests/perf/bench_deploy.py`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from world import sparkctl, world  # noqa: E402
+
+from sparkctl.sim.hub import Repo  # noqa: E402
+
+STACK, PORT = "qwen36-dflash", 8107
+RUNS = 5
+
+
+def first_healthy(stop: threading.Event, seen: list[float]) -> None:
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=1) as r:
+                if r.status == 200:
+                    seen.append(time.time())
+                    return
+        except OSError:
+            pass
+        time.sleep(0.005)
+
+
+def container_started() -> float:
+    out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", f"sparkctl-{STACK}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return dt.datetime.fromisoformat(out.replace("Z", "+00:00")[:26] + "+00:00").timestamp()
+
+
+def overhead(env: dict[str, str]) -> tuple[float, float, float]:
+    sparkctl(env, "down", STACK)
+    seen: list[float] = []
+    stop = threading.Event()
+    poller = threading.Thread(target=first_healthy, args=(stop, seen))
+    poller.start()
+    start = time.perf_counter()
+    sparkctl(env, "up", STACK)
+    wall = time.perf_counter() - start
+    stop.set()
+    poller.join()
+    engine = seen[0] - container_started()
+    return wall, engine, wall - engine
+
+
+def repeated(env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    out = sparkctl(env, "up", STACK).stdout
+    assert "unchanged" in out, out
+    return time.perf_counter() - start
+
+
+def download(env: dict[str, str]) -> tuple[float, float]:
+    """Seconds for sparkctl's weights step and for plain snapshot_download, same repo, same Hub."""
+    code = ("import sys, time; from huggingface_hub import snapshot_download; t = time.perf_counter(); "
+            "snapshot_download(sys.argv[1], cache_dir=sys.argv[2], endpoint=sys.argv[3]); "
+            "print(time.perf_counter() - t)")
+    root = Path(env["PERF_ROOT"])
+    plain = float(subprocess.run([sys.executable, "-c", code, "perf/big-weights", str(root / "plain"),
+                                  env["PERF_HUB"]], capture_output=True, text=True, check=True).stdout)
+    bench = f"""
+import time
+import huggingface_hub  # imported before the clock starts, as in the reference
+from pathlib import Path
+from sparkctl.adapters.hub import HubClient
+from sparkctl.deploy import weights
+from sparkctl.deploy.progress import RecordingReporter
+from sparkctl.spec.models import Weights
+from sparkctl.state.store import Store
+hub = HubClient(cache_dir=Path({str(root / 'ours')!r}), endpoint={env['PERF_HUB']!r})
+t = time.perf_counter()
+weights.fetch(Weights(repo="perf/big-weights"), hub=hub, store=Store(Path({str(root / 'ours.db')!r})),
+              refresh=False, reporter=RecordingReporter(), label="model")
+print(time.perf_counter() - t)
+"""
+    ours = float(subprocess.run([sys.executable, "-c", bench], capture_output=True, text=True, check=True).stdout)
+    return ours, plain
+
+
+def main() -> None:
+    with world() as (env, hub):
+        hub.repos["perf/big-weights"] = Repo({"config.json": b"{}", "model.safetensors": os.urandom(512 << 20)})
+        sparkctl(env, "up", STACK)  # warm: image pulled, weights downloaded, patches written
+        runs = [overhead(env) for _ in range(RUNS)]
+        again = [repeated(env) for _ in range(RUNS)]
+        ours, plain = download(env)
+    wall, engine, over = (statistics.median(r[i] for r in runs) for i in range(3))
+    again_s = statistics.median(again)
+    print(f"orchestration overhead of `sparkctl up` (median of {RUNS}): {over:.3f} s "
+          f"(up {wall:.3f} s - engine start {engine:.3f} s); goal <= 1.000 s")
+    print(f"repeated `sparkctl up`, unchanged (median of {RUNS}): {again_s:.3f} s; goal <= 0.500 s")
+    print(f"download of 512 MiB from the local Hub: sparkctl {512 / ours:.0f} MiB/s, plain snapshot_download "
+          f"{512 / plain:.0f} MiB/s; ratio {plain / ours:.2f} (goal >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

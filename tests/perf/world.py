@@ -1,0 +1,45 @@
+"""A throwaway world for benchmarks: loopback registry with the sim image published, the local
+Hub with the fixture repos, and sparkctl settings pointing at both (in a temp dir)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from sparkctl.sim.hub import Hub, HubServer
+from sparkctl.sim.registry import Registry
+from sparkctl.sim.repos import seed_repos
+from sparkctl.sim.tinymodel import cached_model
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARKCTL = str(ROOT / ".venv" / "bin" / "sparkctl")
+
+
+@contextlib.contextmanager
+def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
+    with tempfile.TemporaryDirectory(prefix="sparkctl-perf-") as tmp:
+        root = Path(tmp)
+        registry = Registry(root / "registry")
+        registry.publish_sim()
+        cache = Path(os.environ.get("SPARKCTL_BUILD_CACHE", root)) / "models"
+        with HubServer(Hub(seed_repos(cached_model(cache)))) as hub:
+            env = {**os.environ, "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={registry.host},docker.io={registry.host}",
+                   "SPARKCTL_HF_ENDPOINT": hub.endpoint, "SPARKCTL_HF_CACHE_DIR": str(root / "hf" / "hub"),
+                   "SPARKCTL_STATE_DIR": str(root / "state"), "SPARKCTL_GPUS": "none",
+                   "SPARKCTL_ENGINE_ENV": f"SPARKCTL_SIM_TIME_SCALE={time_scale}",
+                   "SPARKCTL_STACKS_DIR": str(ROOT / "stacks"), "SPARKCTL_PATCHES_DIR": str(ROOT / "patches"),
+                   "PERF_ROOT": str(root), "PERF_HUB": hub.endpoint}
+            try:
+                yield env, hub.hub
+            finally:
+                subprocess.run(["sh", "-c", "docker rm -f $(docker ps -aq --filter label=sparkctl.stack) "
+                                ">/dev/null 2>&1 || true"], check=False)
+                registry.stop()
+
+
+def sparkctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SPARKCTL, *args], env=env, capture_output=True, text=True, check=True)
