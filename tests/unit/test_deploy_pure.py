@@ -138,3 +138,23 @@ def test_store_records_phases_and_survives_reopen(tmp_path: Path) -> None:
     assert [p for p, _, _ in again.transitions(dep)] == [Phase.RESOLVING, Phase.PULLING, Phase.FAILED]
     assert again.resolved("hf:a/b@main") == "c0ffee" and again.integrity_ok()
     assert again.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_adapters_retry_only_transient_errors() -> None:
+    from sparkctl.adapters.retry import transient
+    from sparkctl.errors import SparkctlError, TransientError
+
+    calls = []
+
+    @transient(attempts=3, first_wait=0.001)
+    def flaky(error: Exception) -> str:
+        calls.append(error)
+        if len(calls) < 3:
+            raise error
+        return "ok"
+
+    assert flaky(TransientError("registry hiccup")) == "ok" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(SparkctlError, match="permanent"):
+        flaky(SparkctlError("permanent"))
+    assert len(calls) == 1

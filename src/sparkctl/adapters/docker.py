@@ -16,9 +16,14 @@ import docker
 import docker.errors
 from docker.types import DeviceRequest, Mount
 
-from sparkctl.errors import DockerError
+from sparkctl.adapters.retry import transient
+from sparkctl.errors import DockerError, TransientError
 from sparkctl.policy.images import mirrored, parse_ref
 from sparkctl.spec.render import LABEL_STACK, ContainerPlan
+
+
+class TransientDockerError(DockerError, TransientError):
+    """The engine or a registry behind it failed in a way a retry may fix (5xx)."""
 
 
 class DockerEngine:
@@ -45,6 +50,7 @@ class DockerEngine:
             )
         return container.id
 
+    @transient()
     def registry_digest(self, ref: str, *, mirrors: Mapping[str, str] = {}) -> str:
         """The manifest digest the registry (or its mirror) serves for `ref` now."""
         source = mirrored(parse_ref(ref), mirrors)
@@ -177,7 +183,9 @@ def _translated(call: str) -> Iterator[None]:
         yield
     except docker.errors.APIError as e:
         status = getattr(e.response, "status_code", "?")
-        raise DockerError(f"{call}: Docker said {status}: {e.explanation or e}") from e
+        kind = TransientDockerError if status in (500, 502, 503, 504) and "not found" not in str(e).lower() \
+            else DockerError
+        raise kind(f"{call}: Docker said {status}: {e.explanation or e}") from e
     except docker.errors.DockerException as e:
         raise DockerError(
             f"{call}: {e}. Is dockerd running and is DOCKER_HOST / SPARKCTL_DOCKER_HOST right?"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkctl.adapters.retry import transient
 from sparkctl.errors import SparkctlError, TransientError
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -34,6 +35,7 @@ class HubClient:
     def __init__(self, *, cache_dir: Path, token: str | None = None, endpoint: str | None = None) -> None:
         self.cache_dir, self._token, self.endpoint = cache_dir, token, endpoint
 
+    @transient()
     def resolve(self, repo: str, revision: str) -> Snapshot:
         """The commit `revision` names now, with every file's size."""
         from huggingface_hub import HfApi
@@ -52,6 +54,7 @@ class HubClient:
         return sum(size for path, size in snapshot.files.items()
                    if not ((folder / path).is_file() and (folder / path).stat().st_size == size))
 
+    @transient()
     def download(self, snapshot: Snapshot, *, revision: str, progress: Progress | None = None) -> Path:
         """Download the snapshot (resuming partial files); `revision` names it in the cache refs."""
         from huggingface_hub import snapshot_download
