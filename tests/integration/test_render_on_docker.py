@@ -23,7 +23,8 @@ def test_qwen36_dflash_container_as_docker_sees_it(engine, base_image, run_id, t
         d.mkdir(parents=True)
     overlay.write_text("# shimmed\n")
     target = f"{VLLM}/v1/spec_decode/dflash.py"
-    plan = render(stack, Sources(str(model), str(draft), ((str(overlay), target),), str(cache)))
+    plan = render(stack, Sources(model_dir=str(model), draft_dir=str(draft), overlays=((str(overlay), target),),
+                                 compile_cache_dir=str(cache)))
     plan = replace(plan, name=f"{plan.name}-{run_id}")
     try:
         engine.create(plan, labels={TEST_LABEL: run_id})

@@ -28,13 +28,16 @@ def free_port() -> int:
 
 
 class SimProcess:
-    def __init__(self, model: Path, *args: str, scale: float = 0.01, env: dict | None = None) -> None:
+    def __init__(self, model: Path, *args: str, scale: float = 0.01, load_scale: float | None = None,
+                 env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "sparkctl.sim", "serve", str(model), "--served-model-name", "tiny",
                "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "70000", *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "SPARKCTL_SIM_TIME_SCALE": str(scale), **(env or {})})
+                                     env={**os.environ, "SPARKCTL_SIM_TIME_SCALE": str(scale),
+                                          "SPARKCTL_SIM_LOAD_SCALE": str(scale if load_scale is None else load_scale),
+                                          **(env or {})})
 
     def status(self, path: str = "/health") -> int | None:
         """HTTP status, or None while the port refuses connections."""

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = PROFILES[args.sim_profile or auto_profile(_model_name(model_dir), speculative)]
     _preflight(args, model_dir, profile, speculative)
     scale = float(os.environ.get("SPARKCTL_SIM_TIME_SCALE", "1"))
-    _load(profile, scale, faults)
+    _load(profile, float(os.environ.get("SPARKCTL_SIM_LOAD_SCALE", scale)), faults)
     vocab = Vocabulary(model_dir, seed=args.sim_seed)
     engine = Engine(profile, vocab, num_speculative=speculative.get("num_speculative_tokens", 0),
                     scale=scale, max_model_len=args.max_model_len, memory_fraction=args.gpu_memory_utilization,
