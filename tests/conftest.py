@@ -12,13 +12,13 @@ import shutil
 import socket
 import tarfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from sparkctl.deploy.health import http_status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,14 +164,7 @@ class EngineContainer:
             mounts=binds, labels={TEST_LABEL: run_id})
 
     def status(self, path: str = "/health") -> int | None:
-        """The HTTP status of GET path, or None while the port refuses connections."""
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except OSError:
-            return None
+        return http_status(self.url + path)
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout

@@ -5,7 +5,6 @@ min_tokens / ignore_eos, metrics, errors, the official openai client and llama-b
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import urllib.request
@@ -14,21 +13,12 @@ from pathlib import Path
 import openai
 from tokenizers import Tokenizer
 
+from sparkctl.deploy.health import metrics
+
 
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.load(r)
-
-
-def metric_values(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        match = re.match(r"^([a-z_:]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if match:
-            values[match[1]] = values.get(match[1], 0.0) + float(match[3])
-    return values
 
 
 def client(served) -> openai.OpenAI:
@@ -76,10 +66,10 @@ def test_min_tokens_and_ignore_eos(served) -> None:
 
 
 def test_metrics_present_and_increasing(served) -> None:
-    before = metric_values(served.url)
+    before = metrics(served.url)
     client(served).completions.create(model="tiny", prompt="Count these tokens", max_tokens=8,
                                       extra_body={"ignore_eos": True})
-    after = metric_values(served.url)
+    after = metrics(served.url)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert name in after
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 8

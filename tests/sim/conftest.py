@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sparkctl.deploy.health import http_status
 from sparkctl.sim.tinymodel import write_model
+from tests.conftest import free_port
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return write_model(tmp_path_factory.mktemp("tiny"), weights=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SimProcess:
@@ -40,14 +34,7 @@ class SimProcess:
                                           **(env or {})})
 
     def status(self, path: str = "/health") -> int | None:
-        """HTTP status, or None while the port refuses connections."""
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except OSError:
-            return None
+        return http_status(self.url + path)
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

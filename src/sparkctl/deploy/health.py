@@ -66,7 +66,7 @@ def wait_healthy(stack: Stack, url: str, engine: Engine, *, reporter: Reporter,
         time.sleep(poll)
     reporter.phase(stack.name, Phase.LOADING)
     deadline, shown = clock() + budgets.load, ""
-    while _status(url + "/health") is None:
+    while http_status(url + "/health") is None:
         _alive(engine, Phase.LOADING)
         _within(deadline, clock, Phase.LOADING, budgets.load, engine)
         line = (engine.logs(1).strip().splitlines() or [""])[-1]
@@ -152,7 +152,8 @@ def _budget_key(phase: Phase) -> str:
     return {Phase.STARTING: "start", Phase.LOADING: "load", Phase.READY: "ready"}.get(phase, "canary")
 
 
-def _status(url: str) -> int | None:
+def http_status(url: str) -> int | None:
+    """The status of GET url, or None while nothing accepts the connection."""
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.status
@@ -163,7 +164,7 @@ def _status(url: str) -> int | None:
 
 
 def _ready(url: str, served_name: str) -> bool:
-    if _status(url + "/health") != 200:
+    if http_status(url + "/health") != 200:
         return False
     try:
         with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
