@@ -40,9 +40,9 @@ def test_error_boundary_traceback_only_with_debug(workspace, cli) -> None:
 
 
 def test_unexpected_bug_is_still_one_line(workspace, cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkctl.cli import stacks
+    from sparkctl.spec import render
 
-    monkeypatch.setattr(stacks, "spec_hash", lambda _: 1 / 0)
+    monkeypatch.setattr(render, "spec_hash", lambda _: 1 / 0)
     code, _, err = cli("stacks", "show", "qwen36-dflash")
     assert code == 1 and err.strip().splitlines() == [
         "internal error: ZeroDivisionError: division by zero (rerun with --debug for the traceback)"]

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkctl import __version__
-from sparkctl.cli import config, deploy, images, stacks
+from sparkctl.cli import config, deploy, images, service, stacks
 from sparkctl.cli.runtime import Runtime
 from sparkctl.errors import SparkctlError
 
@@ -29,7 +29,8 @@ app.add_typer(stacks.app, name="stacks")
 app.add_typer(images.app, name="image")
 app.add_typer(config.app, name="config")
 app.add_typer(deploy.patch_app, name="patch")
-for command in (deploy.up, deploy.down, deploy.status, deploy.logs):
+app.add_typer(service.app, name="service")
+for command in (deploy.up, deploy.down, deploy.status, deploy.logs, service.daemon):
     app.command()(command)
 
 _runtime = Runtime()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import typer
 from rich.table import Table
@@ -11,8 +10,6 @@ from rich.table import Table
 from sparkctl.cli.console import ConsoleReporter
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
-from sparkctl.spec.models import Kind
-from sparkctl.spec.render import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_STACK
 
 patch_app = typer.Typer(help="Check a stack's patches against its image.", no_args_is_help=True)
 
@@ -25,6 +22,12 @@ def up(
 ) -> None:
     """Bring STACK up: image by digest, weights, patches, container, health checks."""
     rt = runtime(ctx)
+    if rt.daemon.available():
+        result = _through_daemon(rt, "/v1/up", {"stack": stack, "refresh": refresh, "replace": replace})
+        verb = "already up, unchanged" if result["unchanged"] else "up"
+        rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {result['fingerprint']}; kept up by the daemon)")
+        return
+    _no_daemon(rt)
     with ConsoleReporter(rt.console) as reporter:
         result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
     extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
@@ -35,15 +38,24 @@ def up(
 def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
     rt = runtime(ctx)
-    with ConsoleReporter(rt.console) as reporter:
-        removed = rt.deployer(reporter).down(stack)
+    if rt.daemon.available():
+        removed = _through_daemon(rt, "/v1/down", {"stack": stack})["removed"]
+    else:
+        with ConsoleReporter(rt.console) as reporter:
+            removed = rt.deployer(reporter).down(stack)
     rt.console.print(f"{stack}: {'removed ' + str(removed) + ' container(s)' if removed else 'was not running'}")
 
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory."""
     rt = runtime(ctx)
-    rows = _status_rows(rt)
+    if rt.daemon.available():
+        report = rt.daemon.get("/v1/status")
+        rows = report["stacks"]
+    else:
+        from sparkctl.deploy.status import status_rows
+
+        rows = status_rows(rt.docker, rt.store, rt.catalog)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -61,6 +73,8 @@ def logs(
     tail: int = typer.Option(100, "--tail", "-n", help="Lines from the end."),
 ) -> None:
     """Print STACK's engine log."""
+    from sparkctl.spec.render import LABEL_STACK
+
     rt = runtime(ctx)
     containers = rt.docker.containers(**{LABEL_STACK: stack})
     if not containers:
@@ -76,6 +90,8 @@ def logs(
 @patch_app.command("check")
 def patch_check(ctx: typer.Context, stack: str) -> None:
     """Apply STACK's patch sets to its image's files without starting anything; print the diff."""
+    from sparkctl.spec.models import Kind
+
     rt = runtime(ctx)
     spec = rt.catalog.stack(stack)
     if spec.kind is Kind.COMPOSE or not spec.patches:
@@ -88,24 +104,29 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
                      f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")
 
 
-def _status_rows(rt) -> list[dict]:
-    now = time.time()
-    rows = []
-    for c in sorted(rt.docker.containers(), key=lambda c: c["Labels"][LABEL_STACK]):
-        labels, name = c["Labels"], c["Labels"][LABEL_STACK]
-        latest = rt.store.latest(name)
-        try:
-            stack = rt.catalog.stack(name)
-            endpoint = f"http://127.0.0.1:{stack.port}/v1"
-        except SparkctlError:
-            endpoint = ""
-        phase = latest.phase.value if latest and c["State"] == "running" else c["State"]
-        rows.append({"stack": name, "phase": phase, "state": c["State"], "endpoint": endpoint,
-                     "fingerprint": labels.get(LABEL_FINGERPRINT), "container": c["Names"][0].lstrip("/"),
-                     "uptime_s": round(now - c["Created"]) if c["State"] == "running" else None,
-                     "memory": float(labels[LABEL_MEMORY]) if labels.get(LABEL_MEMORY) else None,
-                     "error": latest.error if latest else None})
-    return rows
+def _through_daemon(rt, path: str, body: dict) -> dict:
+    """Ask the daemon, printing its progress events; returns the outcome's result."""
+    from sparkctl.state.store import Phase
+
+    with ConsoleReporter(rt.console) as reporter:
+        for event in rt.daemon.stream(path, body):
+            kind = event["kind"]
+            if kind == "phase":
+                reporter.phase(event["stack"], Phase(event["phase"]), event.get("detail", ""))
+            elif kind == "progress":
+                reporter.progress(event["task"], event["done"], event["total"])
+            elif kind == "note":
+                reporter.note(event["stack"], event["text"])
+            elif kind == "outcome":
+                if not event["ok"]:
+                    raise SparkctlError(event["error"])
+                return event["result"]
+    raise SparkctlError("the daemon closed the connection before reporting an outcome; see `sparkctl status`")
+
+
+def _no_daemon(rt) -> None:
+    rt.console.print("[yellow]note[/]: no daemon is running; deploying in this process. The gateway and "
+                     "auto-restart need `sparkctl daemon` (or `sparkctl service install`).")
 
 
 def _duration(seconds: float | None) -> str:

@@ -7,9 +7,6 @@ from rich.table import Table
 
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
-from sparkctl.policy.images import check as check_ref
-from sparkctl.policy.images import parse_ref
-from sparkctl.spec import imagefile
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
@@ -35,6 +32,10 @@ def pin(
     provenance: str = typer.Option("pinned by hand", "--provenance", help="Why this digest is trusted."),
 ) -> None:
     """Pin REF's tag to a digest; `up` then runs exactly that digest."""
+    from sparkctl.policy.images import check as check_ref
+    from sparkctl.policy.images import parse_ref
+    from sparkctl.spec import imagefile
+
     rt = runtime(ctx)
     name = parse_ref(ref)
     if digest is None:
@@ -51,6 +52,8 @@ def pin(
 @app.command()
 def unpin(ctx: typer.Context, ref: str) -> None:
     """Remove REF's pin."""
+    from sparkctl.spec import imagefile
+
     rt = runtime(ctx)
     if not imagefile.unpin(rt.settings.images_file, ref):
         raise SparkctlError(f"{ref} is not pinned; `sparkctl image list` shows the pins")
@@ -64,6 +67,8 @@ def blacklist(
     reason: str = typer.Option(..., "--reason", help="What is broken, for whoever meets the refusal."),
 ) -> None:
     """Refuse REF (or a digest) from now on, with the reason."""
+    from sparkctl.spec import imagefile
+
     rt = runtime(ctx)
     imagefile.blacklist(rt.settings.images_file, ref, reason=reason)
     rt.console.print(f"blacklisted {ref}: {reason}")
@@ -72,6 +77,8 @@ def blacklist(
 @app.command()
 def unblacklist(ctx: typer.Context, ref: str) -> None:
     """Allow REF again."""
+    from sparkctl.spec import imagefile
+
     rt = runtime(ctx)
     if not imagefile.unblacklist(rt.settings.images_file, ref):
         raise SparkctlError(f"{ref} is not blacklisted; `sparkctl image list` shows the blacklist")
@@ -86,6 +93,8 @@ def check(
     allow_latest: bool = typer.Option(False, "--allow-latest", help="Accept a moving tag."),
 ) -> None:
     """Say whether the policy lets REF run (exit 1 with the reason if not)."""
+    from sparkctl.policy.images import check as check_ref
+
     rt = runtime(ctx)
     check_ref(rt.policy, ref, digest=digest, allow_latest=allow_latest)
     pin = rt.policy.pin_for(ref)

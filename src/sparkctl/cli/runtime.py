@@ -12,18 +12,18 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
 from sparkctl.errors import SparkctlError
-from sparkctl.policy.images import ImagePolicy
-from sparkctl.settings import Settings
-from sparkctl.spec.load import Catalog, load_catalog
 
-if TYPE_CHECKING:  # imported lazily: `sparkctl status` must start fast
+if TYPE_CHECKING:  # imported lazily: a CLI call that only asks the daemon must start fast
     from sparkctl.adapters.docker import DockerEngine
+    from sparkctl.cli.client import DaemonClient
     from sparkctl.deploy.pipeline import Deployer
     from sparkctl.deploy.progress import Reporter
+    from sparkctl.policy.images import ImagePolicy
+    from sparkctl.settings import Settings
+    from sparkctl.spec.load import Catalog
     from sparkctl.state.store import Store
 
 
@@ -37,6 +37,10 @@ class Runtime:
 
     @cached_property
     def settings(self) -> Settings:
+        from pydantic import ValidationError
+
+        from sparkctl.settings import Settings
+
         try:
             settings = Settings()
         except ValidationError as e:
@@ -53,6 +57,8 @@ class Runtime:
 
     @cached_property
     def catalog(self) -> Catalog:
+        from sparkctl.spec.load import load_catalog
+
         return load_catalog(self.settings.stacks_dir, self.settings.patches_dir)
 
     @cached_property
@@ -60,6 +66,12 @@ class Runtime:
         from sparkctl.adapters.docker import DockerEngine
 
         return DockerEngine(self.settings.docker_host)
+
+    @cached_property
+    def daemon(self) -> DaemonClient:
+        from sparkctl.cli.client import DaemonClient
+
+        return DaemonClient(self.settings.state_dir / "sparkctl.sock")
 
     @cached_property
     def store(self) -> Store:

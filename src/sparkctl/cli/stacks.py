@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
-from ruamel.yaml import YAML
 
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import ImageRefused, SpecError
-from sparkctl.policy.images import check
-from sparkctl.spec.load import POLICY_FILE, Catalog, load_patch_sets, load_stacks
-from sparkctl.spec.models import Kind, Stack, Weights
-from sparkctl.spec.render import Sources, render, spec_hash
+
+if TYPE_CHECKING:  # the spec layer is imported when a command runs, not when the CLI starts
+    from sparkctl.spec.load import Catalog
+    from sparkctl.spec.models import Stack, Weights
 
 app = typer.Typer(help="List, show, validate and render stacks.", no_args_is_help=True)
 
@@ -43,6 +43,10 @@ def list_(ctx: typer.Context) -> None:
 @app.command()
 def show(ctx: typer.Context, name: str) -> None:
     """Print a stack as resolved (after `extends`), with its spec hash."""
+    from ruamel.yaml import YAML
+
+    from sparkctl.spec.render import spec_hash
+
     rt = runtime(ctx)
     stack = rt.catalog.stack(name)
     data = stack.model_dump(mode="json", by_alias=True, exclude_defaults=True)
@@ -56,6 +60,8 @@ def validate(
     paths: list[Path] = typer.Argument(None, help="Stack files to check (default: the stacks dir)."),
 ) -> None:
     """Load and check stacks: schema, `extends`, patch sets and the image policy."""
+    from sparkctl.policy.images import check
+
     rt = runtime(ctx)
     catalog = _catalog_with(rt, paths or [])
     wanted = {p.resolve() for p in paths or []}
@@ -75,6 +81,11 @@ def render_(
     fmt: Format = typer.Option(Format.DOCKER_RUN, "--format", "-f", help="Output format."),
 ) -> None:
     """Print the container a vLLM stack runs as (weights shown at their HF cache paths)."""
+    from ruamel.yaml import YAML
+
+    from sparkctl.spec.models import Kind
+    from sparkctl.spec.render import Sources, render
+
     rt = runtime(ctx)
     stack = rt.catalog.stack(name)
     if stack.kind is Kind.COMPOSE:
@@ -96,6 +107,8 @@ def render_(
 
 def _catalog_with(rt: Runtime, paths: list[Path]) -> Catalog:
     """The stacks dir plus extra files (so they can `extends` the shipped stacks)."""
+    from sparkctl.spec.load import POLICY_FILE, load_patch_sets, load_stacks
+
     extra = [p for p in paths if p.name != POLICY_FILE]
     for p in extra:
         if not p.is_file():
@@ -108,6 +121,8 @@ def _catalog_with(rt: Runtime, paths: list[Path]) -> Catalog:
 
 
 def _verdict(rt: Runtime, stack: Stack) -> str:
+    from sparkctl.policy.images import check
+
     try:
         check(rt.policy, stack.image.ref, allow_latest=stack.image.allow_latest)
     except ImageRefused as e:

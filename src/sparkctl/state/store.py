@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -75,7 +76,9 @@ class Deployment:
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        # The daemon shares one store between its threads: one connection, one lock.
+        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.lock = threading.RLock()
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
@@ -105,22 +108,21 @@ class Store:
                             (fingerprint, json.dumps(parts, sort_keys=True), deployment))
 
     def latest(self, stack: str) -> Deployment | None:
-        row = self.db.execute("SELECT * FROM deployments WHERE stack = ? ORDER BY id DESC LIMIT 1", (stack,)).fetchone()
+        row = self._one("SELECT * FROM deployments WHERE stack = ? ORDER BY id DESC LIMIT 1", (stack,))
         return _deployment(row) if row else None
 
     def history(self, stack: str | None = None, *, limit: int = 50) -> list[Deployment]:
         query = "SELECT * FROM deployments" + (" WHERE stack = ?" if stack else "") + " ORDER BY id DESC LIMIT ?"
-        rows = self.db.execute(query, (stack, limit) if stack else (limit,)).fetchall()
-        return [_deployment(r) for r in rows]
+        return [_deployment(r) for r in self._all(query, (stack, limit) if stack else (limit,))]
 
     def transitions(self, deployment: int) -> list[tuple[Phase, float, str]]:
-        rows = self.db.execute("SELECT phase, at, detail FROM transitions WHERE deployment = ? ORDER BY rowid",
-                               (deployment,)).fetchall()
+        rows = self._all("SELECT phase, at, detail FROM transitions WHERE deployment = ? ORDER BY rowid",
+                         (deployment,))
         return [(Phase(p), at, d) for p, at, d in rows]
 
     def resolved(self, ref: str) -> str | None:
         """What `ref` (an image tag, or `hf:repo@revision`) resolved to when last fetched."""
-        row = self.db.execute("SELECT digest FROM digests WHERE ref = ?", (ref,)).fetchone()
+        row = self._one("SELECT digest FROM digests WHERE ref = ?", (ref,))
         return row[0] if row else None
 
     def record_resolved(self, ref: str, digest: str) -> None:
@@ -129,10 +131,18 @@ class Store:
                             "digest = excluded.digest, resolved = excluded.resolved", (ref, digest, time.time()))
 
     def integrity_ok(self) -> bool:
-        return self.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return self._one("PRAGMA integrity_check", ())[0] == "ok"
 
-    def _tx(self) -> sqlite3.Connection:
-        return _Transaction(self.db)
+    def _one(self, query: str, args: tuple) -> tuple | None:
+        with self.lock:
+            return self.db.execute(query, args).fetchone()
+
+    def _all(self, query: str, args: tuple) -> list[tuple]:
+        with self.lock:
+            return self.db.execute(query, args).fetchall()
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self.db, self.lock)
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -146,15 +156,19 @@ class Store:
 class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error), for a connection in autocommit mode."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
+        self.db, self.lock = db, lock
 
     def __enter__(self) -> sqlite3.Connection:
+        self.lock.acquire()
         self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
     def __exit__(self, kind: object, *_: object) -> None:
-        self.db.execute("ROLLBACK" if kind else "COMMIT")
+        try:
+            self.db.execute("ROLLBACK" if kind else "COMMIT")
+        finally:
+            self.lock.release()
 
 
 def _deployment(row: tuple) -> Deployment:

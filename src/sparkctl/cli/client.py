@@ -1,0 +1,74 @@
+"""The CLI's client for the daemon's unix-socket API (stdlib only, so it starts fast)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sparkctl.errors import SparkctlError
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.path))
+
+
+class DaemonClient:
+    def __init__(self, path: Path, *, timeout: float = 3600) -> None:
+        self.path, self.timeout = path, timeout
+
+    def available(self) -> bool:
+        """Whether a daemon answers on the socket (a stale socket file does not count)."""
+        if not self.path.exists():
+            return False
+        try:
+            self.get("/v1/desired", timeout=2)
+        except (OSError, SparkctlError):
+            return False
+        return True
+
+    def get(self, path: str, *, timeout: float | None = None) -> Any:
+        return self._call("GET", path, None, timeout)
+
+    def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST `body` and yield the NDJSON events of the response as they come."""
+        conn = _UnixConnection(self.path, self.timeout)
+        try:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise SparkctlError(_message(response))
+            for line in response:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            conn.close()
+
+    def _call(self, method: str, path: str, body: dict | None, timeout: float | None) -> Any:
+        conn = _UnixConnection(self.path, timeout or self.timeout)
+        try:
+            conn.request(method, path, json.dumps(body) if body is not None else None)
+            response = conn.getresponse()
+            if response.status != 200:
+                raise SparkctlError(_message(response))
+            return json.loads(response.read())
+        finally:
+            conn.close()
+
+
+def _message(response: http.client.HTTPResponse) -> str:
+    raw = response.read()
+    try:
+        return json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"daemon answered HTTP {response.status}: {raw[:200]!r}"

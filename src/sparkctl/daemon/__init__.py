@@ -1,0 +1,1 @@
+"""The daemon: keeps the machine converged to the desired state and serves a local API."""

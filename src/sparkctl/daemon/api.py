@@ -1,0 +1,152 @@
+"""The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
+
+Routes: GET /v1/status, GET /v1/desired, POST /v1/up, POST /v1/down (both stream NDJSON
+events until the outcome), GET /v1/events?since=N (NDJSON, long-lived), GET /v1/history,
+GET /metrics. Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the
+daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from sparkctl.daemon.app import Daemon
+
+MAX_BODY = 64 * 1024
+
+
+def build(daemon: Daemon) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors])
+    app["daemon"] = daemon
+    app.router.add_get("/v1/status", status)
+    app.router.add_get("/v1/desired", desired)
+    app.router.add_post("/v1/up", up)
+    app.router.add_post("/v1/down", down)
+    app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/history", history)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(await asyncio.to_thread(request.app["daemon"].status))
+
+
+async def desired(request: web.Request) -> web.Response:
+    d = await asyncio.to_thread(request.app["daemon"].machine.desired)
+    return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks})
+
+
+async def up(request: web.Request) -> web.StreamResponse:
+    body = await _body(request, required=("stack",))
+    daemon = request.app["daemon"]
+    stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
+    flags = {"refresh": bool(body.get("refresh")), "replace": bool(body.get("replace"))}
+    return await _stream_action(request, stack, lambda: daemon.up(stack, **flags))
+
+
+async def down(request: web.Request) -> web.StreamResponse:
+    body = await _body(request, required=("stack",))
+    daemon = request.app["daemon"]
+    stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
+    return await _stream_action(request, stack, lambda: daemon.down(stack))
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    bus = request.app["daemon"].bus
+    since = int(request.query.get("since", bus.last))
+    response = await _ndjson(request)
+    while True:
+        for event in await asyncio.to_thread(bus.after, since, timeout=15):
+            since = event["seq"]
+            await response.write(json.dumps(event).encode() + b"\n")
+
+
+async def history(request: web.Request) -> web.Response:
+    rows = await asyncio.to_thread(request.app["daemon"].history, request.query.get("stack"))
+    return web.json_response(rows)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=await asyncio.to_thread(request.app["daemon"].metrics_text), content_type="text/plain")
+
+
+async def _stream_action(request: web.Request, stack: str, work: Callable[[], Any]) -> web.StreamResponse:
+    """Run `work` in a thread; stream this stack's events meanwhile; end with the outcome."""
+    bus = request.app["daemon"].bus
+    since = bus.last
+    response = await _ndjson(request)
+
+    def run() -> Any:
+        try:
+            return work()
+        finally:
+            bus.publish("finished", stack=stack)  # wakes the wait below at once
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    while True:
+        done = task.done()
+        for event in await asyncio.to_thread(bus.after, since, timeout=0 if done else 15):
+            since = event["seq"]
+            if event.get("stack") in (stack, None) and event["kind"] in ("phase", "progress", "note"):
+                await response.write(json.dumps(event).encode() + b"\n")
+        if done:
+            break
+    error = task.exception()
+    outcome: dict[str, Any] = {"kind": "outcome", "stack": stack, "ok": error is None, "time": time.time()}
+    if error is not None:
+        outcome["error"] = str(error) if isinstance(error, SparkctlError) else f"internal error: {error!r}"
+    else:
+        outcome["result"] = task.result()
+    await response.write(json.dumps(outcome).encode() + b"\n")
+    await response.write_eof()
+    return response
+
+
+async def _ndjson(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    return response
+
+
+async def _body(request: web.Request, *, required: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _bad(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict) or any(not isinstance(body.get(k), str) for k in required):
+        raise _bad(400, f"request body must be a JSON object with string fields: {', '.join(required)}")
+    return body
+
+
+def _bad(status: int, message: str, kind: str = "bad_request") -> web.HTTPException:
+    return _http(status, json.dumps({"error": {"message": message, "type": kind}}))
+
+
+def _http(status: int, payload: str) -> web.HTTPException:
+    cls = {400: web.HTTPBadRequest, 404: web.HTTPNotFound, 413: web.HTTPRequestEntityTooLarge}.get(
+        status, web.HTTPInternalServerError)
+    if cls is web.HTTPRequestEntityTooLarge:
+        return cls(max_size=MAX_BODY, actual_size=0, text=payload, content_type="application/json")
+    return cls(text=payload, content_type="application/json")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        raise _http(413, json.dumps({"error": {"message": f"request body over {MAX_BODY} bytes",
+                                               "type": "too_large"}})) from None
+    except SparkctlError as e:
+        raise _http(404 if "no such stack" in str(e) else 400,
+                    json.dumps({"error": {"message": str(e), "type": "sparkctl_error"}})) from None

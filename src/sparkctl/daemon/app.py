@@ -1,0 +1,206 @@
+"""`sparkctl daemon`: wires the reconciler, the Docker event watcher, the periodic resync and
+the local API; runs in the foreground with structured logs until SIGTERM/SIGINT. Engine
+containers keep running when it stops: a restarted daemon adopts them by label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from sparkctl.adapters.docker import DockerEngine
+from sparkctl.adapters.hub import HubClient
+from sparkctl.daemon import api, planner
+from sparkctl.daemon.events import BusReporter, EventBus
+from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.metrics import DaemonMetrics
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.deploy.pipeline import Deployer
+from sparkctl.deploy.status import status_rows
+from sparkctl.errors import SparkctlError
+from sparkctl.settings import Settings
+from sparkctl.spec.imagefile import load_policy
+from sparkctl.spec.load import Catalog, load_catalog
+from sparkctl.spec.render import LABEL_STACK
+from sparkctl.state.store import Store
+
+log = structlog.get_logger()
+
+
+def socket_path(settings: Settings) -> Path:
+    return settings.state_dir / "sparkctl.sock"
+
+
+class Daemon:
+    def __init__(self, settings: Settings, *, resync: float = 30.0, policy: planner.Policy | None = None) -> None:
+        self.settings, self.resync = settings, resync
+        self.bus = EventBus()
+        self.metrics = DaemonMetrics()
+        self.docker = DockerEngine(settings.docker_host)
+        self.machine = DockerMachine(docker=self.docker, deployer=self.deployer, catalog=self.catalog,
+                                     desired_path=settings.state_dir / "desired.yaml", reporter=BusReporter(self.bus))
+        self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy or planner.Policy(), clock=time.time)
+        self.stopping = threading.Event()
+        self._kick = threading.Event()
+        self._oom: set[str] = set()
+
+    # --- wiring ---------------------------------------------------------------------------
+    def catalog(self) -> Catalog:
+        """Stack files are read afresh for each action, so edits apply without a restart."""
+        return load_catalog(self.settings.stacks_dir, self.settings.patches_dir)
+
+    def deployer(self) -> Deployer:
+        s = self.settings
+        hub = HubClient(cache_dir=s.hf_cache_dir, token=s.hf_token.get_secret_value() if s.hf_token else None,
+                        endpoint=s.hf_endpoint)
+        return Deployer(s, self.catalog(), load_policy(s.images_file), self.docker, hub, self.store,
+                        BusReporter(self.bus))
+
+    @cached_property
+    def store(self) -> Store:
+        return Store(self.settings.state_dir / "sparkctl.db")
+
+    # --- what the API calls -------------------------------------------------------------------
+    def check_stack(self, name: str) -> str:
+        return self.catalog().stack(name).name
+
+    def up(self, stack: str, *, refresh: bool = False, replace: bool = False) -> dict[str, Any]:
+        self.machine.update_desired(lambda d: d.with_stack(stack))
+        self.reconciler.forget(stack)
+        started = time.time()
+        try:
+            self.machine.deploy(stack, refresh=refresh, replace=replace)
+        except SparkctlError:
+            self.metrics.outcome(stack, ok=False)
+            raise
+        finally:
+            self.kick()
+        self.metrics.outcome(stack, ok=True)
+        self.metrics.phase("deploy", time.time() - started)
+        latest = self.store.latest(stack)
+        return {"stack": stack, "fingerprint": latest.fingerprint if latest else None,
+                "unchanged": bool(latest and self.store.transitions(latest.id)[-1][2] == "unchanged")}
+
+    def down(self, stack: str) -> dict[str, Any]:
+        self.machine.update_desired(lambda d: d.without_stack(stack))
+        removed = self.machine.down(stack)
+        self.kick()
+        return {"stack": stack, "removed": removed}
+
+    def status(self) -> dict[str, Any]:
+        """The CLI's status rows, plus desired stacks without a container and failure marks."""
+        desired = self.machine.desired()
+        rows = status_rows(self.docker, self.store, self.catalog())
+        seen = {r["stack"] for r in rows}
+        rows += [{"stack": s, "phase": "failed" if self.reconciler.history.get(s, planner.History()).failed
+                  else "pending", "state": "absent", "endpoint": "", "fingerprint": None, "container": "",
+                  "uptime_s": None, "memory": None, "error": None} for s in desired.stacks if s not in seen]
+        for row in rows:
+            h = self.reconciler.history.get(row["stack"], planner.History())
+            row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures)}
+        return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid()}
+
+    def history(self, stack: str | None) -> list[dict[str, Any]]:
+        return [{"id": d.id, "stack": d.stack, "phase": d.phase.value, "fingerprint": d.fingerprint,
+                 "started": d.started, "finished": d.finished, "error": d.error,
+                 "transitions": [(p.value, at, detail) for p, at, detail in self.store.transitions(d.id)]}
+                for d in self.store.history(stack)]
+
+    def metrics_text(self) -> str:
+        states = {o.stack: o.state for o in self.machine.observe()}
+        states |= {s: "failed" for s, h in self.reconciler.history.items() if h.failed}
+        return self.metrics.render(passes=self.reconciler.passes, restarts=self.reconciler.restarts, states=states)
+
+    # --- the loops ------------------------------------------------------------------------
+    def kick(self) -> None:
+        self._kick.set()
+
+    def reconcile_forever(self) -> None:
+        while not self.stopping.is_set():
+            wake = self.reconciler.wake_at
+            timeout = self.resync if wake is None else max(0.0, min(self.resync, wake - time.time()))
+            self._kick.wait(timeout)
+            self._kick.clear()
+            if self.stopping.is_set():
+                return
+            try:
+                self.reconciler.reconcile()
+            except SparkctlError as e:
+                log.error("reconcile_failed", error=str(e).splitlines()[0])
+                self.stopping.wait(1.0)
+
+    def watch_events(self) -> None:
+        """Docker events (die, oom, start, destroy) of our containers; reconnects with backoff."""
+        delay = 0.5
+        while not self.stopping.is_set():
+            try:
+                stream = self.docker.client.events(decode=True, filters={"type": "container", "label": LABEL_STACK})
+                self._events_stream = stream
+                log.info("docker_events_connected")
+                delay = 0.5
+                self.kick()  # resync: events may have been missed while disconnected
+                for event in stream:
+                    self._on_event(event)
+            except Exception as e:  # noqa: BLE001 - the engine went away: back off and reconnect
+                if self.stopping.is_set():
+                    return
+                log.warning("docker_events_lost", error=f"{type(e).__name__}: {e}"[:200], retry_in=delay)
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        action = event.get("Action", "")
+        attributes = event.get("Actor", {}).get("Attributes", {})
+        stack, container = attributes.get(LABEL_STACK), event.get("id", "")
+        if action == "oom":
+            self._oom.add(container)
+        elif action == "die" and stack:
+            code = attributes.get("exitCode")
+            self.reconciler.died(stack, oom=container in self._oom, exit_code=int(code) if code else None)
+            self._oom.discard(container)
+            self.kick()
+        elif action in ("destroy", "stop"):
+            self.kick()
+
+    async def serve(self) -> None:
+        path = socket_path(self.settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()
+        runner = web.AppRunner(api.build(self), access_log=None)
+        await runner.setup()
+        old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
+        try:
+            await web.UnixSite(runner, str(path)).start()
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        log.info("daemon_listening", socket=str(path), pid=os.getpid())
+        threads = [threading.Thread(target=self.watch_events, name="events", daemon=True),
+                   threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True)]
+        for thread in threads:
+            thread.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("daemon_stopping", note="engine containers keep running")
+        self.stopping.set()
+        self.kick()
+        stream = getattr(self, "_events_stream", None)
+        if stream is not None:
+            stream.close()
+        await runner.cleanup()
+        self.reconciler.close()
+        path.unlink(missing_ok=True)
+        log.info("daemon_stopped")

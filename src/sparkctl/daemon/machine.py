@@ -1,0 +1,62 @@
+"""The reconciler's `Machine` on real adapters: containers found by label, deploys through the
+pipeline, restarts with a health check, and the desired-state file."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from sparkctl.adapters.docker import DockerEngine
+from sparkctl.daemon.planner import Observed
+from sparkctl.deploy import health
+from sparkctl.deploy.pipeline import Deployer
+from sparkctl.deploy.progress import Reporter
+from sparkctl.spec.load import Catalog
+from sparkctl.spec.render import LABEL_STACK
+from sparkctl.state import desired as desired_file
+from sparkctl.state.desired import Desired
+
+
+class DockerMachine:
+    def __init__(self, *, docker: DockerEngine, deployer: Callable[[], Deployer], catalog: Callable[[], Catalog],
+                 desired_path: Path, reporter: Reporter) -> None:
+        self.docker, self._deployer, self._catalog = docker, deployer, catalog
+        self.desired_path, self.reporter = desired_path, reporter
+        self.locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)  # one action per stack
+        self._desired_lock = threading.Lock()
+
+    def observe(self) -> list[Observed]:
+        return [Observed(c["Labels"][LABEL_STACK], c["Id"], c["State"]) for c in self.docker.containers()]
+
+    def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
+        with self.locks[stack]:
+            self._deployer().up(stack, refresh=refresh, replace=replace)
+
+    def down(self, stack: str) -> int:
+        with self.locks[stack]:
+            return self._deployer().down(stack)
+
+    def start(self, container: str) -> None:
+        """Restart a dead engine container as it was, and wait until it is healthy again."""
+        stack_name = self.docker.inspect(container)["Config"]["Labels"][LABEL_STACK]
+        with self.locks[stack_name]:
+            self.docker.start(container)
+            stack = self._catalog().stack(stack_name)
+            engine = health.Engine(state=lambda: self.docker.state(container),
+                                   logs=lambda n: self.docker.logs(container, tail=n))
+            health.wait_healthy(stack, f"http://127.0.0.1:{stack.port}", engine, reporter=self.reporter)
+
+    def remove(self, container: str) -> None:
+        self.docker.remove(container)
+
+    def desired(self) -> Desired:
+        with self._desired_lock:
+            return desired_file.load(self.desired_path)
+
+    def update_desired(self, change: Callable[[Desired], Desired]) -> Desired:
+        with self._desired_lock:
+            new = change(desired_file.load(self.desired_path))
+            desired_file.save(self.desired_path, new)
+            return new

@@ -1,0 +1,137 @@
+"""The reconciler's pure planning: from what is desired and what is observed, the actions to
+take now. No I/O, no logging, no clock of its own: the caller passes `now`.
+
+Rules, per desired stack: a running container is left alone; a stack whose container died is
+restarted (`docker start`) after an exponential backoff counted over its recent failures; a
+stack with no container is deployed; `crash_loop` failures inside `window` mark it failed (no
+more restarts) and move any alias it held to that alias's fallback. Containers carrying
+sparkctl's labels that no desired stack claims are removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from tenacity import wait_exponential
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One container carrying `sparkctl.stack`, as Docker reports it."""
+
+    stack: str
+    container: str
+    state: str  # running, exited, dead, created, restarting, paused
+    oom: bool = False
+
+
+@dataclass(frozen=True)
+class History:
+    """What the reconciler remembers of a stack between passes."""
+
+    failures: tuple[float, ...] = ()  # times the stack's engine died or failed to deploy
+    failed: str | None = None  # why it was given up on
+    busy: bool = False  # an action is in flight
+
+
+@dataclass(frozen=True)
+class Policy:
+    crash_loop: int = 5
+    window: float = 600.0
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+
+
+@dataclass(frozen=True)
+class Deploy:
+    stack: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    stack: str
+    container: str
+
+
+@dataclass(frozen=True)
+class Remove:
+    container: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    stack: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Realias:
+    alias: str
+    stack: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    stack: str
+    until: float
+
+
+Action = Deploy | Restart | Remove | GiveUp | Realias | Wait
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...] = field(default_factory=tuple)
+
+    def of(self, kind: type) -> list:
+        return [a for a in self.actions if isinstance(a, kind)]
+
+
+def backoff(failures: int, policy: Policy) -> float:
+    """Delay before the next restart: none after the first failure, then exponential."""
+    if failures <= 1:
+        return 0.0
+    return wait_exponential(multiplier=policy.backoff_base, max=policy.backoff_max)(
+        SimpleNamespace(attempt_number=failures - 1))
+
+
+def plan(stacks: tuple[str, ...], aliases: Mapping[str, str], fallbacks: Mapping[str, str],
+         observed: list[Observed], history: Mapping[str, History], *, now: float, policy: Policy) -> Plan:
+    actions: list[Action] = []
+    desired = set(stacks)
+    for o in observed:
+        if o.stack not in desired:
+            actions.append(Remove(o.container, f"no desired stack claims {o.stack}"))
+    for stack in stacks:
+        actions += _for_stack(stack, [o for o in observed if o.stack == stack], history.get(stack, History()),
+                              now=now, policy=policy)
+    given_up = {a.stack: a.reason for a in actions if isinstance(a, GiveUp)}
+    given_up |= {s: h.failed for s, h in history.items() if h.failed and s in desired}
+    for alias, stack in aliases.items():
+        fallback = fallbacks.get(alias)
+        if stack in given_up and fallback and fallback != stack and fallback not in given_up:
+            actions.append(Realias(alias, fallback, f"{stack} failed: {given_up[stack]}"))
+    return Plan(tuple(actions))
+
+
+def _for_stack(stack: str, mine: list[Observed], h: History, *, now: float, policy: Policy) -> list[Action]:
+    if h.busy or h.failed:
+        return []
+    running = [o for o in mine if o.state in ("running", "restarting")]
+    extra = [Remove(o.container, f"duplicate container of {stack}") for o in running[1:]]
+    if running:
+        return extra
+    recent = [t for t in h.failures if now - t <= policy.window]
+    if len(recent) >= policy.crash_loop:
+        return [GiveUp(stack, f"crash loop: {len(recent)} failures in {policy.window:g} s")]
+    ready_at = (max(recent) + backoff(len(recent), policy)) if recent else now
+    if now < ready_at:
+        return [Wait(stack, ready_at)]
+    dead = [o for o in mine if o.state in ("exited", "dead", "created")]
+    if dead:
+        return [Restart(stack, dead[0].container)] + [Remove(o.container, "older dead container") for o in dead[1:]]
+    return [Deploy(stack)]

@@ -1,0 +1,134 @@
+"""The reconciler: observe once (containers by label), plan (pure, `planner.py`), act through
+the deploy pipeline and the Docker adapter, record. Every action is idempotent, so a pass can
+be repeated, interrupted or run after a `kill -9` and the machine still converges.
+
+Driven by the daemon's loop (Docker events plus a periodic resync); tested against a recording
+fake of its `Machine` with an injected clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Protocol
+
+import structlog
+
+from sparkctl.daemon import planner
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
+from sparkctl.errors import SparkctlError
+from sparkctl.state.desired import Desired
+
+log = structlog.get_logger()
+
+
+class Machine(Protocol):
+    """What the reconciler does to the world; the daemon wires the real adapters in."""
+
+    def observe(self) -> list[Observed]: ...
+
+    def deploy(self, stack: str) -> None: ...
+
+    def start(self, container: str) -> None: ...
+
+    def remove(self, container: str) -> None: ...
+
+    def desired(self) -> Desired: ...
+
+    def update_desired(self, change: Callable[[Desired], Desired]) -> Desired: ...
+
+
+class Reconciler:
+    def __init__(self, machine: Machine, *, bus: EventBus, policy: planner.Policy,
+                 clock: Callable[[], float], run_async: bool = True) -> None:
+        self.machine, self.bus, self.policy, self.clock = machine, bus, policy, clock
+        self.history: dict[str, History] = {}
+        self.wake_at: float | None = None  # when a backoff ends, the loop should pass again
+        self.passes = 0
+        self.restarts = 0
+        self._lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy") if run_async else None
+
+    def reconcile(self) -> planner.Plan:
+        """One pass: observe, plan, act."""
+        with self._lock:
+            self.passes += 1
+            desired = self.machine.desired()
+            observed = self.machine.observe()
+            the_plan = planner.plan(desired.stacks, desired.aliases, desired.fallbacks, observed, self.history,
+                                    now=self.clock(), policy=self.policy)
+            self.wake_at = min((a.until for a in the_plan.of(Wait)), default=None)
+            for action in the_plan.actions:
+                self._act(action, desired)
+            return the_plan
+
+    def died(self, stack: str, *, oom: bool, exit_code: int | None) -> None:
+        """A Docker `die`/`oom` event for one of our containers: count it as a failure."""
+        with self._lock:
+            h = self.history.get(stack, History())
+            if h.busy or stack not in self.machine.desired().stacks:  # our own stop or `down`, not a crash
+                return
+            self.history[stack] = replace(h, failures=(*h.failures, self.clock()))
+        cause = "OOM-killed" if oom else f"exited with code {exit_code}"
+        log.warning("engine_died", stack=stack, cause=cause)
+        self.bus.publish("died", stack=stack, cause=cause, oom=oom)
+
+    def forget(self, stack: str) -> None:
+        """The user asked for the stack again (`up`): clear its failures and failed mark."""
+        with self._lock:
+            self.history.pop(stack, None)
+
+    def close(self) -> None:
+        if self._pool:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _act(self, action: planner.Action, desired: Desired) -> None:
+        if isinstance(action, Remove):
+            log.info("container_removed", container=action.container[:12], reason=action.reason)
+            self.machine.remove(action.container)
+            self.bus.publish("removed", container=action.container, reason=action.reason)
+        elif isinstance(action, Restart):
+            self.restarts += 1
+            log.info("container_restarted", stack=action.stack, container=action.container[:12])
+            self.bus.publish("restarting", stack=action.stack)
+            self._run(action.stack, lambda: self.machine.start(action.container))
+        elif isinstance(action, Deploy):
+            log.info("stack_deploying", stack=action.stack)
+            self._run(action.stack, lambda: self.machine.deploy(action.stack))
+        elif isinstance(action, GiveUp):
+            self.history[action.stack] = replace(self.history.get(action.stack, History()), failed=action.reason)
+            log.error("stack_failed", stack=action.stack, reason=action.reason)
+            self.bus.publish("failed", stack=action.stack, reason=action.reason)
+        elif isinstance(action, Realias):
+            alias, stack = action.alias, action.stack
+            self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, alias: stack}))
+            log.warning("alias_fell_back", alias=action.alias, stack=action.stack, reason=action.reason)
+            self.bus.publish("realiased", alias=action.alias, stack=action.stack, reason=action.reason)
+
+    def _run(self, stack: str, work: Callable[[], None]) -> None:
+        self.history[stack] = replace(self.history.get(stack, History()), busy=True)
+
+        def job() -> None:
+            error = None
+            try:
+                work()
+            except SparkctlError as e:
+                error = str(e)
+            except Exception as e:  # noqa: BLE001 - a bug in one deploy must not kill the loop
+                error = f"internal error: {type(e).__name__}: {e}"
+            with self._lock:
+                h = replace(self.history.get(stack, History()), busy=False)
+                if error:
+                    h = replace(h, failures=(*h.failures, self.clock()))
+                self.history[stack] = h
+            if error:
+                log.error("stack_action_failed", stack=stack, error=error.splitlines()[0])
+            self.bus.publish("outcome", stack=stack, ok=error is None, error=error)
+
+        if self._pool is None:
+            job()
+        else:
+            self._pool.submit(job)
