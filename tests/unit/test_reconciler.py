@@ -1,0 +1,183 @@
+"""The reconciler's planning (pure, table-driven) and its passes against a recording fake of
+the machine, with an injected clock and no sleeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from sparkctl.daemon import planner
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.planner import (
+    Deploy,
+    GiveUp,
+    History,
+    Observed,
+    Policy,
+    Realias,
+    Remove,
+    Restart,
+    Wait,
+    backoff,
+    plan,
+)
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.errors import SparkctlError
+from sparkctl.state.desired import Desired
+
+POLICY = Policy(crash_loop=5, window=600, backoff_base=1, backoff_max=60)
+NOW = 10_000.0
+
+
+def run(c: str = "c1", stack: str = "a", state: str = "running") -> Observed:
+    return Observed(stack, c, state)
+
+
+CASES = [
+    ("nothing desired, nothing running", (), [], {}, []),
+    ("desired and absent -> deploy", ("a",), [], {}, [Deploy("a")]),
+    ("desired and running -> nothing", ("a",), [run()], {}, []),
+    ("not desired -> removed", (), [run()], {}, [Remove("c1", "no desired stack claims a")]),
+    ("died once -> restart now", ("a",), [run(state="exited")], {"a": History(failures=(NOW - 1,))},
+     [Restart("a", "c1")]),
+    ("died twice -> backoff 1 s", ("a",), [run(state="exited")],
+     {"a": History(failures=(NOW - 10, NOW - 0.5))}, [Wait("a", NOW + 0.5)]),
+    ("backoff over -> restart", ("a",), [run(state="exited")], {"a": History(failures=(NOW - 10, NOW - 2))},
+     [Restart("a", "c1")]),
+    ("crash loop -> give up", ("a",), [run(state="exited")], {"a": History(failures=tuple(NOW - i for i in range(5)))},
+     [GiveUp("a", "crash loop: 5 failures in 600 s")]),
+    ("old failures don't count", ("a",), [run(state="exited")],
+     {"a": History(failures=tuple(NOW - 1000 - i for i in range(5)))}, [Restart("a", "c1")]),
+    ("given up -> left alone", ("a",), [run(state="exited")], {"a": History(failed="crash loop")}, []),
+    ("busy -> left alone", ("a",), [], {"a": History(busy=True)}, []),
+    ("two running -> duplicate removed", ("a",), [run("c1"), run("c2")], {},
+     [Remove("c2", "duplicate container of a")]),
+]
+
+
+@pytest.mark.parametrize(("stacks", "observed", "history", "expected"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_plan(stacks, observed, history, expected) -> None:
+    assert list(plan(stacks, {}, {}, observed, history, now=NOW, policy=POLICY).actions) == expected
+
+
+def test_alias_falls_back_when_its_stack_is_given_up() -> None:
+    history = {"a": History(failures=tuple(NOW - i for i in range(5)))}
+    actions = plan(("a", "b"), {"primary": "a"}, {"primary": "b"}, [run(state="exited"), run("c2", "b")], history,
+                   now=NOW, policy=POLICY).actions
+    assert Realias("primary", "b", "a failed: crash loop: 5 failures in 600 s") in actions
+    assert not plan(("a",), {"primary": "a"}, {}, [], {"a": History(failed="x")}, now=NOW, policy=POLICY).actions
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    assert [backoff(n, POLICY) for n in (1, 2, 3, 4, 5, 10)] == [0, 1, 2, 4, 8, 60]
+
+
+@dataclass
+class FakeMachine:
+    """Records every call; containers appear and vanish as a real engine's would."""
+
+    containers: list[Observed] = field(default_factory=list)
+    wanted: Desired = field(default_factory=Desired)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    deploy_fails: bool = False
+
+    def observe(self) -> list[Observed]:
+        return list(self.containers)
+
+    def deploy(self, stack: str) -> None:
+        self.calls.append(("deploy", stack))
+        if self.deploy_fails:
+            raise SparkctlError("engine container exited with code 1 while loading")
+        self.containers.append(Observed(stack, f"id-{stack}-{len(self.calls)}", "running"))
+
+    def start(self, container: str) -> None:
+        self.calls.append(("start", container))
+        self.containers = [Observed(o.stack, o.container, "running") if o.container == container else o
+                           for o in self.containers]
+
+    def remove(self, container: str) -> None:
+        self.calls.append(("remove", container))
+        self.containers = [o for o in self.containers if o.container != container]
+
+    def desired(self) -> Desired:
+        return self.wanted
+
+    def update_desired(self, change) -> Desired:
+        self.wanted = change(self.wanted)
+        return self.wanted
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reconciler(machine: FakeMachine, clock: Clock) -> Reconciler:
+    return Reconciler(machine, bus=EventBus(), policy=POLICY, clock=clock, run_async=False)
+
+
+def test_converges_adopts_and_removes_strays() -> None:
+    machine = FakeMachine([run("mine", "a"), run("stray", "old")], Desired(("a", "b")))
+    r = reconciler(machine, Clock())
+    r.reconcile()
+    assert machine.calls == [("remove", "stray"), ("deploy", "b")]  # "mine" adopted, untouched
+    machine.calls.clear()
+    r.reconcile()
+    assert machine.calls == []  # converged: a second pass does nothing
+
+
+def test_a_crash_is_restarted_then_a_crash_loop_gives_up_and_moves_the_alias() -> None:
+    clock = Clock()
+    machine = FakeMachine([run("c1", "a"), run("c2", "b")],
+                          Desired(("a", "b"), aliases={"primary": "a"}, fallbacks={"primary": "b"}))
+    r = reconciler(machine, clock)
+    for crash in range(5):
+        machine.containers = [Observed("a", "c1", "exited") if o.stack == "a" else o for o in machine.containers]
+        r.died("a", oom=crash == 0, exit_code=137)
+        clock.now += 100  # past every backoff, inside the 600 s window
+        r.reconcile()
+    assert machine.calls == [("start", "c1")] * 4  # the fifth death is the crash loop
+    assert r.history["a"].failed == "crash loop: 5 failures in 600 s"
+    assert machine.wanted.aliases["primary"] == "b"
+    kinds = [e["kind"] for e in r.bus.after(0, timeout=0)]
+    assert kinds.count("died") == 5 and "failed" in kinds and "realiased" in kinds
+
+
+def test_failed_deploys_count_towards_the_crash_loop_and_forget_resets() -> None:
+    clock = Clock()
+    machine = FakeMachine(wanted=Desired(("a",)), deploy_fails=True)
+    r = reconciler(machine, clock)
+    for _ in range(5):
+        r.reconcile()
+        clock.now += 100
+    r.reconcile()
+    assert machine.calls == [("deploy", "a")] * 5 and r.history["a"].failed
+    r.forget("a")
+    machine.deploy_fails = False
+    r.reconcile()
+    assert machine.calls[-1] == ("deploy", "a") and not r.history["a"].failed
+
+
+def test_deaths_of_stacks_not_desired_are_not_failures() -> None:
+    machine = FakeMachine(wanted=Desired(("a",)))
+    r = reconciler(machine, Clock())
+    r.died("gone", oom=False, exit_code=0)
+    assert "gone" not in r.history
+
+
+def test_backoff_wait_sets_the_next_wake() -> None:
+    clock = Clock()
+    machine = FakeMachine([Observed("a", "c1", "exited")], Desired(("a",)))
+    r = reconciler(machine, clock)
+    r.died("a", oom=False, exit_code=1)
+    r.died("a", oom=False, exit_code=1)
+    the_plan = r.reconcile()
+    assert the_plan.of(planner.Wait) and r.wake_at == NOW + 1 and machine.calls == []
+    clock.now = r.wake_at
+    r.reconcile()
+    assert machine.calls == [("start", "c1")]
