@@ -220,3 +220,20 @@ def hub(tiny_model_dir):
 
     with HubServer(Hub(seed_repos(tiny_model_dir), token=HUB_TOKEN)) as server:
         yield server
+
+
+FAST = "SPARKCTL_SIM_TIME_SCALE=0.01"
+
+
+@pytest.fixture
+def world(workspace, published, hub, monkeypatch, engine):
+    """Settings pointed at the loopback registry and Hub; sparkctl containers removed after."""
+    monkeypatch.setenv("SPARKCTL_REGISTRY_MIRRORS", f"ghcr.io={published.host},docker.io={published.host}")
+    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("SPARKCTL_GPUS", "none")
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
+    yield workspace
+    for c in engine.client.api.containers(all=True, filters={"label": "sparkctl.stack"}):
+        engine.remove(c["Id"])
+
+

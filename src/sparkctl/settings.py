@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     # SPARKCTL_SIM_TIME_SCALE for the simulated engine); part of each deployment's fingerprint.
     engine_env: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     hf_endpoint: str | None = Field(default=None, validation_alias=AliasChoices("SPARKCTL_HF_ENDPOINT", "HF_ENDPOINT"))
+    # The daemon: resync interval, crash-loop rule (N failures inside a window), restart backoff.
+    resync_interval: float = Field(default=30.0, gt=0)
+    crash_loop: int = Field(default=5, ge=1)
+    crash_window: float = Field(default=600.0, gt=0)
+    restart_backoff_base: float = Field(default=1.0, ge=0)
+    restart_backoff_max: float = Field(default=60.0, ge=0)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))

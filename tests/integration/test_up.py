@@ -13,21 +13,9 @@ from pathlib import Path
 import pytest
 
 from sparkctl.sim.repos import QWEN_NVFP4
+from tests.conftest import FAST
 
 VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
-FAST = "SPARKCTL_SIM_TIME_SCALE=0.01"
-
-
-@pytest.fixture
-def world(workspace, published, hub, monkeypatch, engine):
-    """Settings pointed at the loopback registry and Hub; sparkctl containers removed after."""
-    monkeypatch.setenv("SPARKCTL_REGISTRY_MIRRORS", f"ghcr.io={published.host},docker.io={published.host}")
-    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", hub.endpoint)
-    monkeypatch.setenv("SPARKCTL_GPUS", "none")
-    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
-    yield workspace
-    for c in engine.client.api.containers(all=True, filters={"label": "sparkctl.stack"}):
-        engine.remove(c["Id"])
 
 
 def stack_file(workspace: Path, name: str, text: str) -> None:

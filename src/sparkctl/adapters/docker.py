@@ -149,12 +149,12 @@ class DockerEngine:
             return self.client.api.inspect_container(name_or_id)
 
     def remove(self, name_or_id: str) -> bool:
-        """Remove a container (running or not); False if there was none."""
+        """Remove a container (running or not); False if there was none (or it is already going)."""
         try:
             with _translated(f"remove container {name_or_id}"):
                 self.client.api.remove_container(name_or_id, force=True, v=True)
         except DockerError as e:
-            if "No such container" in str(e):
+            if "No such container" in str(e) or "already in progress" in str(e):
                 return False
             raise
         return True

@@ -41,14 +41,17 @@ def socket_path(settings: Settings) -> Path:
 
 
 class Daemon:
-    def __init__(self, settings: Settings, *, resync: float = 30.0, policy: planner.Policy | None = None) -> None:
-        self.settings, self.resync = settings, resync
+    def __init__(self, settings: Settings) -> None:
+        self.settings, self.resync = settings, settings.resync_interval
+        policy = planner.Policy(crash_loop=settings.crash_loop, window=settings.crash_window,
+                                backoff_base=settings.restart_backoff_base, backoff_max=settings.restart_backoff_max)
         self.bus = EventBus()
         self.metrics = DaemonMetrics()
         self.docker = DockerEngine(settings.docker_host)
         self.machine = DockerMachine(docker=self.docker, deployer=self.deployer, catalog=self.catalog,
-                                     desired_path=settings.state_dir / "desired.yaml", reporter=BusReporter(self.bus))
-        self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy or planner.Policy(), clock=time.time)
+                                     desired_path=settings.state_dir / "desired.yaml", reporter=BusReporter(self.bus),
+                                     store=lambda: self.store)
+        self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time)
         self.stopping = threading.Event()
         self._kick = threading.Event()
         self._oom: set[str] = set()
@@ -109,11 +112,12 @@ class Daemon:
             row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures)}
         return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid()}
 
-    def history(self, stack: str | None) -> list[dict[str, Any]]:
-        return [{"id": d.id, "stack": d.stack, "phase": d.phase.value, "fingerprint": d.fingerprint,
+    def history(self, stack: str | None) -> dict[str, Any]:
+        deployments = [{"id": d.id, "stack": d.stack, "phase": d.phase.value, "fingerprint": d.fingerprint,
                  "started": d.started, "finished": d.finished, "error": d.error,
-                 "transitions": [(p.value, at, detail) for p, at, detail in self.store.transitions(d.id)]}
-                for d in self.store.history(stack)]
+                        "transitions": [(p.value, at, detail) for p, at, detail in self.store.transitions(d.id)]}
+                       for d in self.store.history(stack)]
+        return {"deployments": deployments, "events": self.store.events(stack)}
 
     def metrics_text(self) -> str:
         states = {o.stack: o.state for o in self.machine.observe()}
@@ -165,13 +169,17 @@ class Daemon:
             self._oom.add(container)
         elif action == "die" and stack:
             code = attributes.get("exitCode")
-            self.reconciler.died(stack, oom=container in self._oom, exit_code=int(code) if code else None)
+            oom = container in self._oom
             self._oom.discard(container)
+            if self.reconciler.died(stack, oom=oom, exit_code=int(code) if code else None):
+                self.store.record_event(stack, "died", "OOM-killed" if oom else f"exit code {code}")
             self.kick()
         elif action in ("destroy", "stop"):
             self.kick()
 
     async def serve(self) -> None:
+        for interrupted in self.store.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
+            log.warning("deployment_interrupted", deployment=interrupted)
         path = socket_path(self.settings)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():

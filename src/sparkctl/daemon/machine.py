@@ -17,12 +17,13 @@ from sparkctl.spec.load import Catalog
 from sparkctl.spec.render import LABEL_STACK
 from sparkctl.state import desired as desired_file
 from sparkctl.state.desired import Desired
+from sparkctl.state.store import Store
 
 
 class DockerMachine:
     def __init__(self, *, docker: DockerEngine, deployer: Callable[[], Deployer], catalog: Callable[[], Catalog],
-                 desired_path: Path, reporter: Reporter) -> None:
-        self.docker, self._deployer, self._catalog = docker, deployer, catalog
+                 desired_path: Path, reporter: Reporter, store: Callable[[], Store]) -> None:
+        self.docker, self._deployer, self._catalog, self._store = docker, deployer, catalog, store
         self.desired_path, self.reporter = desired_path, reporter
         self.locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)  # one action per stack
         self._desired_lock = threading.Lock()
@@ -43,6 +44,7 @@ class DockerMachine:
         stack_name = self.docker.inspect(container)["Config"]["Labels"][LABEL_STACK]
         with self.locks[stack_name]:
             self.docker.start(container)
+            self._store().record_event(stack_name, "restarted", container[:12])
             stack = self._catalog().stack(stack_name)
             engine = health.Engine(state=lambda: self.docker.state(container),
                                    logs=lambda n: self.docker.logs(container, tail=n))

@@ -122,9 +122,9 @@ def _for_stack(stack: str, mine: list[Observed], h: History, *, now: float, poli
     if h.busy or h.failed:
         return []
     running = [o for o in mine if o.state in ("running", "restarting")]
-    extra = [Remove(o.container, f"duplicate container of {stack}") for o in running[1:]]
-    if running:
-        return extra
+    if running:  # keep one; anything else of this stack is a duplicate or a leftover
+        return [Remove(o.container, f"duplicate container of {stack}") for o in running[1:]] + \
+               [Remove(o.container, f"leftover container of {stack}") for o in mine if o not in running]
     recent = [t for t in h.failures if now - t <= policy.window]
     if len(recent) >= policy.crash_loop:
         return [GiveUp(stack, f"crash loop: {len(recent)} failures in {policy.window:g} s")]

@@ -65,16 +65,17 @@ class Reconciler:
                 self._act(action, desired)
             return the_plan
 
-    def died(self, stack: str, *, oom: bool, exit_code: int | None) -> None:
-        """A Docker `die`/`oom` event for one of our containers: count it as a failure."""
+    def died(self, stack: str, *, oom: bool, exit_code: int | None) -> bool:
+        """A Docker `die`/`oom` event for one of our containers: count it as a failure (True)."""
         with self._lock:
             h = self.history.get(stack, History())
             if h.busy or stack not in self.machine.desired().stacks:  # our own stop or `down`, not a crash
-                return
+                return False
             self.history[stack] = replace(h, failures=(*h.failures, self.clock()))
         cause = "OOM-killed" if oom else f"exited with code {exit_code}"
         log.warning("engine_died", stack=stack, cause=cause)
         self.bus.publish("died", stack=stack, cause=cause, oom=oom)
+        return True
 
     def forget(self, stack: str) -> None:
         """The user asked for the stack again (`up`): clear its failures and failed mark."""

@@ -41,6 +41,15 @@ MIGRATIONS = (
         resolved REAL NOT NULL
     );
     """,
+    """
+    CREATE TABLE events (
+        at REAL NOT NULL,
+        stack TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX events_stack ON events (stack, at);
+    """,
 )
 
 
@@ -129,6 +138,24 @@ class Store:
         with self._tx():
             self.db.execute("INSERT INTO digests VALUES (?, ?, ?) ON CONFLICT (ref) DO UPDATE SET "
                             "digest = excluded.digest, resolved = excluded.resolved", (ref, digest, time.time()))
+
+    def record_event(self, stack: str, kind: str, detail: str = "") -> None:
+        """Something that happened to a running stack (a crash, a restart) outside any deploy."""
+        with self._tx():
+            self.db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (time.time(), stack, kind, detail))
+
+    def events(self, stack: str | None = None, *, limit: int = 100) -> list[dict[str, object]]:
+        query = "SELECT at, stack, kind, detail FROM events" + (" WHERE stack = ?" if stack else "") + \
+            " ORDER BY rowid DESC LIMIT ?"
+        rows = self._all(query, (stack, limit) if stack else (limit,))
+        return [{"at": at, "stack": s, "kind": k, "detail": d} for at, s, k, d in rows]
+
+    def interrupt_unfinished(self, reason: str) -> list[int]:
+        """Mark deployments a killed process left mid-way as failed; returns their ids."""
+        ids = [row[0] for row in self._all("SELECT id FROM deployments WHERE finished IS NULL", ())]
+        for deployment in ids:
+            self.advance(deployment, Phase.FAILED, "interrupted", error=reason)
+        return ids
 
     def integrity_ok(self) -> bool:
         return self._one("PRAGMA integrity_check", ())[0] == "ok"

@@ -1,0 +1,210 @@
+"""The daemon on a real dockerd with the sim engine: adoption, crash restarts, crash loops with
+alias fallback, `kill -9` of the daemon mid-deploy, concurrent CLI calls, and bad API input.
+Each test asserts convergence and that nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkctl.cli.client import DaemonClient
+from sparkctl.state.store import Store
+
+SMALL = "resources:\n  gpu_memory_utilization: 0.4\n"  # two of these fit under the 0.9 ceiling
+
+
+class DaemonProcess:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.log = open(state_dir.parent / "daemon.log", "a")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.client = DaemonClient(state_dir / "sparkctl.sock")
+        deadline = time.monotonic() + 20
+        while not self.client.available():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.logs()
+            time.sleep(0.05)
+
+    def logs(self) -> str:
+        return (self.state_dir.parent / "daemon.log").read_text()[-3000:]
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            assert self.proc.wait(timeout=20) == 0, self.logs()
+        self.log.close()
+
+
+@pytest.fixture
+def start_daemon(world, monkeypatch):
+    monkeypatch.setenv("SPARKCTL_RESTART_BACKOFF_BASE", "0.2")
+    monkeypatch.setenv("SPARKCTL_RESYNC_INTERVAL", "2")
+    started: list[DaemonProcess] = []
+
+    def start() -> DaemonProcess:
+        started.append(DaemonProcess(world / "state"))
+        return started[-1]
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def containers(engine, stack: str | None = None) -> list[dict]:
+    label = f"sparkctl.stack={stack}" if stack else "sparkctl.stack"
+    return engine.client.api.containers(all=True, filters={"label": label})
+
+
+def wait_for(check, timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def started_at(engine, name: str) -> str:
+    return engine.inspect(name)["State"]["StartedAt"]
+
+
+def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, cli, engine) -> None:
+    daemon = start_daemon()
+    assert (world / "state" / "sparkctl.sock").stat().st_mode & 0o777 == 0o600
+    code, out, err = cli("up", "qwen36-dflash")
+    assert code == 0 and "kept up by the daemon" in out, err
+    assert daemon.client.get("/v1/desired")["stacks"] == ["qwen36-dflash"]
+    code, out, _ = cli("status", "--json")
+    [row] = json.loads(out)
+    assert row["stack"] == "qwen36-dflash" and row["desired"] and row["phase"] == "running"
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    assert f"pid={daemon.proc.pid}," not in listening  # no TCP listener for the control API
+
+
+def test_a_killed_engine_is_restarted_and_the_crash_recorded(start_daemon, cli, engine) -> None:
+    daemon = start_daemon()
+    assert cli("up", "qwen36-dflash")[0] == 0
+    before = started_at(engine, "sparkctl-qwen36-dflash")
+    engine.client.api.kill("sparkctl-qwen36-dflash")
+    wait_for(lambda: engine.state("sparkctl-qwen36-dflash")[0] == "running"
+             and started_at(engine, "sparkctl-qwen36-dflash") != before, what="restart")
+    wait_for(lambda: {"died", "restarted"} <= {e["kind"] for e in daemon.client.get("/v1/history")["events"]},
+             what="history")
+    died = [e for e in daemon.client.get("/v1/history")["events"] if e["kind"] == "died"]
+    assert died[0]["detail"] == "exit code 137"
+    assert len(containers(engine)) == 1
+
+
+def test_crash_loop_marks_failed_and_the_alias_falls_back(start_daemon, world, cli, engine) -> None:
+    (world / "stacks" / "crashy.yaml").write_text(
+        "name: crashy\nextends: qwen36-dflash\ncontainer:\n  env:\n    SPARKCTL_SIM_FAULTS: crash_after=0\n" + SMALL)
+    (world / "stacks" / "steady.yaml").write_text("name: steady\nextends: qwen36-nvfp4-stock\n" + SMALL)
+    (world / "state").mkdir(exist_ok=True)
+    (world / "state" / "desired.yaml").write_text(
+        "stacks: [steady, crashy]\naliases: {primary: crashy}\nfallbacks: {primary: steady}\n")
+    daemon = start_daemon()
+    wait_for(lambda: any(r["failed"] for r in daemon.client.get("/v1/status")["stacks"]), timeout=90,
+             what="crash loop")
+    [crashy] = [r for r in daemon.client.get("/v1/status")["stacks"] if r["stack"] == "crashy"]
+    assert crashy["failed"].startswith("crash loop: 5 failures")
+    assert daemon.client.get("/v1/desired")["aliases"] == {"primary": "steady"}
+    [steady] = containers(engine, "steady")
+    assert steady["State"] == "running"
+    attempts = daemon.client.get("/v1/history?stack=crashy")["deployments"]
+    assert len(attempts) == 5 and all(d["phase"] == "failed" for d in attempts)
+
+
+def test_adoption_after_kill9_keeps_engines_and_removes_strays(start_daemon, world, cli, engine) -> None:
+    first = start_daemon()
+    assert cli("up", "qwen36-dflash")[0] == 0
+    before = started_at(engine, "sparkctl-qwen36-dflash")
+    first.kill9()
+    stray = engine.client.containers.create("sparkctl-sim:latest", ["--version"], name="sparkctl-stray",
+                                            labels={"sparkctl.stack": "not-desired"})
+    start_daemon()
+    wait_for(lambda: not containers(engine, "not-desired"), what="stray removal")
+    assert started_at(engine, "sparkctl-qwen36-dflash") == before  # adopted, not restarted
+    assert stray.id not in {c["Id"] for c in containers(engine)}
+
+
+def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine) -> None:
+    rng = random.Random(20261129)
+    daemon = start_daemon()
+    for point in range(5):
+        worker = threading.Thread(target=cli, args=("up", "qwen36-dflash"))
+        if point % 2:  # also while a previous version is running: a changed engine env recreates it
+            os.environ["SPARKCTL_ENGINE_ENV"] = f"SPARKCTL_SIM_TIME_SCALE=0.01,RUN={point}"
+        worker.start()
+        time.sleep(rng.uniform(0.0, 2.5))
+        daemon.kill9()
+        worker.join()
+        daemon = start_daemon()
+        client = daemon.client
+        wait_for(lambda: [c["State"] for c in containers(engine, "qwen36-dflash")] == ["running"]
+                 and client.get("/v1/status")["stacks"][0]["phase"] in ("running", "failed"),  # noqa: B023
+                 timeout=60, what=f"convergence after kill point {point}")
+    store = Store(world / "state" / "sparkctl.db")
+    assert store.integrity_ok()
+    assert all(d.phase.is_terminal() for d in store.history("qwen36-dflash"))
+    assert len(containers(engine)) == 1
+
+
+def test_concurrent_ups_make_one_container_and_up_down_race_ends_in_the_later(start_daemon, cli, engine) -> None:
+    daemon = start_daemon()
+    results: list = []
+    ups = [threading.Thread(target=lambda: results.append(list(daemon.client.stream("/v1/up", {
+        "stack": "qwen36-dflash"}))[-1])) for _ in range(2)]
+    for t in ups:
+        t.start()
+    for t in ups:
+        t.join()
+    assert [r["ok"] for r in results] == [True, True]
+    assert len(containers(engine, "qwen36-dflash")) == 1
+    up = threading.Thread(target=lambda: list(daemon.client.stream("/v1/up", {"stack": "qwen36-dflash"})))
+    up.start()
+    time.sleep(0.05)
+    outcome = list(daemon.client.stream("/v1/down", {"stack": "qwen36-dflash"}))[-1]
+    up.join()
+    assert outcome["ok"], outcome.get("error")
+    time.sleep(1)
+    assert not containers(engine, "qwen36-dflash")
+    assert daemon.client.get("/v1/desired")["stacks"] == []
+
+
+def raw_request(path: Path, request: bytes) -> tuple[int, bytes]:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(path))
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    (b"{not json", 400, b"not valid JSON"),
+    (b'{"stack": 3}', 400, b"string fields: stack"),
+    (b'{"stack": "no-such-stack"}', 404, b"no such stack"),
+    (b'{"stack": "' + b"x" * 70000 + b'"}', 413, b"over 65536 bytes"),
+])
+def test_bad_api_input_gets_a_clear_error_and_the_daemon_keeps_serving(start_daemon, world, body, status,
+                                                                       words) -> None:
+    daemon = start_daemon()
+    request = (b"POST /v1/up HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got_status, got_body = raw_request(world / "state" / "sparkctl.sock", request)
+    assert got_status == status and words in got_body, got_body[:300]
+    assert daemon.client.get("/v1/status")["stacks"] == []
