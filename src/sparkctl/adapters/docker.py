@@ -14,6 +14,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
 from docker.types import DeviceRequest, Mount
 
 from sparkctl.adapters.retry import transient
@@ -186,7 +187,8 @@ def _translated(call: str) -> Iterator[None]:
         kind = TransientDockerError if status in (500, 502, 503, 504) and "not found" not in str(e).lower() \
             else DockerError
         raise kind(f"{call}: Docker said {status}: {e.explanation or e}") from e
-    except docker.errors.DockerException as e:
-        raise DockerError(
-            f"{call}: {e}. Is dockerd running and is DOCKER_HOST / SPARKCTL_DOCKER_HOST right?"
+    except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
+        raise TransientDockerError(
+            f"{call}: cannot reach the Docker engine ({type(e).__name__}). Is dockerd running and is "
+            "DOCKER_HOST / SPARKCTL_DOCKER_HOST right?"
         ) from e

@@ -33,7 +33,7 @@ class Runtime:
 
     @cached_property
     def console(self) -> Console:
-        return Console(highlight=False)
+        return Console(highlight=False, soft_wrap=True)
 
     @cached_property
     def settings(self) -> Settings:

@@ -24,6 +24,7 @@ ExecStart={exe} daemon
 Restart=on-failure
 RestartSec=2
 Environment=SPARKCTL_STATE_DIR={state_dir}
+Environment=MALLOC_ARENA_MAX=2
 # Engines are separate containers: stopping the daemon leaves them running.
 KillMode=process
 
@@ -38,6 +39,10 @@ def daemon(ctx: typer.Context) -> None:
 
     from sparkctl.daemon.app import Daemon
 
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        # glibc gives each thread its own malloc arena; two keep a long-lived daemon's RSS flat.
+        os.execve(sys.executable, [sys.executable, "-m", "sparkctl", *sys.argv[1:]],
+                  {**os.environ, "MALLOC_ARENA_MAX": "2"})
     rt = runtime(ctx)
     rt.configure_logging()
     if rt.daemon.available():

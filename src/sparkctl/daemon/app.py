@@ -6,6 +6,8 @@ containers keep running when it stops: a restarted daemon adopts them by label.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import os
 import signal
 import threading
@@ -34,6 +36,16 @@ from sparkctl.spec.render import LABEL_STACK
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()
+
+
+def _give_back_memory() -> None:
+    """Return freed heap to the OS after work: deploys allocate a lot, briefly, and a daemon
+    that runs for weeks should not keep the high-water mark."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def socket_path(settings: Settings) -> Path:
@@ -138,9 +150,11 @@ class Daemon:
                 return
             try:
                 self.reconciler.reconcile()
-            except SparkctlError as e:
-                log.error("reconcile_failed", error=str(e).splitlines()[0])
+            except Exception as e:  # noqa: BLE001 - the loop must outlive any one bad pass
+                log.error("reconcile_failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
                 self.stopping.wait(1.0)
+                self.kick()  # try again: the resync must not wait a whole interval after a failure
+            _give_back_memory()
 
     def watch_events(self) -> None:
         """Docker events (die, oom, start, destroy) of our containers; reconnects with backoff."""

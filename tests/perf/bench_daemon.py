@@ -1,0 +1,131 @@
+"""Daemon figures, each printed beside its goal:
+
+- crash detection to restart started (Docker `die` event -> the container's new StartedAt),
+  median over 20 `docker kill`s; the crash window is set to 2 s and kills are 3 s apart, so each
+  kill is a first failure (no backoff) rather than a crash loop;
+- the daemon idle with three stacks running: CPU over 30 s and RSS;
+- `sparkctl status` wall time with the daemon running, median of 20;
+- a repeated `sparkctl up` of an unchanged stack through the daemon, median of 10.
+
+Run with `make perf` (or `.venv/bin/python tests/perf/bench_daemon.py`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from world import ROOT, SPARKCTL, sparkctl, world  # noqa: E402
+
+KILLS, IDLE_S = 20, 30
+THREE = ("bench-a", "bench-b", "bench-c")
+
+
+def docker_json(*args: str) -> dict:
+    return json.loads(subprocess.run(["docker", "inspect", *args], capture_output=True, text=True,
+                                     check=True).stdout)[0]
+
+
+def started(name: str) -> float:
+    raw = docker_json(name)["State"]["StartedAt"]
+    return dt.datetime.fromisoformat(raw.replace("Z", "")[:26]).replace(tzinfo=dt.UTC).timestamp()
+
+
+def wait(check, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(0.02)
+
+
+def running(name: str) -> bool:
+    try:
+        return docker_json(name)["State"]["Status"] == "running"
+    except subprocess.CalledProcessError:
+        return False
+
+
+def crash_restarts(env: dict[str, str]) -> list[float]:
+    sparkctl(env, "up", "qwen36-dflash")
+    name = "sparkctl-qwen36-dflash"
+    delays = []
+    for _ in range(KILLS):
+        before = started(name)
+        subprocess.run(["docker", "kill", name], capture_output=True, check=True)
+        died = time.time()
+        wait(lambda: running(name) and started(name) != before)  # noqa: B023
+        delays.append(started(name) - died)
+        time.sleep(3)
+    sparkctl(env, "down", "qwen36-dflash")
+    return delays
+
+
+def idle(env: dict[str, str], pid: int) -> tuple[float, float]:
+    for stack in THREE:
+        sparkctl(env, "up", stack)
+    time.sleep(5)
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    start_cpu, start = cpu(), time.monotonic()
+    time.sleep(IDLE_S)
+    percent = 100 * (cpu() - start_cpu) / (time.monotonic() - start)
+    rss_kb = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith("VmRSS"))
+    return percent, rss_kb / 1024
+
+
+def timed(env: dict[str, str], runs: int, *args: str) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        sparkctl(env, *args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    with world() as (env, _hub):
+        stacks = Path(env["PERF_ROOT"]) / "stacks"
+        shutil.copytree(ROOT / "stacks", stacks)
+        for i, name in enumerate(THREE):
+            (stacks / f"{name}.yaml").write_text(
+                f"name: {name}\nextends: qwen36-nvfp4-stock\nvllm:\n  port: {8181 + i}\n"
+                "resources:\n  gpu_memory_utilization: 0.3\n")
+        env |= {"SPARKCTL_STACKS_DIR": str(stacks), "SPARKCTL_CRASH_WINDOW": "2"}
+        daemon = subprocess.Popen([SPARKCTL, "daemon"], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            wait(lambda: (Path(env["SPARKCTL_STATE_DIR"]) / "sparkctl.sock").exists(), timeout=20)
+            time.sleep(0.5)
+            delays = crash_restarts(env)
+            sparkctl(env, "up", "qwen36-dflash")
+            up_again = timed(env, 10, "up", "qwen36-dflash")
+            sparkctl(env, "down", "qwen36-dflash")
+            cpu, rss = idle(env, daemon.pid)
+            status = timed(env, 20, "status")
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    print(f"crash detection -> restart started (median of {KILLS} kills): {statistics.median(delays):.3f} s "
+          f"(max {max(delays):.3f} s); goal <= 1.000 s")
+    print(f"daemon idle with 3 stacks running ({IDLE_S} s): CPU {cpu:.2f} %, RSS {rss:.0f} MB; "
+          "goals <= 1 % and <= 100 MB")
+    print(f"`sparkctl status` with the daemon running (median of 20): {status:.3f} s; goal <= 0.300 s")
+    print(f"repeated `sparkctl up` through the daemon, unchanged (median of 10): {up_again:.3f} s; goal <= 0.500 s")
+
+
+if __name__ == "__main__":
+    main()
