@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     # SPARKCTL_SIM_TIME_SCALE for the simulated engine); part of each deployment's fingerprint.
     engine_env: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     hf_endpoint: str | None = Field(default=None, validation_alias=AliasChoices("SPARKCTL_HF_ENDPOINT", "HF_ENDPOINT"))
+    # The daemon's API is a unix socket; a loopback TCP listener is opened only when both are set.
+    api_tcp: str | None = Field(default=None, pattern=r"^(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+$")
+    api_token: SecretStr | None = None
     # The daemon: resync interval, crash-loop rule (N failures inside a window), restart backoff.
     resync_interval: float = Field(default=30.0, gt=0)
     crash_loop: int = Field(default=5, ge=1)
@@ -74,7 +77,7 @@ class Settings(BaseSettings):
 
     def secrets(self) -> list[str]:
         """Every configured secret value, for the log redactor."""
-        return [s.get_secret_value() for s in (self.hf_token,) if s and s.get_secret_value()]
+        return [s.get_secret_value() for s in (self.hf_token, self.api_token) if s and s.get_secret_value()]
 
     def masked(self) -> dict[str, Any]:
         """The settings as plain values with secrets masked, for `sparkctl config show`."""

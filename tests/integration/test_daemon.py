@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -142,12 +144,12 @@ def test_adoption_after_kill9_keeps_engines_and_removes_strays(start_daemon, wor
 def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine) -> None:
     rng = random.Random(20261129)
     daemon = start_daemon()
-    for point in range(5):
+    for point in range(20):
         worker = threading.Thread(target=cli, args=("up", "qwen36-dflash"))
         if point % 2:  # also while a previous version is running: a changed engine env recreates it
             os.environ["SPARKCTL_ENGINE_ENV"] = f"SPARKCTL_SIM_TIME_SCALE=0.01,RUN={point}"
         worker.start()
-        time.sleep(rng.uniform(0.0, 2.5))
+        time.sleep(rng.uniform(0.0, 2.0))
         daemon.kill9()
         worker.join()
         daemon = start_daemon()
@@ -230,3 +232,24 @@ def test_dockerd_restart_is_survived_and_stacks_come_back(start_daemon, cli, eng
              logs=daemon.logs)
     assert "docker_events_lost" in daemon.logs()
     assert len(containers(engine)) == 1
+
+
+def test_metrics_and_the_optional_tcp_listener_need_the_token(start_daemon, monkeypatch, cli) -> None:
+    from tests.conftest import free_port
+
+    port = free_port()
+    monkeypatch.setenv("SPARKCTL_API_TCP", f"127.0.0.1:{port}")
+    monkeypatch.setenv("SPARKCTL_API_TOKEN", "tok-0123456789abcdef")
+    daemon = start_daemon()
+    assert cli("up", "qwen36-dflash")[0] == 0
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(url + "/v1/status", timeout=5)
+    assert denied.value.code == 401
+    request = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer tok-0123456789abcdef"})
+    text = urllib.request.urlopen(request, timeout=5).read().decode()
+    for name in ("sparkctl_reconcile_passes_total", "sparkctl_restarts_total", "sparkctl_phase_seconds_count",
+                 'sparkctl_deploys_total{stack="qwen36-dflash",outcome="ok"} 1',
+                 'sparkctl_stack_state{stack="qwen36-dflash",state="running"} 1'):
+        assert name in text
+    assert "tok-0123456789abcdef" not in daemon.logs()

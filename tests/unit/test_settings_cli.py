@@ -69,3 +69,12 @@ def test_list_and_show(workspace, cli) -> None:
     assert code == 0 and "qwen36-dflash" in out and "diffusiongemma" in out and "qwen36-base" not in out
     code, out, _ = cli("stacks", "show", "qwen36-dflash")
     assert code == 0 and "spec-hash" in out and "Hikari07jp/DSpark-Qwen3.6-27B-AEON-draft" in out
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:9000", "192.168.1.5:9000", "example.com:80"])
+def test_the_api_tcp_listener_is_loopback_only(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("SPARKCTL_API_TCP", address)
+    with pytest.raises(ValidationError):
+        Settings()

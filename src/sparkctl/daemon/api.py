@@ -9,6 +9,7 @@ daemon.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import Callable
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
 MAX_BODY = 64 * 1024
 
 
-def build(daemon: Daemon) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors])
+def build(daemon: Daemon, *, token: str | None = None) -> web.Application:
+    """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors] + ([_bearer(token)] if token else []))
     app["daemon"] = daemon
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/desired", desired)
@@ -138,6 +140,21 @@ def _http(status: int, payload: str) -> web.HTTPException:
     if cls is web.HTTPRequestEntityTooLarge:
         return cls(max_size=MAX_BODY, actual_size=0, text=payload, content_type="application/json")
     return cls(text=payload, content_type="application/json")
+
+
+def _bearer(token: str) -> Callable:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise web.HTTPUnauthorized(text=json.dumps({"error": {"message": "missing or wrong API token",
+                                                                  "type": "unauthorized"}}),
+                                       content_type="application/json")
+        return await handler(request)
+
+    return check
 
 
 @web.middleware

@@ -191,6 +191,20 @@ class Daemon:
         elif action in ("destroy", "stop"):
             self.kick()
 
+    async def _serve_tcp(self) -> web.AppRunner | None:
+        """The optional loopback TCP listener: only with SPARKCTL_API_TCP and SPARKCTL_API_TOKEN."""
+        s = self.settings
+        if not s.api_tcp:
+            return None
+        if not s.api_token or not s.api_token.get_secret_value():
+            raise SparkctlError("SPARKCTL_API_TCP is set but SPARKCTL_API_TOKEN is not: refusing an open TCP API")
+        host, _, port = s.api_tcp.rpartition(":")
+        runner = web.AppRunner(api.build(self, token=s.api_token.get_secret_value()), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+        log.info("daemon_listening_tcp", address=s.api_tcp)
+        return runner
+
     async def serve(self) -> None:
         for interrupted in self.store.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
@@ -207,6 +221,7 @@ class Daemon:
             os.umask(old)
         os.chmod(path, 0o600)
         log.info("daemon_listening", socket=str(path), pid=os.getpid())
+        tcp = await self._serve_tcp()
         threads = [threading.Thread(target=self.watch_events, name="events", daemon=True),
                    threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True)]
         for thread in threads:
@@ -223,6 +238,8 @@ class Daemon:
         if stream is not None:
             stream.close()
         await runner.cleanup()
+        if tcp is not None:
+            await tcp.cleanup()
         self.reconciler.close()
         path.unlink(missing_ok=True)
         log.info("daemon_stopped")
