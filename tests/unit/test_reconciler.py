@@ -181,3 +181,18 @@ def test_backoff_wait_sets_the_next_wake() -> None:
     clock.now = r.wake_at
     r.reconcile()
     assert machine.calls == [("start", "c1")]
+
+
+def test_an_oom_kill_is_reported_as_such(workspace) -> None:
+    from sparkctl.daemon.app import Daemon
+    from sparkctl.settings import Settings
+
+    daemon = Daemon(Settings())
+    seen = []
+    daemon.reconciler.died = lambda stack, *, oom, exit_code: seen.append((stack, oom, exit_code)) or True
+    actor = {"Attributes": {"sparkctl.stack": "qwen36-dflash", "exitCode": "137"}}
+    daemon._on_event({"Action": "oom", "id": "c1", "Actor": actor})
+    daemon._on_event({"Action": "die", "id": "c1", "Actor": actor})
+    daemon._on_event({"Action": "die", "id": "c1", "Actor": actor})
+    assert seen == [("qwen36-dflash", True, 137), ("qwen36-dflash", False, 137)]
+    assert [e["detail"] for e in daemon.store.events("qwen36-dflash")] == ["exit code 137", "OOM-killed"]

@@ -10,6 +10,7 @@ import io
 import tarfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 import docker
@@ -29,9 +30,15 @@ class TransientDockerError(DockerError, TransientError):
 
 class DockerEngine:
     def __init__(self, base_url: str | None = None, *, timeout: int = 120) -> None:
+        self.base_url, self.timeout = base_url, timeout
+
+    @cached_property
+    def client(self) -> docker.DockerClient:
+        """Connected on first use, so a daemon can start while the engine is still coming up."""
         with _translated("connect to the Docker engine"):
-            self.client = docker.DockerClient(base_url=base_url, timeout=timeout) if base_url \
-                else docker.from_env(timeout=timeout)
+            if self.base_url:
+                return docker.DockerClient(base_url=self.base_url, timeout=self.timeout)
+            return docker.from_env(timeout=self.timeout)
 
     def create(self, plan: ContainerPlan, *, labels: dict[str, str] | None = None) -> str:
         """Create (not start) the planned container; returns its id."""

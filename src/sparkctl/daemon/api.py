@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import json
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ def build(daemon: Daemon, *, token: str | None = None) -> web.Application:
     """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors] + ([_bearer(token)] if token else []))
     app["daemon"] = daemon
+    app["turns"] = defaultdict(asyncio.Lock)  # per stack: up/down calls take effect in arrival order
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/desired", desired)
     app.router.add_post("/v1/up", up)
@@ -51,16 +53,18 @@ async def desired(request: web.Request) -> web.Response:
 async def up(request: web.Request) -> web.StreamResponse:
     body = await _body(request, required=("stack",))
     daemon = request.app["daemon"]
-    stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
     flags = {"refresh": bool(body.get("refresh")), "replace": bool(body.get("replace"))}
-    return await _stream_action(request, stack, lambda: daemon.up(stack, **flags))
+    async with request.app["turns"][body["stack"]]:
+        stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
+        return await _stream_action(request, stack, lambda: daemon.up(stack, **flags))
 
 
 async def down(request: web.Request) -> web.StreamResponse:
     body = await _body(request, required=("stack",))
     daemon = request.app["daemon"]
-    stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
-    return await _stream_action(request, stack, lambda: daemon.down(stack))
+    async with request.app["turns"][body["stack"]]:
+        stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
+        return await _stream_action(request, stack, lambda: daemon.down(stack))
 
 
 async def events(request: web.Request) -> web.StreamResponse:

@@ -67,6 +67,7 @@ class Daemon:
         self.stopping = threading.Event()
         self._kick = threading.Event()
         self._oom: set[str] = set()
+        self._events_stream: Any = None  # the open Docker event stream, closed on shutdown
 
     # --- wiring ---------------------------------------------------------------------------
     def catalog(self) -> Catalog:
@@ -93,7 +94,8 @@ class Daemon:
         self.reconciler.forget(stack)
         started = time.time()
         try:
-            self.machine.deploy(stack, refresh=refresh, replace=replace)
+            with self.reconciler.holding(stack):
+                self.machine.deploy(stack, refresh=refresh, replace=replace)
         except SparkctlError:
             self.metrics.outcome(stack, ok=False)
             raise
@@ -107,7 +109,8 @@ class Daemon:
 
     def down(self, stack: str) -> dict[str, Any]:
         self.machine.update_desired(lambda d: d.without_stack(stack))
-        removed = self.machine.down(stack)
+        with self.reconciler.holding(stack):
+            removed = self.machine.down(stack)
         self.kick()
         return {"stack": stack, "removed": removed}
 
@@ -234,9 +237,8 @@ class Daemon:
         log.info("daemon_stopping", note="engine containers keep running")
         self.stopping.set()
         self.kick()
-        stream = getattr(self, "_events_stream", None)
-        if stream is not None:
-            stream.close()
+        if self._events_stream is not None:
+            self._events_stream.close()
         await runner.cleanup()
         if tcp is not None:
             await tcp.cleanup()

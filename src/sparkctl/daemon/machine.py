@@ -33,6 +33,8 @@ class DockerMachine:
 
     def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
         with self.locks[stack]:
+            if stack not in self.desired().stacks:  # a `down` got the lock first: it wins
+                return
             self._deployer().up(stack, refresh=refresh, replace=replace)
 
     def down(self, stack: str) -> int:

@@ -9,8 +9,9 @@ fake of its `Machine` with an injected clock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Protocol
 
@@ -76,6 +77,17 @@ class Reconciler:
         log.warning("engine_died", stack=stack, cause=cause)
         self.bus.publish("died", stack=stack, cause=cause, oom=oom)
         return True
+
+    @contextmanager
+    def holding(self, stack: str) -> Iterator[None]:
+        """Mark the stack busy while the API works on it, so passes leave it alone."""
+        with self._lock:
+            self.history[stack] = replace(self.history.get(stack, History()), busy=True)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.history[stack] = replace(self.history.get(stack, History()), busy=False)
 
     def forget(self, stack: str) -> None:
         """The user asked for the stack again (`up`): clear its failures and failed mark."""

@@ -172,10 +172,10 @@ class Deployer:
         self.reporter.phase(stack.name, Phase.STARTING, f"docker compose up ({stack.compose.project})")
         project = self._compose(stack, env)
         project.up()
-        [container] = project.container_ids()[:1] or [None]
-        if container is None:
+        containers = project.container_ids()
+        if not containers:
             raise SparkctlError(f"compose project {project.name} started no container for {stack.compose.service}")
-        rate = health.wait_healthy(stack, url, self._engine(container), reporter=self.reporter)
+        rate = health.wait_healthy(stack, url, self._engine(containers[0]), reporter=self.reporter)
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
     def _compose(self, stack: Stack, env: dict[str, str]) -> ComposeProject:
