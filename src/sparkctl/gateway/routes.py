@@ -1,0 +1,38 @@
+"""The gateway's routing table: model names (aliases and served names) to upstream stacks.
+
+Built from the desired state and the stack files by whoever owns them (the daemon); replaced
+atomically as a whole, so a request sees either the old table or the new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Upstream:
+    stack: str
+    url: str  # http://127.0.0.1:PORT
+    served_name: str
+    max_concurrency: int | None = None  # from the stack's known issues; excess requests queue
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    upstreams: dict[str, Upstream] = field(default_factory=dict)  # stack -> upstream
+    aliases: dict[str, str] = field(default_factory=dict)  # alias -> stack
+
+    def resolve(self, model: str) -> Upstream | None:
+        """An alias, a served name or a stack name, to its upstream."""
+        stack = self.aliases.get(model)
+        if stack is not None:
+            return self.upstreams.get(stack)
+        return next((u for u in self.upstreams.values() if model in (u.served_name, u.stack)), None)
+
+    def models(self) -> list[dict[str, str]]:
+        """`/v1/models` entries: every alias, then every served name."""
+        cards = [{"id": alias, "object": "model", "owned_by": "sparkctl", "root": self.upstreams[stack].served_name}
+                 for alias, stack in sorted(self.aliases.items()) if stack in self.upstreams]
+        cards += [{"id": u.served_name, "object": "model", "owned_by": "sparkctl", "root": u.served_name}
+                  for u in sorted(self.upstreams.values(), key=lambda u: u.served_name)]
+        return cards

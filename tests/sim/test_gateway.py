@@ -1,0 +1,127 @@
+"""The gateway in front of simulated engines: the official openai client through it, routing by
+alias and served name, the sparkctl error envelope, API keys, concurrency caps and client
+disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+
+import openai
+import pytest
+from aiohttp import web
+
+from sparkctl.gateway.proxy import Gateway
+from sparkctl.gateway.routes import RouteTable, Upstream
+from tests.conftest import free_port
+
+
+class Running:
+    """A gateway served from its own event loop thread on 127.0.0.1:<free port>."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway, self.port = gateway, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.runner = web.AppRunner(self.gateway.app())
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+        ready.set()
+        self.loop.run_forever()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def engines(sim) -> dict[str, object]:
+    fast, capped = sim("--sim-profile", "aeon-gemma4-v2", scale=0.01), sim("--sim-profile", "qwen36-nvfp4", scale=0.01)
+    fast.wait_ready()
+    capped.wait_ready()
+    return {"fast": fast, "capped": capped}
+
+
+@pytest.fixture
+def gateway(engines) -> Iterator[Running]:
+    table = RouteTable(upstreams={
+        "gemma": Upstream("gemma", engines["fast"].url, "tiny"),
+        "qwen": Upstream("qwen", engines["capped"].url, "tiny", max_concurrency=1)},
+        aliases={"primary": "gemma", "serial": "qwen"})
+    running = Running(Gateway(lambda: table))
+    yield running
+    running.stop()
+
+
+def client(running: Running, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=running.url + "/v1", api_key=key, max_retries=0)
+
+
+def test_the_openai_client_through_the_gateway(gateway) -> None:
+    c = client(gateway)
+    reply = c.chat.completions.create(model="primary", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert reply.choices[0].message.content and reply.model == "tiny" and reply.usage.completion_tokens <= 8
+    chunks = list(c.chat.completions.create(model="primary", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=12, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[0].choices[0].delta.role == "assistant"
+    assert [m.id for m in c.models.list().data] == ["primary", "serial", "tiny", "tiny"]
+
+
+def test_unknown_model_is_a_sparkctl_404(gateway) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client(gateway).completions.create(model="gpt-9", prompt="x", max_tokens=1)
+    assert e.value.body["source"] == "sparkctl" and "GET /v1/models" in e.value.body["message"]
+
+
+def test_api_keys_are_required_when_configured(engines) -> None:
+    table = RouteTable(upstreams={"gemma": Upstream("gemma", engines["fast"].url, "tiny")})
+    running = Running(Gateway(lambda: table, api_keys=["sk-local-1"]))
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            client(running, "sk-wrong").completions.create(model="tiny", prompt="x", max_tokens=1)
+        assert client(running, "sk-local-1").completions.create(model="tiny", prompt="x", max_tokens=1).choices
+    finally:
+        running.stop()
+
+
+def test_a_capped_stack_sees_one_request_at_a_time_with_16_clients(gateway) -> None:
+    results: list[int] = []
+
+    def call() -> None:
+        reply = client(gateway).completions.create(model="serial", prompt="x", max_tokens=20,
+                                                   extra_body={"ignore_eos": True})
+        results.append(reply.usage.completion_tokens)
+
+    threads = [threading.Thread(target=call) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [20] * 16
+    assert gateway.gateway.peak["qwen"] == 1
+
+
+def test_a_client_that_disconnects_frees_the_upstream_slot(gateway, engines) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"model": "serial", "prompt": "x", "max_tokens": 50000,
+                                                        "ignore_eos": True, "stream": True}),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.read(6) == b"data: "
+    conn.sock.close()  # the agent goes away mid-stream
+    conn.close()
+    # the capped slot is free again: the next request does not wait for 50000 tokens (~56 s)
+    reply = client(gateway).completions.create(model="serial", prompt="x", max_tokens=4, timeout=10)
+    assert reply.choices[0].text is not None
