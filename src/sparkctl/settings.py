@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     registry_mirrors: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8000, ge=1, le=65535)
+    # Optional keys agents must send to the gateway (`Authorization: Bearer <key>`), comma-separated.
+    gateway_api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)
     # "auto": give engines the GPU when Docker has the NVIDIA runtime (a Spark), else run without.
     gpus: Literal["auto", "all", "none"] = "auto"
@@ -60,6 +62,11 @@ class Settings(BaseSettings):
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))
 
+    @field_validator("gateway_api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        return [k.strip() for k in value.split(",") if k.strip()] if isinstance(value, str) else value
+
     @field_validator("registry_mirrors", "engine_env", mode="before")
     @classmethod
     def _parse_pairs(cls, value: Any) -> Any:
@@ -77,7 +84,8 @@ class Settings(BaseSettings):
 
     def secrets(self) -> list[str]:
         """Every configured secret value, for the log redactor."""
-        return [s.get_secret_value() for s in (self.hf_token, self.api_token) if s and s.get_secret_value()]
+        secrets = (self.hf_token, self.api_token, *self.gateway_api_keys)
+        return [s.get_secret_value() for s in secrets if s and s.get_secret_value()]
 
     def masked(self) -> dict[str, Any]:
         """The settings as plain values with secrets masked, for `sparkctl config show`."""
@@ -86,5 +94,7 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if isinstance(value, SecretStr):
                 value = "**********" if value.get_secret_value() else ""
+            elif isinstance(value, list) and value and isinstance(value[0], SecretStr):
+                value = ["**********"] * len(value)
             shown[name] = str(value) if isinstance(value, Path) else value
         return shown

@@ -55,6 +55,9 @@ class DaemonProcess:
 def start_daemon(world, monkeypatch):
     monkeypatch.setenv("SPARKCTL_RESTART_BACKOFF_BASE", "0.2")
     monkeypatch.setenv("SPARKCTL_RESYNC_INTERVAL", "2")
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("SPARKCTL_GATEWAY_PORT", str(free_port()))
     started: list[DaemonProcess] = []
 
     def start() -> DaemonProcess:
@@ -91,8 +94,10 @@ def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, c
     code, out, _ = cli("status", "--json")
     [row] = json.loads(out)
     assert row["stack"] == "qwen36-dflash" and row["desired"] and row["phase"] == "running"
-    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
-    assert f"pid={daemon.proc.pid}," not in listening  # no TCP listener for the control API
+    listening = [line.split()[3] for line in subprocess.run(["ss", "-ltnpH"], capture_output=True,
+                                                            text=True).stdout.splitlines()
+                 if f"pid={daemon.proc.pid}," in line]
+    assert listening == [f"127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"]  # the gateway only; no TCP API
 
 
 def test_a_killed_engine_is_restarted_and_the_crash_recorded(start_daemon, cli, engine) -> None:
@@ -253,3 +258,20 @@ def test_metrics_and_the_optional_tcp_listener_need_the_token(start_daemon, monk
                  'sparkctl_stack_state{stack="qwen36-dflash",state="running"} 1'):
         assert name in text
     assert "tok-0123456789abcdef" not in daemon.logs()
+
+
+def test_the_gateway_routes_an_alias_to_the_daemons_stack(start_daemon, world) -> None:
+    import openai
+
+    (world / "state").mkdir(exist_ok=True)
+    (world / "state" / "desired.yaml").write_text("stacks: [qwen36-dflash]\naliases: {primary: qwen36-dflash}\n")
+    start_daemon()
+    agent = openai.OpenAI(base_url=f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}/v1", api_key="x",
+                          max_retries=0)
+    wait_for(lambda: "primary" in [m.id for m in agent.models.list().data], timeout=60, what="the alias")
+    reply = agent.chat.completions.create(model="primary", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=8)
+    assert reply.model == "qwen36-dflash" and reply.choices[0].message.content
+    with pytest.raises(openai.NotFoundError) as e:
+        agent.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    assert e.value.body["source"] == "sparkctl"

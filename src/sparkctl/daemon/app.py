@@ -29,10 +29,12 @@ from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.deploy.status import status_rows
 from sparkctl.errors import SparkctlError
+from sparkctl.gateway.proxy import Gateway
+from sparkctl.gateway.routes import RouteTable, build_table
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
 from sparkctl.spec.load import Catalog, load_catalog
-from sparkctl.spec.render import LABEL_STACK
+from sparkctl.spec.render import LABEL_FINGERPRINT, LABEL_STACK
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()
@@ -68,6 +70,7 @@ class Daemon:
         self._kick = threading.Event()
         self._oom: set[str] = set()
         self._events_stream: Any = None  # the open Docker event stream, closed on shutdown
+        self.routes = RouteTable()  # what the gateway routes to; rebuilt after every pass
 
     # --- wiring ---------------------------------------------------------------------------
     def catalog(self) -> Catalog:
@@ -100,6 +103,7 @@ class Daemon:
             self.metrics.outcome(stack, ok=False)
             raise
         finally:
+            self.refresh_routes()
             self.kick()
         self.metrics.outcome(stack, ok=True)
         self.metrics.phase("deploy", time.time() - started)
@@ -139,6 +143,15 @@ class Daemon:
         states |= {s: "failed" for s, h in self.reconciler.history.items() if h.failed}
         return self.metrics.render(passes=self.reconciler.passes, restarts=self.reconciler.restarts, states=states)
 
+    def refresh_routes(self) -> None:
+        """Point the gateway at running containers whose deployment passed its health checks (a
+        failed redeploy leaves the previous, healthy one routed; one still loading is not)."""
+        running = {c["Labels"][LABEL_STACK] for c in self.docker.containers() if c["State"] == "running"
+                   and c["Labels"].get(LABEL_FINGERPRINT) in self.store.healthy_fingerprints(c["Labels"][LABEL_STACK])}
+        catalog = self.catalog()
+        stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in catalog.deployable()}
+        self.routes = build_table(aliases=self.machine.desired().aliases, stacks=stacks, running=running)
+
     # --- the loops ------------------------------------------------------------------------
     def kick(self) -> None:
         self._kick.set()
@@ -153,6 +166,7 @@ class Daemon:
                 return
             try:
                 self.reconciler.reconcile()
+                self.refresh_routes()
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one bad pass
                 log.error("reconcile_failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
                 self.stopping.wait(1.0)
@@ -194,6 +208,16 @@ class Daemon:
         elif action in ("destroy", "stop"):
             self.kick()
 
+    async def _serve_gateway(self) -> web.AppRunner:
+        """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
+        s = self.settings
+        keys = [k.get_secret_value() for k in s.gateway_api_keys]
+        runner = web.AppRunner(Gateway(lambda: self.routes, api_keys=keys).app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, s.gateway_host, s.gateway_port).start()
+        log.info("gateway_listening", address=f"{s.gateway_host}:{s.gateway_port}")
+        return runner
+
     async def _serve_tcp(self) -> web.AppRunner | None:
         """The optional loopback TCP listener: only with SPARKCTL_API_TCP and SPARKCTL_API_TOKEN."""
         s = self.settings
@@ -225,6 +249,7 @@ class Daemon:
         os.chmod(path, 0o600)
         log.info("daemon_listening", socket=str(path), pid=os.getpid())
         tcp = await self._serve_tcp()
+        gateway = await self._serve_gateway()
         threads = [threading.Thread(target=self.watch_events, name="events", daemon=True),
                    threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True)]
         for thread in threads:
@@ -240,6 +265,7 @@ class Daemon:
         if self._events_stream is not None:
             self._events_stream.close()
         await runner.cleanup()
+        await gateway.cleanup()
         if tcp is not None:
             await tcp.cleanup()
         self.reconciler.close()

@@ -36,3 +36,11 @@ class RouteTable:
         cards += [{"id": u.served_name, "object": "model", "owned_by": "sparkctl", "root": u.served_name}
                   for u in sorted(self.upstreams.values(), key=lambda u: u.served_name)]
         return cards
+
+
+def build_table(*, aliases: dict[str, str], stacks: dict[str, tuple[str, int, int | None]],
+                running: set[str]) -> RouteTable:
+    """Routes to the running stacks: `stacks` maps a name to (served name, port, concurrency cap)."""
+    upstreams = {name: Upstream(name, f"http://127.0.0.1:{port}", served, cap)
+                 for name, (served, port, cap) in stacks.items() if name in running}
+    return RouteTable(upstreams, {alias: stack for alias, stack in aliases.items() if stack in upstreams})

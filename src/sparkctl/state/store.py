@@ -124,6 +124,12 @@ class Store:
         query = "SELECT * FROM deployments" + (" WHERE stack = ?" if stack else "") + " ORDER BY id DESC LIMIT ?"
         return [_deployment(r) for r in self._all(query, (stack, limit) if stack else (limit,))]
 
+    def healthy_fingerprints(self, stack: str) -> set[str]:
+        """Fingerprints of the stack's deployments that passed every health phase."""
+        rows = self._all("SELECT DISTINCT d.fingerprint FROM deployments d JOIN transitions t ON t.deployment = d.id "
+                         "WHERE d.stack = ? AND t.phase = ? AND d.fingerprint IS NOT NULL", (stack, Phase.RUNNING))
+        return {r[0] for r in rows}
+
     def transitions(self, deployment: int) -> list[tuple[Phase, float, str]]:
         rows = self._all("SELECT phase, at, detail FROM transitions WHERE deployment = ? ORDER BY rowid",
                          (deployment,))
