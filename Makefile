@@ -48,7 +48,8 @@ demo:
 	@echo "  registry, weights, draft patches + shim); benchmark it; run an agent-like loop through"
 	@echo "  the gateway; switch primary to aeon-gemma4-v2; show aeon-gemma4 :latest refused by the"
 	@echo "  blacklist; switch to diffusiongemma (compose); write the comparison report."
-	@echo "Today: sparkctl stacks list | stacks render qwen36-dflash | image list  (after make venv)."
+	@echo "Today: the pieces exist (sparkctl daemon, up, status, down; the sim engines, the loopback"
+	@echo "registry and Hub); docs/engines.md and tests/integration/test_up.py show them wired by hand."
 	@exit 1
 
 clean:
