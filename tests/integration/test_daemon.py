@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,17 @@ def test_adoption_after_kill9_keeps_engines_and_removes_strays(start_daemon, wor
     assert stray.id not in {c["Id"] for c in containers(engine)}
 
 
+def converged(client: DaemonClient, engine) -> bool:
+    """The machine matches desired.yaml: one running, settled container if the stack is desired
+    (the kill may come before the daemon recorded the request), none if not."""
+    wanted = "qwen36-dflash" in client.get("/v1/desired")["stacks"]
+    states = [c["State"] for c in containers(engine, "qwen36-dflash")]
+    if not wanted:
+        return states == []
+    rows = [r for r in client.get("/v1/status")["stacks"] if r["stack"] == "qwen36-dflash"]
+    return states == ["running"] and bool(rows) and rows[0]["phase"] in ("running", "failed")
+
+
 def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine) -> None:
     rng = random.Random(20261129)
     daemon = start_daemon()
@@ -158,14 +170,12 @@ def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine
         daemon.kill9()
         worker.join()
         daemon = start_daemon()
-        client = daemon.client
-        wait_for(lambda: [c["State"] for c in containers(engine, "qwen36-dflash")] == ["running"]
-                 and client.get("/v1/status")["stacks"][0]["phase"] in ("running", "failed"),  # noqa: B023
-                 timeout=60, what=f"convergence after kill point {point}")
+        wait_for(partial(converged, daemon.client, engine), timeout=60, what=f"convergence after kill point {point}",
+                 logs=daemon.logs)
     store = Store(world / "state" / "sparkctl.db")
     assert store.integrity_ok()
     assert all(d.phase.is_terminal() for d in store.history("qwen36-dflash"))
-    assert len(containers(engine)) == 1
+    assert len(containers(engine)) <= 1
 
 
 def test_concurrent_ups_make_one_container_and_up_down_race_ends_in_the_later(start_daemon, cli, engine) -> None:
