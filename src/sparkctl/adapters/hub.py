@@ -29,6 +29,11 @@ class Snapshot:
         return sum(self.files.values())
 
 
+def repo_folder(cache_dir: Path, repo: str) -> Path:
+    """Where the Hugging Face cache keeps a model repo (snapshots/, blobs/, refs/)."""
+    return cache_dir / ("models--" + repo.replace("/", "--"))
+
+
 class HubClient:
     """huggingface_hub is imported on first use: an unchanged `up` never needs it."""
 
@@ -46,7 +51,7 @@ class HubClient:
         return Snapshot(repo, info.sha, {s.rfilename: s.size or 0 for s in info.siblings or []})
 
     def snapshot_dir(self, snapshot: Snapshot) -> Path:
-        return self.cache_dir / ("models--" + snapshot.repo.replace("/", "--")) / "snapshots" / snapshot.commit
+        return repo_folder(self.cache_dir, snapshot.repo) / "snapshots" / snapshot.commit
 
     def missing_bytes(self, snapshot: Snapshot) -> int:
         """Bytes still to download (files already complete in the cache don't count)."""
@@ -64,7 +69,7 @@ class HubClient:
                                      endpoint=self.endpoint, token=self._token or False,
                                      tqdm_class=_bar_class(progress) if progress else None)
         if revision != snapshot.commit:  # let offline readers find it by the name the stack used
-            refs = self.cache_dir / ("models--" + snapshot.repo.replace("/", "--")) / "refs"
+            refs = repo_folder(self.cache_dir, snapshot.repo) / "refs"
             refs.mkdir(parents=True, exist_ok=True)
             (refs / revision).write_text(snapshot.commit)
         return Path(path)

@@ -141,5 +141,6 @@ def _cache_path(rt: Runtime, weights: Weights | None) -> str:
     assert weights is not None
     if weights.path:
         return weights.path
-    folder = "models--" + weights.repo.replace("/", "--")
-    return str(rt.settings.hf_cache_dir / folder / "snapshots" / weights.revision)
+    from sparkctl.adapters.hub import repo_folder
+
+    return str(repo_folder(rt.settings.hf_cache_dir, weights.repo) / "snapshots" / weights.revision)

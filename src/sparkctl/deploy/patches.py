@@ -24,7 +24,7 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.deploy import diffs
 from sparkctl.deploy.shim import apply_shim
 from sparkctl.errors import SparkctlError
-from sparkctl.spec.models import PatchSet
+from sparkctl.spec.models import Overlay, PatchSet, Shim
 
 FIND_VLLM = ("import importlib.util as u; s = u.find_spec('vllm'); "
              "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
@@ -54,8 +54,8 @@ def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: Dock
     for rel, actions in steps.items():
         original = originals[f"{vllm_dir}/{rel}"]
         text = original.decode() if original is not None else None
-        for kind, action in actions:
-            text = _apply(kind, action, text, rel=rel, sources=sources, vllm_dir=vllm_dir)
+        for action in actions:
+            text = _apply(action, text, rel=rel, sources=sources, vllm_dir=vllm_dir)
         _check(rel, text, actions, vllm_dir)
         patched[rel] = text
     digest_of = hashlib.sha256(json.dumps(sorted(patched.items())).encode()).hexdigest()[:16]
@@ -79,49 +79,56 @@ def find_vllm(docker: DockerEngine, image: str, digest: str, *, cache: Path) -> 
     return found
 
 
-def _steps(patch_sets: list[PatchSet], patches_dir: Path) -> dict[str, list[tuple[str, object]]]:
+@dataclass(frozen=True)
+class _Diff:
+    source: Path  # the diff file, for error messages
+    change: diffs.FileDiff
+
+
+Action = Overlay | _Diff | Shim
+
+
+def _steps(patch_sets: list[PatchSet], patches_dir: Path) -> dict[str, list[Action]]:
     """Per target file (relative to vLLM's dir), the actions in order: overlays, diffs, shims."""
-    steps: dict[str, list[tuple[str, object]]] = {}
+    steps: dict[str, list[Action]] = {}
     for patch_set in patch_sets:
         for overlay in patch_set.overlays:
-            steps.setdefault(overlay.target, []).append(("overlay", overlay.source))
+            steps.setdefault(overlay.target, []).append(overlay)
         for name in patch_set.diffs:
             path = patches_dir / name
             if not path.is_file():
                 raise PatchError(f"patch set {patch_set.name}: diff file {path} does not exist")
             for file_diff in diffs.parse(path.read_text(), source=str(path)):
-                steps.setdefault(_relative(file_diff.path), []).append(("diff", (path, file_diff)))
+                steps.setdefault(_relative(file_diff.path), []).append(_Diff(path, file_diff))
         for shim in patch_set.shims:
-            steps.setdefault(shim.file, []).append(("shim", shim))
+            steps.setdefault(shim.file, []).append(shim)
     return steps
 
 
-def _apply(kind: str, action: object, text: str | None, *, rel: str, sources: Mapping[str, Path],
-           vllm_dir: str) -> str:
-    if kind == "overlay":
-        origin, _, path = str(action).partition(":")
+def _apply(action: Action, text: str | None, *, rel: str, sources: Mapping[str, Path], vllm_dir: str) -> str:
+    if isinstance(action, Overlay):
+        origin, _, path = action.source.partition(":")
         source = sources.get(origin)
         if source is None or not (source / path).is_file():
             where = source or f"no {origin} snapshot"
-            raise PatchError(f"overlay source {action} is missing (looked in {where}); "
+            raise PatchError(f"overlay source {action.source} is missing (looked in {where}); "
                              f"the {origin} repo does not carry it at this revision")
         return (source / path).read_text()
     if text is None:
         raise PatchError(f"patch target {vllm_dir}/{rel} is missing from the image: the image's vLLM "
                          "is not the one this patch set was written for")
-    if kind == "diff":
-        path, file_diff = action  # type: ignore[misc]
-        return diffs.apply(text, file_diff, source=str(path))
-    return apply_shim(text, action.class_name, action.attributes, filename=f"{vllm_dir}/{rel}")  # type: ignore[attr-defined]
+    if isinstance(action, _Diff):
+        return diffs.apply(text, action.change, source=str(action.source))
+    return apply_shim(text, action.class_name, action.attributes, filename=f"{vllm_dir}/{rel}")
 
 
-def _check(rel: str, text: str, actions: list[tuple[str, object]], vllm_dir: str) -> None:
+def _check(rel: str, text: str, actions: list[Action], vllm_dir: str) -> None:
     try:
         ast.parse(text, filename=rel)
     except SyntaxError as e:
         raise PatchError(f"patched {vllm_dir}/{rel} is not valid Python (line {e.lineno}: {e.msg})") from None
-    for kind, shim in actions:
-        if kind == "shim" and apply_shim(text, shim.class_name, shim.attributes) != text:  # type: ignore[attr-defined]
+    for shim in (a for a in actions if isinstance(a, Shim)):
+        if apply_shim(text, shim.class_name, shim.attributes) != text:
             raise PatchError(f"shim on {vllm_dir}/{rel} is not idempotent")
 
 

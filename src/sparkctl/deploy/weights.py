@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkctl.adapters.hub import HubClient
+from sparkctl.adapters.hub import HubClient, repo_folder
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.models import Weights
@@ -38,10 +38,10 @@ def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, repo
         return FetchedWeights(path, f"local:{path}", path)
     assert weights.repo is not None
     key = f"hf:{weights.repo}@{weights.revision}"
-    repo_folder = hub.cache_dir / ("models--" + weights.repo.replace("/", "--"))
+    folder = repo_folder(hub.cache_dir, weights.repo)
     known = None if refresh else store.resolved(key)
-    if known and (repo_folder / "snapshots" / known).is_dir():
-        return FetchedWeights(repo_folder / "snapshots" / known, known, repo_folder, f"snapshots/{known}")
+    if known and (folder / "snapshots" / known).is_dir():
+        return FetchedWeights(folder / "snapshots" / known, known, folder, f"snapshots/{known}")
     snapshot = hub.resolve(weights.repo, weights.revision)
     missing = hub.missing_bytes(snapshot)
     if missing:
@@ -53,7 +53,7 @@ def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, repo
     path = hub.download(snapshot, revision=weights.revision,
                         progress=lambda done, total: reporter.progress(f"{label} {weights.repo}", done, total))
     store.record_resolved(key, snapshot.commit)
-    return FetchedWeights(path, snapshot.commit, repo_folder, path.relative_to(repo_folder).as_posix())
+    return FetchedWeights(path, snapshot.commit, folder, path.relative_to(folder).as_posix())
 
 
 def _existing(path: Path) -> Path:
