@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     crash_window: float = Field(default=600.0, gt=0)
     restart_backoff_base: float = Field(default=1.0, ge=0)
     restart_backoff_max: float = Field(default=60.0, ge=0)
+    # Switching an alias: a held request waits at most `hold_timeout` (then 503 + Retry-After), at
+    # most `hold_queue` requests wait per alias, in-flight requests get `drain_timeout` to finish.
+    switch_hold_timeout: float = Field(default=300.0, gt=0)
+    switch_hold_queue: int = Field(default=1024, ge=1)
+    switch_drain_timeout: float = Field(default=120.0, ge=0)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))

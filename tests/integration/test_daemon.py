@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -22,64 +20,7 @@ import pytest
 
 from sparkctl.cli.client import DaemonClient
 from sparkctl.state.store import Store
-
-SMALL = "resources:\n  gpu_memory_utilization: 0.4\n"  # two of these fit under the 0.9 ceiling
-
-
-class DaemonProcess:
-    def __init__(self, state_dir: Path) -> None:
-        self.state_dir = state_dir
-        self.log = open(state_dir.parent / "daemon.log", "a")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ))
-        self.client = DaemonClient(state_dir / "sparkctl.sock")
-        deadline = time.monotonic() + 20
-        while not self.client.available():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.logs()[-3000:]
-            time.sleep(0.05)
-
-    def logs(self) -> str:
-        return (self.state_dir.parent / "daemon.log").read_text()
-
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            assert self.proc.wait(timeout=20) == 0, self.logs()[-3000:]
-        self.log.close()
-
-
-@pytest.fixture
-def start_daemon(world, monkeypatch):
-    monkeypatch.setenv("SPARKCTL_RESTART_BACKOFF_BASE", "0.2")
-    monkeypatch.setenv("SPARKCTL_RESYNC_INTERVAL", "2")
-    from tests.conftest import free_port
-
-    monkeypatch.setenv("SPARKCTL_GATEWAY_PORT", str(free_port()))
-    started: list[DaemonProcess] = []
-
-    def start() -> DaemonProcess:
-        started.append(DaemonProcess(world / "state"))
-        return started[-1]
-
-    yield start
-    for d in started:
-        d.stop()
-
-
-def containers(engine, stack: str | None = None) -> list[dict]:
-    label = f"sparkctl.stack={stack}" if stack else "sparkctl.stack"
-    return engine.client.api.containers(all=True, filters={"label": label})
-
-
-def wait_for(check, timeout: float = 30, what: str = "", logs=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()[-4000:]}"
-        time.sleep(0.1)
+from tests.integration.conftest import SMALL, containers, wait_for
 
 
 def started_at(engine, name: str) -> str:

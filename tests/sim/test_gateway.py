@@ -8,6 +8,8 @@ import asyncio
 import http.client
 import json
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 
 import openai
@@ -125,3 +127,73 @@ def test_a_client_that_disconnects_frees_the_upstream_slot(gateway, engines) -> 
     # the capped slot is free again: the next request does not wait for 50000 tokens (~56 s)
     reply = client(gateway).completions.create(model="serial", prompt="x", max_tokens=4, timeout=10)
     assert reply.choices[0].text is not None
+
+
+def on_loop(running: Running, fn):
+    async def call():
+        return fn()
+
+    return asyncio.run_coroutine_threadsafe(call(), running.loop).result(10)
+
+
+def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
+    tables = {"now": RouteTable(upstreams={"gemma": Upstream("gemma", engines["fast"].url, "tiny")},
+                                aliases={"primary": "gemma"})}
+    running = Running(Gateway(lambda: tables["now"]))
+    try:
+        on_loop(running, lambda: running.gateway.hold("primary", "gemma", "qwen", limit=8, timeout=30))
+        health = json.loads(urllib.request.urlopen(running.url + "/health").read())
+        assert health["switching"][0] | {"for_s": 0} == {"alias": "primary", "from": "gemma", "to": "qwen",
+                                                         "held": 0, "for_s": 0}
+        answered: list[tuple[int, str]] = []
+
+        def call(i: int) -> None:
+            reply = client(running).completions.with_raw_response.create(model="primary", prompt="x", max_tokens=2)
+            answered.append((i, reply.headers["x-sparkctl-stack"]))
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)  # arrival order
+        hold = running.gateway.holds["primary"]
+        assert len(hold.waiting) == 4 and not answered
+        models = client(running).models.list().data
+        assert models[0].id == "primary" and models[0].switching["to"] == "qwen"
+        tables["now"] = RouteTable(upstreams={"qwen": Upstream("qwen", engines["capped"].url, "tiny",
+                                                               max_concurrency=1)}, aliases={"primary": "qwen"})
+        released = on_loop(running, lambda: running.gateway.release("primary"))
+        for t in threads:
+            t.join()
+        assert released["held_requests"] == 4
+        assert answered == [(0, "qwen"), (1, "qwen"), (2, "qwen"), (3, "qwen")]  # capped at 1: served in order
+    finally:
+        running.stop()
+
+
+def test_hold_timeout_and_a_full_queue_answer_503_with_retry_after(gateway) -> None:
+    on_loop(gateway, lambda: gateway.gateway.hold("primary", "gemma", "qwen", limit=1, timeout=0.5))
+    first = threading.Thread(target=lambda: pytest.raises(openai.InternalServerError, client(gateway).completions
+                                                          .create, model="primary", prompt="x", max_tokens=1))
+    first.start()
+    time.sleep(0.1)
+    with pytest.raises(openai.InternalServerError) as full:  # the one place is taken
+        client(gateway).completions.create(model="primary", prompt="x", max_tokens=1)
+    first.join()
+    assert full.value.status_code == 503 and full.value.response.headers["Retry-After"] == "5"
+    assert "already waiting" in full.value.body["message"] and full.value.body["source"] == "sparkctl"
+    assert gateway.gateway.holds["primary"].refused == 2  # the first one timed out
+    assert client(gateway).completions.create(model="serial", prompt="x", max_tokens=1).choices  # others flow
+
+
+def test_drain_waits_for_accepted_requests_including_those_queued_at_a_cap(gateway) -> None:
+    calls = [threading.Thread(target=lambda: client(gateway).completions.create(
+        model="serial", prompt="x", max_tokens=300, extra_body={"ignore_eos": True})) for _ in range(3)]
+    for t in calls:
+        t.start()
+    time.sleep(0.2)
+    assert gateway.gateway.accepted["qwen"] == 3 and gateway.gateway.in_flight["qwen"] == 1
+    assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 0.01), gateway.loop).result(5) is False
+    assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 30), gateway.loop).result(35) is True
+    assert gateway.gateway.accepted["qwen"] == 0
+    for t in calls:
+        t.join()

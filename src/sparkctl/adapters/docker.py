@@ -121,6 +121,7 @@ class DockerEngine:
             container.remove(force=True)
         return found
 
+    @transient()  # runc can fail to set a container up under load ("read init-p: connection reset")
     def start(self, name_or_id: str) -> None:
         with _translated(f"start container {name_or_id}"):
             self.client.api.start(name_or_id)
@@ -139,6 +140,7 @@ class DockerEngine:
         s = self.inspect(name_or_id)["State"]
         return s["Status"], s.get("ExitCode", 0), bool(s.get("OOMKilled"))
 
+    @transient()
     def stop(self, name_or_id: str, *, timeout: int = 30) -> None:
         with _translated(f"stop container {name_or_id}"):
             self.client.api.stop(name_or_id, timeout=timeout)

@@ -30,7 +30,7 @@ app.add_typer(images.app, name="image")
 app.add_typer(config.app, name="config")
 app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
-for command in (deploy.up, deploy.down, deploy.status, deploy.logs, service.daemon):
+for command in (deploy.up, deploy.down, deploy.switch, deploy.status, deploy.logs, service.daemon):
     app.command()(command)
 
 _runtime = Runtime()

@@ -1,4 +1,4 @@
-"""`sparkctl up | down | status | logs` and `sparkctl patch check`."""
+"""`sparkctl up | down | switch | status | logs` and `sparkctl patch check`."""
 
 from __future__ import annotations
 
@@ -44,6 +44,29 @@ def down(ctx: typer.Context, stack: str) -> None:
         with ConsoleReporter(rt.console) as reporter:
             removed = rt.deployer(reporter).down(stack)
     rt.console.print(f"{stack}: {'removed ' + str(removed) + ' container(s)' if removed else 'was not running'}")
+
+
+def switch(
+    ctx: typer.Context,
+    names: list[str] = typer.Argument(..., metavar="[ALIAS] STACK", help="Alias (default primary), then stack."),
+) -> None:
+    """Point ALIAS (default `primary`) at STACK without failing the agent: blue/green when both fit in
+    memory, else hold/swap (the gateway holds the alias's requests meanwhile). Rolled back on failure."""
+    if len(names) > 2:
+        raise SparkctlError(f"switch takes [ALIAS] STACK, got {' '.join(names)}")
+    alias, stack = names if len(names) == 2 else ("primary", names[0])
+    rt = runtime(ctx)
+    if not rt.daemon.available():
+        raise SparkctlError("switch needs the daemon (its gateway holds and drains requests): start "
+                            "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
+    result = _through_daemon(rt, "/v1/switch", {"alias": alias, "stack": stack})
+    timings = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in result["timings"].items())
+    rt.console.print(f"[green]{alias} -> {stack}[/] ({result['mode']}; {timings})")
+    if result.get("held_requests"):
+        rt.console.print(f"{result['held_requests']} request(s) were held and then served by {stack}")
+    bench = result.get("bench")
+    if bench:
+        rt.console.print(f"switch-over benchmark: {bench.get('summary') or bench.get('error')}")
 
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:

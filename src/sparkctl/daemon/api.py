@@ -1,7 +1,7 @@
 """The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
 
-Routes: GET /v1/status, GET /v1/desired, POST /v1/up, POST /v1/down (both stream NDJSON
-events until the outcome), GET /v1/events?since=N (NDJSON, long-lived), GET /v1/history,
+Routes: GET /v1/status, GET /v1/desired, POST /v1/up, POST /v1/down, POST /v1/switch (these
+stream NDJSON events until the outcome), GET /v1/events?since=N (NDJSON, long-lived), GET /v1/history,
 GET /metrics. Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the
 daemon.
 """
@@ -35,6 +35,7 @@ def build(daemon: Daemon, *, token: str | None = None) -> web.Application:
     app.router.add_get("/v1/desired", desired)
     app.router.add_post("/v1/up", up)
     app.router.add_post("/v1/down", down)
+    app.router.add_post("/v1/switch", switch)
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/history", history)
     app.router.add_get("/metrics", metrics)
@@ -56,7 +57,7 @@ async def up(request: web.Request) -> web.StreamResponse:
     flags = {"refresh": bool(body.get("refresh")), "replace": bool(body.get("replace"))}
     async with request.app["turns"][body["stack"]]:
         stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
-        return await _stream_action(request, stack, lambda: daemon.up(stack, **flags))
+        return await _stream_action(request, (stack,), lambda: daemon.up(stack, **flags))
 
 
 async def down(request: web.Request) -> web.StreamResponse:
@@ -64,7 +65,20 @@ async def down(request: web.Request) -> web.StreamResponse:
     daemon = request.app["daemon"]
     async with request.app["turns"][body["stack"]]:
         stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
-        return await _stream_action(request, stack, lambda: daemon.down(stack))
+        return await _stream_action(request, (stack,), lambda: daemon.down(stack))
+
+
+async def switch(request: web.Request) -> web.StreamResponse:
+    body = await _body(request, required=("stack",))
+    alias = body.get("alias") or "primary"
+    if not isinstance(alias, str):
+        raise _bad(400, "`alias` must be a string")
+    daemon = request.app["daemon"]
+    async with request.app["turns"][f"alias:{alias}"]:  # one switch of an alias at a time
+        stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
+        old = (await asyncio.to_thread(daemon.machine.desired)).aliases.get(alias)
+        return await _stream_action(request, (stack, alias, *filter(None, [old])),
+                                    lambda: daemon.switch(alias, stack))
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -86,8 +100,9 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=await asyncio.to_thread(request.app["daemon"].metrics_text), content_type="text/plain")
 
 
-async def _stream_action(request: web.Request, stack: str, work: Callable[[], Any]) -> web.StreamResponse:
-    """Run `work` in a thread; stream this stack's events meanwhile; end with the outcome."""
+async def _stream_action(request: web.Request, names: tuple[str, ...], work: Callable[[], Any]) -> web.StreamResponse:
+    """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with the outcome."""
+    stack = names[0]
     bus = request.app["daemon"].bus
     since = bus.last
     response = await _ndjson(request)
@@ -103,7 +118,7 @@ async def _stream_action(request: web.Request, stack: str, work: Callable[[], An
         done = task.done()
         for event in await asyncio.to_thread(bus.after, since, timeout=0 if done else 15):
             since = event["seq"]
-            if event.get("stack") in (stack, None) and event["kind"] in ("phase", "progress", "note"):
+            if event.get("stack") in (*names, None) and event["kind"] in ("phase", "progress", "note"):
                 await response.write(json.dumps(event).encode() + b"\n")
         if done:
             break

@@ -26,11 +26,13 @@ from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
-from sparkctl.deploy.pipeline import Deployer
+from sparkctl.daemon.switch import Switcher
+from sparkctl.deploy.pipeline import Deployer, memory_shares
 from sparkctl.deploy.status import status_rows
 from sparkctl.errors import SparkctlError
-from sparkctl.gateway.proxy import Gateway
+from sparkctl.gateway.proxy import Gateway, LoopControl
 from sparkctl.gateway.routes import RouteTable, build_table
+from sparkctl.policy.switch import plan_switch
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
 from sparkctl.spec.load import Catalog, load_catalog
@@ -71,6 +73,8 @@ class Daemon:
         self._oom: set[str] = set()
         self._events_stream: Any = None  # the open Docker event stream, closed on shutdown
         self.routes = RouteTable()  # what the gateway routes to; rebuilt after every pass
+        self._routes_lock = threading.Lock()  # one rebuild at a time: a stale one must not win
+        self.gateway: LoopControl | None = None  # set once the gateway listens
 
     # --- wiring ---------------------------------------------------------------------------
     def catalog(self) -> Catalog:
@@ -118,6 +122,25 @@ class Daemon:
         self.kick()
         return {"stack": stack, "removed": removed}
 
+    def switch(self, alias: str, stack: str) -> dict[str, Any]:
+        """Move `alias` to `stack` (blue/green or hold/swap); rolled back on any failure."""
+        spec = self.catalog().stack(stack)
+        plan = plan_switch(alias, spec.name, fraction=spec.resources.gpu_memory_utilization,
+                           aliases=self.machine.desired().aliases, running=memory_shares(self.docker),
+                           ceiling=self.settings.memory_ceiling)
+        assert self.gateway is not None, "the gateway starts before the API"
+        self.reconciler.forget(spec.name)
+        switcher = Switcher(machine=self.machine, reconciler=self.reconciler, gateway=self.gateway,
+                            refresh_routes=self.refresh_routes, store=self.store, reporter=BusReporter(self.bus),
+                            bench=self.bench_switch_over, bench_mode=lambda s: self.catalog().stack(s).switch.bench)
+        try:
+            return switcher.run(plan)
+        finally:
+            self.kick()
+
+    def bench_switch_over(self, stack: str) -> dict[str, Any]:
+        raise SparkctlError(f"no benchmark runner yet for {stack}")
+
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
         desired = self.machine.desired()
@@ -136,7 +159,7 @@ class Daemon:
                  "started": d.started, "finished": d.finished, "error": d.error,
                         "transitions": [(p.value, at, detail) for p, at, detail in self.store.transitions(d.id)]}
                        for d in self.store.history(stack)]
-        return {"deployments": deployments, "events": self.store.events(stack)}
+        return {"deployments": deployments, "events": self.store.events(stack), "switches": self.store.switches()}
 
     def metrics_text(self) -> str:
         states = {o.stack: o.state for o in self.machine.observe()}
@@ -146,11 +169,11 @@ class Daemon:
     def refresh_routes(self) -> None:
         """Point the gateway at running containers whose deployment passed its health checks (a
         failed redeploy leaves the previous, healthy one routed; one still loading is not)."""
-        running = {c["Labels"][LABEL_STACK] for c in self.docker.containers() if c["State"] == "running"
-                   and c["Labels"].get(LABEL_FINGERPRINT) in self.store.healthy_fingerprints(c["Labels"][LABEL_STACK])}
-        catalog = self.catalog()
-        stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in catalog.deployable()}
-        self.routes = build_table(aliases=self.machine.desired().aliases, stacks=stacks, running=running)
+        with self._routes_lock:  # reads and replaces as one: a rebuild from older reads must not land last
+            running = {c["Labels"][LABEL_STACK] for c in self.docker.containers() if c["State"] == "running" and
+                       c["Labels"].get(LABEL_FINGERPRINT) in self.store.healthy_fingerprints(c["Labels"][LABEL_STACK])}
+            stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in self.catalog().deployable()}
+            self.routes = build_table(aliases=self.machine.desired().aliases, stacks=stacks, running=running)
 
     # --- the loops ------------------------------------------------------------------------
     def kick(self) -> None:
@@ -212,7 +235,10 @@ class Daemon:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
         s = self.settings
         keys = [k.get_secret_value() for k in s.gateway_api_keys]
-        runner = web.AppRunner(Gateway(lambda: self.routes, api_keys=keys).app(), access_log=None)
+        gateway = Gateway(lambda: self.routes, api_keys=keys)
+        self.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
+                                   hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
+        runner = web.AppRunner(gateway.app(), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, s.gateway_host, s.gateway_port).start()
         log.info("gateway_listening", address=f"{s.gateway_host}:{s.gateway_port}")
@@ -239,6 +265,7 @@ class Daemon:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             path.unlink()
+        gateway = await self._serve_gateway()  # before the API: a switch needs it
         runner = web.AppRunner(api.build(self), access_log=None)
         await runner.setup()
         old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
@@ -249,7 +276,6 @@ class Daemon:
         os.chmod(path, 0o600)
         log.info("daemon_listening", socket=str(path), pid=os.getpid())
         tcp = await self._serve_tcp()
-        gateway = await self._serve_gateway()
         threads = [threading.Thread(target=self.watch_events, name="events", daemon=True),
                    threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True)]
         for thread in threads:

@@ -41,6 +41,14 @@ class DockerMachine:
         with self.locks[stack]:
             return self._deployer().down(stack)
 
+    def stop(self, stack: str) -> list[str]:
+        """Stop the stack's running containers but keep them (a switch may start them again)."""
+        with self.locks[stack]:
+            running = [c["Id"] for c in self.docker.containers(**{LABEL_STACK: stack}) if c["State"] == "running"]
+            for container in running:
+                self.docker.stop(container)
+            return running
+
     def start(self, container: str) -> None:
         """Restart a dead engine container as it was, and wait until it is healthy again."""
         stack_name = self.docker.inspect(container)["Config"]["Labels"][LABEL_STACK]

@@ -80,9 +80,9 @@ class Deployer:
             prepared = self.prepare(stack, deployment, refresh=refresh)
             self.store.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
             if stack.kind is Kind.COMPOSE:
-                result = self._up_compose(stack, prepared)
+                result = self._up_compose(stack, prepared, deployment)
             else:
-                result = self._up_container(stack, prepared)
+                result = self._up_container(stack, prepared, deployment)
         except SparkctlError as e:
             self._phase(deployment, stack, Phase.FAILED, error=str(e))
             raise
@@ -124,9 +124,7 @@ class Deployer:
         return len(removed)
 
     def _admit(self, stack: Stack, *, replace: bool) -> None:
-        running = {c["Labels"][LABEL_STACK]: float(c["Labels"].get(LABEL_MEMORY) or 0)
-                   for c in self.docker.containers() if c["State"] == "running"}
-        verdict = admit(stack.name, stack.resources.gpu_memory_utilization, running,
+        verdict = admit(stack.name, stack.resources.gpu_memory_utilization, memory_shares(self.docker),
                         ceiling=self.settings.memory_ceiling)
         if verdict.fits:
             return
@@ -137,7 +135,7 @@ class Deployer:
             for c in self.docker.containers(**{LABEL_STACK: other}):
                 self.docker.remove(c["Id"])
 
-    def _up_container(self, stack: Stack, prepared: Prepared) -> UpResult:
+    def _up_container(self, stack: Stack, prepared: Prepared, deployment: int) -> UpResult:
         url = f"http://127.0.0.1:{stack.port}"
         current = self.docker.containers(**{LABEL_STACK: stack.name})
         if any(_matches(c, prepared.fingerprint, stack) for c in current):
@@ -150,7 +148,7 @@ class Deployer:
         try:
             self.docker.create(plan)
             self.docker.start(plan.name)
-            rate = health.wait_healthy(stack, url, self._engine(plan.name), reporter=self.reporter)
+            rate = health.wait_healthy(stack, url, self._engine(plan.name), reporter=self._recorded(deployment))
         except SparkctlError:
             self.docker.remove(plan.name)
             self._restore(previous, stack)
@@ -159,7 +157,7 @@ class Deployer:
             self.docker.remove(c)
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
-    def _up_compose(self, stack: Stack, prepared: Prepared) -> UpResult:
+    def _up_compose(self, stack: Stack, prepared: Prepared, deployment: int) -> UpResult:
         assert stack.compose is not None
         url = f"http://127.0.0.1:{stack.port}"
         env = {"BASE_IMAGE": prepared.image.run_ref, "IMAGE": f"sparkctl/{stack.name}:{prepared.fingerprint}",
@@ -175,7 +173,7 @@ class Deployer:
         containers = project.container_ids()
         if not containers:
             raise SparkctlError(f"compose project {project.name} started no container for {stack.compose.service}")
-        rate = health.wait_healthy(stack, url, self._engine(containers[0]), reporter=self.reporter)
+        rate = health.wait_healthy(stack, url, self._engine(containers[0]), reporter=self._recorded(deployment))
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
     def _compose(self, stack: Stack, env: dict[str, str]) -> ComposeProject:
@@ -216,6 +214,9 @@ class Deployer:
             self.docker.start(container_name(stack))
             self.reporter.note(stack.name, "the previous deployment was restarted")
 
+    def _recorded(self, deployment: int) -> Reporter:
+        return _RecordedPhases(self.reporter, self.store, deployment)
+
     def _engine(self, container: str) -> health.Engine:
         return health.Engine(state=lambda: self.docker.state(container),
                              logs=lambda n: self.docker.logs(container, tail=n))
@@ -230,6 +231,35 @@ class Deployer:
         if deployment is not None:
             self.store.advance(deployment, phase, detail, error=error)
         self.reporter.phase(stack.name, phase, detail)
+
+
+@dataclass
+class _RecordedPhases:
+    """The reporter, with each new health phase also recorded in the deployment's transitions
+    (a switch reads engine start and canary times from them)."""
+
+    reporter: Reporter
+    store: Store
+    deployment: int
+    last: Phase | None = None
+
+    def phase(self, stack: str, phase: Phase, detail: str = "") -> None:
+        if phase is not self.last:
+            self.store.advance(self.deployment, phase, detail)
+            self.last = phase
+        self.reporter.phase(stack, phase, detail)
+
+    def progress(self, task: str, done: int, total: int) -> None:
+        self.reporter.progress(task, done, total)
+
+    def note(self, stack: str, text: str) -> None:
+        self.reporter.note(stack, text)
+
+
+def memory_shares(docker: DockerEngine) -> dict[str, float]:
+    """The unified-memory share each running stack reserved (from its containers' labels)."""
+    return {c["Labels"][LABEL_STACK]: float(c["Labels"].get(LABEL_MEMORY) or 0)
+            for c in docker.containers() if c["State"] == "running"}
 
 
 def _matches(container: dict, fingerprint: str, stack: Stack) -> bool:

@@ -2,7 +2,9 @@
 
 Streaming responses are passed through chunk by chunk as they arrive; a client that goes away
 cancels its upstream request. A stack's concurrency cap queues requests rather than forwarding
-them. Errors the gateway itself raises use the OpenAI envelope with `"source": "sparkctl"`, so an
+them. During a switch an alias can be held (`hold.py`): its new requests wait until the alias
+points at a serving stack again, and `drain` waits for a stack's accepted requests to finish.
+Errors the gateway itself raises use the OpenAI envelope with `"source": "sparkctl"`, so an
 agent can tell them from the model server's. Optional API keys are compared in constant time.
 """
 
@@ -11,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
+from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.routes import RouteTable
 
 MAX_BODY = 32 * 1024 * 1024
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
+RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias switches
 
 
 class Gateway:
@@ -27,10 +32,12 @@ class Gateway:
         self.routes = routes
         self.api_keys = [k.encode() for k in api_keys or []]
         self.caps: dict[str, asyncio.Semaphore] = {}
-        self.in_flight: defaultdict[str, int] = defaultdict(int)
+        self.in_flight: defaultdict[str, int] = defaultdict(int)  # forwarded upstream now
+        self.accepted: defaultdict[str, int] = defaultdict(int)  # routed and not finished (incl. queued at a cap)
         self.peak: defaultdict[str, int] = defaultdict(int)  # most requests ever in flight at once
         self.served: defaultdict[tuple[str, int], int] = defaultdict(int)  # (stack, status) -> count
         self.session: ClientSession | None = None
+        self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._auth])
@@ -43,11 +50,43 @@ class Gateway:
         app.on_cleanup.append(self._close)
         return app
 
+    # --- a switch's hold and drain (called on the gateway's loop) --------------------------
+    def hold(self, alias: str, old: str | None, new: str, *, limit: int, timeout: float) -> None:
+        self.holds[alias] = Hold(alias, old, new, limit=limit, timeout=timeout)
+
+    def release(self, alias: str) -> dict[str, float]:
+        """Let the alias's held requests go, in order; the routes must already name its new stack."""
+        hold = self.holds.pop(alias)
+        held = len(hold.waiting)
+        hold.release()
+        return {"held_requests": held, "refused_requests": hold.refused,
+                "hold_s": round(time.monotonic() - hold.since, 3)}
+
+    async def drain(self, stack: str, timeout: float) -> bool:
+        """Wait until the stack has no accepted request left; False if `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        while self.accepted[stack] > 0:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    # --- routes ------------------------------------------------------------------------------
     async def health(self, _: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "models": len(self.routes().models())})
+        body: dict[str, object] = {"status": "ok", "models": len(self.routes().models())}
+        if self.holds:
+            body["switching"] = [h.describe() for h in self.holds.values()]
+        return web.json_response(body)
 
     async def models(self, _: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": self.routes().models()})
+        cards = self.routes().models()
+        listed = {c["id"] for c in cards}
+        for hold in self.holds.values():  # a held alias stays listed, marked as switching
+            cards = [c | {"switching": hold.describe()} if c["id"] == hold.alias else c for c in cards]
+            if hold.alias not in listed:
+                cards.insert(0, {"id": hold.alias, "object": "model", "owned_by": "sparkctl", "root": hold.new,
+                                 "switching": hold.describe()})
+        return web.json_response({"object": "list", "data": cards})
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -56,6 +95,9 @@ class Gateway:
             return error(400, "request body is not valid JSON", "invalid_request_error")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return error(400, "request body must be a JSON object with a string `model`", "invalid_request_error")
+        hold = self.holds.get(body["model"])
+        if hold is not None and (refused := await hold.wait()) is not None:
+            return error(503, f"{refused}; retry shortly", "switch_in_progress", headers={"Retry-After": RETRY_AFTER})
         upstream = self.routes().resolve(body["model"])
         if upstream is None:
             return error(404, f"The model `{body['model']}` does not exist here; GET /v1/models lists what does.",
@@ -75,6 +117,7 @@ class Gateway:
         async with upstream:
             self.served[(stack, upstream.status)] += 1
             headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+            headers["X-Sparkctl-Stack"] = stack
             response = web.StreamResponse(status=upstream.status, headers=headers)
             await response.prepare(request)
             try:
@@ -96,6 +139,8 @@ class Gateway:
                   for (s, c), n in sorted(self.served.items())]
         lines.append("# TYPE sparkctl_gateway_in_flight gauge")
         lines += [f'sparkctl_gateway_in_flight{{stack="{s}"}} {n}' for s, n in sorted(self.in_flight.items())]
+        lines.append("# TYPE sparkctl_gateway_held gauge")
+        lines += [f'sparkctl_gateway_held{{alias="{a}"}} {len(h.waiting)}' for a, h in sorted(self.holds.items())]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     @web.middleware
@@ -123,18 +168,48 @@ class _Slot:
         self.gateway, self.stack, self.semaphore = gateway, stack, semaphore
 
     async def __aenter__(self) -> None:
+        self.gateway.accepted[self.stack] += 1  # before any wait: a drain must see it
         if self.semaphore is not None:
-            await self.semaphore.acquire()
+            try:
+                await self.semaphore.acquire()
+            except BaseException:
+                self.gateway.accepted[self.stack] -= 1
+                raise
         self.gateway.in_flight[self.stack] += 1
         self.gateway.peak[self.stack] = max(self.gateway.peak[self.stack], self.gateway.in_flight[self.stack])
 
     async def __aexit__(self, *_: object) -> None:
         self.gateway.in_flight[self.stack] -= 1
+        self.gateway.accepted[self.stack] -= 1
         if self.semaphore is not None:
             self.semaphore.release()
 
 
-def error(status: int, message: str, code: str) -> web.Response:
+def error(status: int, message: str, code: str, *, headers: dict[str, str] | None = None) -> web.Response:
     """The OpenAI error envelope, marked as coming from sparkctl rather than the model server."""
     return web.json_response({"error": {"message": message, "type": code, "param": None, "code": code,
-                                        "source": "sparkctl"}}, status=status)
+                                        "source": "sparkctl"}}, status=status, headers=headers)
+
+
+class LoopControl:
+    """The gateway's hold, release and drain for a caller on another thread (the switch's)."""
+
+    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop, *, hold_queue: int, hold_timeout: float,
+                 drain_timeout: float) -> None:
+        self.gateway, self.loop = gateway, loop
+        self.hold_queue, self.hold_timeout, self.drain_timeout = hold_queue, hold_timeout, drain_timeout
+
+    def hold(self, alias: str, old: str | None, new: str) -> None:
+        self._call(lambda: self.gateway.hold(alias, old, new, limit=self.hold_queue, timeout=self.hold_timeout))
+
+    def release(self, alias: str) -> dict[str, float]:
+        return self._call(lambda: self.gateway.release(alias))
+
+    def drain(self, stack: str) -> bool:
+        return asyncio.run_coroutine_threadsafe(self.gateway.drain(stack, self.drain_timeout), self.loop).result()
+
+    def _call(self, fn: Callable):
+        async def on_loop():
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()

@@ -148,6 +148,10 @@ def _check_dflash(config: dict) -> None:
     draft = Path(config.get("model") or "")
     if not draft.is_dir():
         _die(f"OSError: draft model {draft} not found")
+    if not (draft / "vllm_patches").is_dir():  # a drafter the image supports natively (AEON Gemma-4)
+        return
+    # The DSpark draft's head lives in its vllm_patches, written for AEON's base proposer: the
+    # overlays must be in place, and the 2-line shim bridges the proposer skew.
     vllm = vllm_package_dir()
     for rel, marker in OVERLAY_MARKERS.items():
         text = (vllm / rel).read_text() if (vllm / rel).is_file() else ""

@@ -150,6 +150,12 @@ class Expectations(Spec):
     min_concurrency: int | None = Field(default=None, ge=1)  # must not crash at this many
 
 
+class SwitchOver(Spec):
+    # The quick benchmark when this stack becomes an alias's target: as a gate before the flip
+    # (a failure rolls the switch back), right after the queue is released, or not at all.
+    bench: Literal["gate", "after", "off"] = "after"
+
+
 class KnownIssue(Spec):
     text: str = Field(min_length=1)
     max_concurrency: int | None = Field(default=None, ge=1)  # enforced by the gateway
@@ -181,6 +187,7 @@ class Stack(Spec):
     canary: Canary = Canary()
     bench_profile: Literal["quick", "seed", "concurrency"] = "quick"
     expectations: Expectations = Expectations()
+    switch: SwitchOver = SwitchOver()
     known_issues: tuple[KnownIssue, ...] = ()
 
     @model_validator(mode="after")

@@ -1,9 +1,9 @@
 """The state store: SQLite in the state dir (WAL), with numbered schema migrations.
 
-Holds deployments (fingerprint parts, outcome, error), their phase transitions with times, and
+Holds deployments (fingerprint parts, outcome, error), their phase transitions with times,
 what each image tag and model revision resolved to (digest, commit), so later `up`s run
-exactly that. The deploy pipeline writes it; `status` and the daemon
-read it. Opened per process; every write is its own short transaction.
+exactly that, events of running stacks, and alias switches with their timings. The deploy
+pipeline and the daemon write it; `status` reads it. Opened per process; every write is its own short transaction.
 """
 
 from __future__ import annotations
@@ -49,6 +49,14 @@ MIGRATIONS = (
         detail TEXT NOT NULL DEFAULT ''
     );
     CREATE INDEX events_stack ON events (stack, at);
+    """,
+    """
+    CREATE TABLE switches (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        alias TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
     """,
 )
 
@@ -155,6 +163,18 @@ class Store:
             " ORDER BY rowid DESC LIMIT ?"
         rows = self._all(query, (stack, limit) if stack else (limit,))
         return [{"at": at, "stack": s, "kind": k, "detail": d} for at, s, k, d in rows]
+
+    def record_switch(self, at: float, record: dict[str, object]) -> None:
+        """A switch of an alias: from, to, mode, outcome and timings."""
+        with self._tx():
+            self.db.execute("INSERT INTO switches (at, alias, record) VALUES (?, ?, ?)",
+                            (at, record["alias"], json.dumps(record, sort_keys=True)))
+
+    def switches(self, alias: str | None = None, *, limit: int = 50) -> list[dict[str, object]]:
+        query = "SELECT id, at, record FROM switches" + (" WHERE alias = ?" if alias else "") + \
+            " ORDER BY id DESC LIMIT ?"
+        return [{"id": i, "at": at, **json.loads(r)} for i, at, r in self._all(query, (alias, limit) if alias
+                                                                              else (limit,))]
 
     def interrupt_unfinished(self, reason: str) -> list[int]:
         """Mark deployments a killed process left mid-way as failed; returns their ids."""

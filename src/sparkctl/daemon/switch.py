@@ -1,0 +1,213 @@
+"""`sparkctl switch [ALIAS] STACK`: move an alias to another stack without failing the agent.
+
+The mode comes from the pure plan (`policy/switch.py`). Blue/green: deploy the new stack (full
+pipeline: health, canary), optionally gate on its quick benchmark, flip the alias, drain the old
+stack's requests, stop it. Hold/swap: hold the alias's new requests at the gateway, drain, stop
+(not remove) the old stack, deploy the new one, gate, flip, release the queue in order.
+
+Any failure rolls back: the new stack is removed, the old one is kept or started again, the
+alias keeps naming it and the queue is released to it. Each switch is recorded with its timings.
+Called by the daemon's API on a worker thread; the gateway part runs on the gateway's loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import structlog
+
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import SparkctlError
+from sparkctl.policy.switch import Mode, SwitchPlan
+from sparkctl.state.desired import Desired
+from sparkctl.state.store import Phase, Store
+
+log = structlog.get_logger()
+
+
+class Machine(Protocol):
+    def desired(self) -> Desired: ...
+
+    def update_desired(self, change: Callable[[Desired], Desired]) -> Desired: ...
+
+    def deploy(self, stack: str) -> None: ...
+
+    def down(self, stack: str) -> int: ...
+
+    def stop(self, stack: str) -> list[str]: ...
+
+    def start(self, container: str) -> None: ...
+
+
+class GatewayControl(Protocol):
+    def hold(self, alias: str, old: str | None, new: str) -> None: ...
+
+    def release(self, alias: str) -> dict[str, float]: ...
+
+    def drain(self, stack: str) -> bool: ...
+
+
+class SwitchFailed(SparkctlError):
+    """The switch was rolled back; the message says why and what runs now."""
+
+
+@dataclass
+class Switch:
+    """One switch in progress: its plan and what it measured."""
+
+    plan: SwitchPlan
+    timings: dict[str, float] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def timed(self, name: str) -> _Timer:
+        return _Timer(self.timings, name)
+
+
+@dataclass
+class Switcher:
+    machine: Machine
+    reconciler: Reconciler
+    gateway: GatewayControl
+    refresh_routes: Callable[[], None]
+    store: Store
+    reporter: Reporter
+    bench: Callable[[str], dict[str, Any]]  # the quick benchmark of a stack; raises if it fails its gate
+    bench_mode: Callable[[str], str]  # "gate", "after" or "off", from the stack's spec
+
+    def run(self, plan: SwitchPlan) -> dict[str, Any]:
+        switch = Switch(plan)
+        started = time.time()
+        self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
+        error = None
+        try:
+            with ExitStack() as busy:  # the reconciler leaves both stacks alone meanwhile
+                for stack in filter(None, (plan.old, plan.new)):
+                    busy.enter_context(self.reconciler.holding(stack))
+                if plan.mode is Mode.BLUE_GREEN:
+                    self._blue_green(switch)
+                else:
+                    self._hold_swap(switch)
+        except SparkctlError as e:
+            error = str(e)
+        switch.timings["total_s"] = round(time.time() - started, 3)
+        record = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode), "ok": error is None,
+                  "error": error, "timings": switch.timings, **switch.facts}
+        self.store.record_switch(started, record)
+        log.info("switch_finished", **{k: v for k, v in record.items() if k != "timings"}, **switch.timings)
+        if error is not None:
+            raise SwitchFailed(error)
+        if self.bench_mode(plan.new) == "after":
+            switch.facts["bench"] = self._bench_after(plan.new)
+        return record | switch.facts
+
+    # --- the two modes ------------------------------------------------------------------------
+    def _blue_green(self, switch: Switch) -> None:
+        plan = switch.plan
+        was_running = plan.new in self.machine.desired().stacks
+        try:
+            self._bring_up(switch)
+        except SparkctlError as e:
+            if not was_running:
+                self._remove(plan.new)
+            raise self._rolled_back(plan, e) from None
+        self._flip(switch)
+        if plan.old and plan.stop_old:
+            with switch.timed("drain_s"):
+                switch.facts["drained"] = self.gateway.drain(plan.old)
+            with switch.timed("stop_old_s"):
+                self._remove(plan.old)
+
+    def _hold_swap(self, switch: Switch) -> None:
+        plan = switch.plan
+        assert plan.old is not None
+        self.gateway.hold(plan.alias, plan.old, plan.new)
+        released = False
+        try:
+            with switch.timed("drain_s"):
+                switch.facts["drained"] = self.gateway.drain(plan.old)
+            with switch.timed("stop_old_s"):
+                stopped = self.machine.stop(plan.old)
+            try:
+                self._bring_up(switch)
+            except SparkctlError as e:
+                self._remove(plan.new)
+                with switch.timed("restart_old_s"):
+                    for container in stopped:
+                        self.machine.start(container)
+                self.refresh_routes()
+                raise self._rolled_back(plan, e) from None
+            self._flip(switch)
+            switch.facts |= self.gateway.release(plan.alias)
+            released = True
+            self._remove(plan.old)
+        finally:
+            if not released:
+                switch.facts |= self.gateway.release(plan.alias)
+
+    # --- steps --------------------------------------------------------------------------------
+    def _bring_up(self, switch: Switch) -> None:
+        """The new stack through the whole pipeline, then the benchmark gate if it has one."""
+        new = switch.plan.new
+        self.machine.update_desired(lambda d: d.with_stack(new))
+        with switch.timed("deploy_s"):
+            self.machine.deploy(new)
+        switch.timings |= self._phase_times(new)
+        self.refresh_routes()  # routes the new stack by name (the gate benchmarks through the gateway)
+        if self.bench_mode(new) == "gate":
+            with switch.timed("bench_s"):
+                switch.facts["bench"] = self.bench(new)
+
+    def _flip(self, switch: Switch) -> None:
+        plan = switch.plan
+        self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, plan.alias: plan.new}))
+        self.refresh_routes()
+        switch.facts["flipped_at"] = time.time()
+        self._note(plan, f"{plan.alias} now names {plan.new}")
+
+    def _remove(self, stack: str) -> None:
+        self.machine.update_desired(lambda d: d.without_stack(stack))
+        self.machine.down(stack)
+
+    def _rolled_back(self, plan: SwitchPlan, cause: SparkctlError) -> SwitchFailed:
+        keeps = f"{plan.alias} still names {plan.old}, which keeps serving" if plan.old else \
+            f"{plan.alias} was not changed"
+        return SwitchFailed(f"switch of {plan.alias} to {plan.new} rolled back: {keeps}. Cause: {cause}")
+
+    def _bench_after(self, stack: str) -> dict[str, Any]:
+        try:
+            return self.bench(stack)
+        except SparkctlError as e:  # the switch stands; the report says what the benchmark found
+            self.reporter.note(stack, f"switch-over benchmark: {e}")
+            return {"error": str(e)}
+
+    def _phase_times(self, stack: str) -> dict[str, float]:
+        """Engine start (container start to /health 200) and canary, from the deployment's phases."""
+        latest = self.store.latest(stack)
+        if latest is None:
+            return {}
+        at = {phase: t for phase, t, _ in self.store.transitions(latest.id)}
+        times = {}
+        if Phase.STARTING in at and Phase.READY in at:
+            times["engine_start_s"] = round(at[Phase.READY] - at[Phase.STARTING], 3)
+        if Phase.CANARY in at and Phase.RUNNING in at:
+            times["canary_s"] = round(at[Phase.RUNNING] - at[Phase.CANARY], 3)
+        return times
+
+    def _note(self, plan: SwitchPlan, text: str) -> None:
+        self.reporter.note(plan.alias, text)
+
+
+class _Timer:
+    def __init__(self, timings: dict[str, float], name: str) -> None:
+        self.timings, self.name = timings, name
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(self, *_: object) -> None:
+        self.timings[self.name] = round(time.monotonic() - self.start, 3)

@@ -1,0 +1,53 @@
+"""A hold on one alias while its stack is swapped: new requests wait in a bounded queue and are
+let go in arrival order once the alias points at a serving stack again. A request held past the
+timeout, or one that finds the queue full, is refused so the client can retry. Lives on the
+gateway's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Hold:
+    alias: str
+    old: str | None
+    new: str
+    limit: int
+    timeout: float
+    since: float = field(default_factory=time.monotonic)
+    waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
+    waits: list[float] = field(default_factory=list)  # how long each released request waited
+    refused: int = 0
+
+    async def wait(self) -> str | None:
+        """Wait for the release; None once released, else why the request is refused."""
+        if len(self.waiting) >= self.limit:
+            self.refused += 1
+            return f"{len(self.waiting)} requests are already waiting for the switch of {self.alias}"
+        released = asyncio.get_running_loop().create_future()
+        self.waiting.append(released)
+        start = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(released), self.timeout)
+        except TimeoutError:
+            self.refused += 1
+            return f"held {self.timeout:g} s while {self.alias} switches to {self.new}; the switch is still running"
+        finally:
+            if not released.done():
+                self.waiting.remove(released)  # timed out, or the client went away
+        self.waits.append(time.monotonic() - start)
+        return None
+
+    def release(self) -> None:
+        """Let every waiting request go, first come first served."""
+        while self.waiting:
+            self.waiting.popleft().set_result(None)
+
+    def describe(self) -> dict[str, object]:
+        return {"alias": self.alias, "from": self.old, "to": self.new, "held": len(self.waiting),
+                "for_s": round(time.monotonic() - self.since, 3)}

@@ -1,0 +1,206 @@
+"""`sparkctl switch` through a real daemon, real dockerd and sim engines, with clients on the
+gateway the whole time: 20 switches in each mode under an agent loop plus a 32-way loop, the
+rollbacks (health, canary, crash while loading), and the hold timeout. Every request must
+succeed and be answered by the stack the alias named while it was in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import openai
+import pytest
+from ruamel.yaml import YAML
+
+from tests.integration.conftest import containers, wait_for
+
+A, B = "qwen36-dflash", "aeon-gemma4-v2"
+STACK_OF = {"qwen36-dflash": A, "aeon-gemma4": B}  # served name -> stack
+FAST_LOAD = "SPARKCTL_SIM_TIME_SCALE=0.01,SPARKCTL_SIM_LOAD_SCALE=0.002"
+TOOLS = [{"type": "function", "function": {
+    "name": f"tool_{i}", "description": "Reads a file of the workspace and returns its lines. " * 3,
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "start": {"type": "integer"}},
+                   "required": ["path"]}}} for i in range(8)]
+
+
+@dataclass
+class Answer:
+    sent: float
+    received: float
+    stack: str | None
+    error: str | None = None
+
+
+@dataclass
+class Load:
+    """An agent loop (sequential chat calls with tool-sized prompts) and `width` concurrent loops."""
+
+    url: str
+    width: int = 32
+    answers: list[Answer] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Load:
+        self.threads = [threading.Thread(target=self._agent)] + \
+                       [threading.Thread(target=self._worker, args=(i,)) for i in range(self.width)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(120)
+
+    def failures(self) -> list[Answer]:
+        return [a for a in self.answers if a.error]
+
+    def _agent(self) -> None:
+        client = openai.OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=120)
+        history = [{"role": "system", "content": "You are a coding agent. Use the tools."}]
+        while not self.stopping.is_set():
+            history.append({"role": "user", "content": "Open src/main.py and summarise lines 1-80 of it."})
+            self._call(lambda: client.chat.completions.create(model="primary", messages=history[-6:], tools=TOOLS,
+                                                               max_tokens=24))
+
+    def _worker(self, index: int) -> None:
+        client = openai.OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=120)
+        while not self.stopping.is_set():
+            self._call(lambda: client.completions.create(model="primary", prompt=f"worker {index}", max_tokens=8))
+
+    def _call(self, request) -> None:
+        sent = time.time()
+        try:
+            reply = request()
+            self.answers.append(Answer(sent, time.time(), STACK_OF.get(reply.model, reply.model)))
+        except openai.OpenAIError as e:
+            self.answers.append(Answer(sent, time.time(), None, f"{type(e).__name__}: {e}"))
+
+
+def primary_during(flips: list[tuple[float, str]], first: str, start: float, end: float) -> set[str]:
+    """Every stack the alias named at some moment of [start, end], from the switches' flip times."""
+    named, current = set(), first
+    for at, stack in sorted(flips):
+        if at <= start:
+            current = stack
+        elif at <= end:
+            named.add(current)
+            current = stack
+    return named | {current}
+
+
+@pytest.fixture
+def switching(world, start_daemon, monkeypatch):
+    """A daemon serving `primary` = qwen36-dflash; `small` makes both stacks fit side by side."""
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST_LOAD)
+
+    def start(*, small: bool, extra: dict[str, str] | None = None):
+        for stack in (A, B):
+            amend(world / "stacks" / f"{stack}.yaml", switch={"bench": "off"},
+                  **({"resources": {"gpu_memory_utilization": 0.4}} if small else {}))
+        for name, text in (extra or {}).items():
+            (world / "stacks" / f"{name}.yaml").write_text(text)
+        (world / "state").mkdir(exist_ok=True)
+        (world / "state" / "desired.yaml").write_text(f"stacks: [{A}]\naliases: {{primary: {A}}}\n")
+        daemon = start_daemon()
+        daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+        wait_for(lambda: routed(daemon.gateway) == A, timeout=60, what="primary routed", logs=daemon.logs)
+        return daemon
+
+    return start
+
+
+def amend(path, **keys: object) -> None:
+    """Set top-level keys of a stack file (comments and the rest kept)."""
+    yaml = YAML()
+    data = yaml.load(path.read_text())
+    data.update(keys)
+    with path.open("w") as out:
+        yaml.dump(data, out)
+
+
+def routed(gateway: str) -> str | None:
+    try:
+        models = json.loads(urllib.request.urlopen(gateway + "/v1/models", timeout=5).read())["data"]
+    except OSError:
+        return None
+    return next((STACK_OF.get(m["root"]) for m in models if m["id"] == "primary"), None)
+
+
+def switch(daemon, stack: str, alias: str = "primary") -> dict:
+    *_, outcome = daemon.client.stream("/v1/switch", {"alias": alias, "stack": stack})
+    return outcome
+
+
+@pytest.mark.parametrize(("small", "mode"), [(True, "blue/green"), (False, "hold/swap")])
+def test_twenty_switches_under_load_fail_no_request(switching, engine, small, mode) -> None:
+    daemon = switching(small=small)
+    with Load(daemon.gateway + "/v1") as load:
+        time.sleep(1)
+        for i in range(20):
+            outcome = switch(daemon, B if i % 2 == 0 else A)
+            assert outcome["ok"], outcome.get("error")
+            assert outcome["result"]["mode"] == mode
+            time.sleep(0.3)  # traffic on each stack between switches
+    assert load.failures() == [], load.failures()[:3]
+    records = daemon.client.get("/v1/history")["switches"]
+    assert len(records) == 20 and all(r["ok"] for r in records)
+    flips = [(r["flipped_at"], r["to"]) for r in records]
+    wrong = [a for a in load.answers if a.stack not in primary_during(flips, A, a.sent, a.received)]
+    assert wrong == [], wrong[:3]
+    assert {a.stack for a in load.answers} == {A, B} and len(load.answers) > 500
+    timings = records[0]["timings"]
+    assert {"deploy_s", "engine_start_s", "canary_s", "drain_s", "total_s"} <= set(timings)
+    if mode == "hold/swap":
+        assert "hold_s" in records[0] and sum(r["held_requests"] for r in records) > 0
+    assert [c["Labels"]["sparkctl.stack"] for c in containers(engine)] == [A]
+
+
+FAULTY = {  # the new stack fails its health checks, its canary, or crashes while loading
+    "health": f"name: faulty\nextends: {B}\nhealth:\n  load: 1\ncontainer:\n  env:\n"
+              "    SPARKCTL_SIM_FAULTS: hang_on_load\n",
+    "canary": f"name: faulty\nextends: {B}\nexpectations:\n  min_acceptance: 0.99\n",
+    "crash": f"name: faulty\nextends: {B}\ncontainer:\n  env:\n    SPARKCTL_SIM_FAULTS: crash_on_load\n",
+}
+
+
+@pytest.mark.parametrize("small", [True, False], ids=["blue-green", "hold-swap"])
+@pytest.mark.parametrize("fault", sorted(FAULTY))
+def test_a_failed_switch_rolls_back_without_failing_a_request(switching, engine, fault, small) -> None:
+    daemon = switching(small=small, extra={"faulty": FAULTY[fault]})
+    with Load(daemon.gateway + "/v1", width=8) as load:
+        time.sleep(0.5)
+        outcome = switch(daemon, "faulty")
+        time.sleep(0.5)
+    assert not outcome["ok"] and "rolled back: primary still names qwen36-dflash" in outcome["error"]
+    assert load.failures() == [], load.failures()[:3]
+    assert {a.stack for a in load.answers} == {A}
+    assert daemon.client.get("/v1/desired") == {"stacks": [A], "aliases": {"primary": A}, "fallbacks": {}}
+    assert [c["Labels"]["sparkctl.stack"] for c in containers(engine)] == [A]
+    [record] = daemon.client.get("/v1/history")["switches"]
+    assert record["ok"] is False and record["error"] == outcome["error"]
+
+
+def test_a_request_held_past_the_timeout_gets_503_with_retry_after(switching, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKCTL_SWITCH_HOLD_TIMEOUT", "0.5")
+    slow = f"name: slow\nextends: {B}\ncontainer:\n  env:\n    SPARKCTL_SIM_LOAD_SCALE: '0.02'\n"
+    daemon = switching(small=False, extra={"slow": slow})
+    worker = threading.Thread(target=switch, args=(daemon, "slow"))
+    worker.start()
+    wait_for(lambda: "switching" in json.loads(urllib.request.urlopen(daemon.gateway + "/health").read()),
+             what="the hold")
+    models = json.loads(urllib.request.urlopen(daemon.gateway + "/v1/models").read())["data"]
+    assert models[0]["id"] == "primary" and models[0]["switching"]["to"] == "slow"
+    agent = openai.OpenAI(base_url=daemon.gateway + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as held:
+        agent.completions.create(model="primary", prompt="x", max_tokens=4)
+    assert held.value.status_code == 503 and held.value.response.headers["Retry-After"] == "5"
+    assert held.value.body["source"] == "sparkctl" and held.value.body["code"] == "switch_in_progress"
+    worker.join(60)
+    assert json.loads(urllib.request.urlopen(daemon.gateway + "/health").read())["status"] == "ok"
+    reply = agent.completions.create(model="primary", prompt="x", max_tokens=4)
+    assert reply.model == "aeon-gemma4"

@@ -1,0 +1,139 @@
+"""The switch's pure plan (blue/green vs hold/swap vs refused) and its rollbacks, against a
+recording fake of the machine and the gateway."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from sparkctl.daemon.switch import Switcher, SwitchFailed
+from sparkctl.deploy.progress import RecordingReporter
+from sparkctl.errors import SparkctlError
+from sparkctl.policy.switch import Mode, plan_switch
+from sparkctl.state.desired import Desired
+from sparkctl.state.store import Store
+
+CASES = [  # (aliases, running shares, new share) -> mode, stop old
+    ({"primary": "a"}, {"a": 0.4}, 0.4, Mode.BLUE_GREEN, True),
+    ({"primary": "a"}, {"a": 0.8}, 0.8, Mode.HOLD_SWAP, True),
+    ({"primary": "a", "batch": "a"}, {"a": 0.4}, 0.4, Mode.BLUE_GREEN, False),  # a still serves batch
+    ({}, {"c": 0.5}, 0.3, Mode.BLUE_GREEN, True),  # a new alias: nothing to stop
+    ({"primary": "a"}, {}, 0.8, Mode.BLUE_GREEN, True),  # a is not running: nothing to hold for
+    ({"primary": "a"}, {"a": 0.5, "b": 0.3}, 0.3, Mode.BLUE_GREEN, True),  # b (the new one) already runs
+]
+
+
+@pytest.mark.parametrize(("aliases", "running", "share", "mode", "stop_old"), CASES)
+def test_plan_modes(aliases, running, share, mode, stop_old) -> None:
+    plan = plan_switch("primary", "b", fraction=share, aliases=aliases, running=running, ceiling=0.9)
+    assert (plan.mode, plan.stop_old, plan.old) == (mode, stop_old, aliases.get("primary"))
+
+
+@pytest.mark.parametrize(("aliases", "running", "words"), [
+    ({"primary": "b"}, {"b": 0.4}, "already names b"),
+    ({"primary": "a"}, {"a": 0.5, "c": 0.5}, "does not fit even once a stops"),
+    ({"primary": "a", "batch": "a"}, {"a": 0.8}, "also serves alias batch"),
+])
+def test_refused_plans_say_why(aliases, running, words) -> None:
+    with pytest.raises(SparkctlError, match=words):
+        plan_switch("primary", "b", fraction=0.8, aliases=aliases, running=running, ceiling=0.9)
+
+
+@dataclass
+class World:
+    """Records what the switch did, in order; `fail` names the step that raises."""
+
+    fail: str | None = None
+    state: Desired = field(default_factory=lambda: Desired(("a",), {"primary": "a"}))
+    calls: list[str] = field(default_factory=list)
+
+    def desired(self) -> Desired:
+        return self.state
+
+    def update_desired(self, change) -> Desired:
+        self.state = change(self.state)
+        return self.state
+
+    def deploy(self, stack: str) -> None:
+        self._do(f"deploy {stack}")
+
+    def down(self, stack: str) -> int:
+        self._do(f"down {stack}")
+        return 1
+
+    def stop(self, stack: str) -> list[str]:
+        self._do(f"stop {stack}")
+        return [f"{stack}-container"]
+
+    def start(self, container: str) -> None:
+        self._do(f"start {container}")
+
+    def hold(self, alias: str, old: str | None, new: str) -> None:
+        self._do(f"hold {alias}")
+
+    def release(self, alias: str) -> dict[str, float]:
+        self._do(f"release {alias} -> {self.state.aliases[alias]}")
+        return {"held_requests": 3, "hold_s": 1.0}
+
+    def drain(self, stack: str) -> bool:
+        self._do(f"drain {stack}")
+        return True
+
+    def bench(self, stack: str) -> dict:
+        self._do(f"bench {stack}")
+        return {"summary": "ok"}
+
+    @contextmanager
+    def holding(self, stack: str):
+        self.calls.append(f"busy {stack}")
+        try:
+            yield
+        finally:
+            self.calls.append(f"free {stack}")
+
+    def _do(self, call: str) -> None:
+        self.calls.append(call)
+        if self.fail and call.startswith(self.fail):
+            raise SparkctlError(f"{call} failed")
+
+
+def run(world: World, mode: Mode, *, bench: str = "off", tmp_path) -> dict:
+    plan = replace(plan_switch("primary", "b", fraction=0.4, aliases={"primary": "a"}, running={"a": 0.4},
+                               ceiling=0.9), mode=mode)
+    switcher = Switcher(machine=world, reconciler=world, gateway=world, refresh_routes=lambda: None,
+                        store=Store(tmp_path / "s.db"), reporter=RecordingReporter(), bench=world.bench,
+                        bench_mode=lambda _: bench)
+    return switcher.run(plan)
+
+
+def test_blue_green_flips_before_draining_the_old_stack(tmp_path) -> None:
+    world = World()
+    result = run(world, Mode.BLUE_GREEN, bench="gate", tmp_path=tmp_path)
+    assert world.calls == ["busy a", "busy b", "deploy b", "bench b", "drain a", "down a", "free b", "free a"]
+    assert world.state == Desired(("b",), {"primary": "b"}) and result["drained"] is True
+
+
+def test_hold_swap_releases_only_once_the_alias_names_the_new_stack(tmp_path) -> None:
+    world = World()
+    result = run(world, Mode.HOLD_SWAP, bench="after", tmp_path=tmp_path)
+    assert world.calls == ["busy a", "busy b", "hold primary", "drain a", "stop a", "deploy b",
+                           "release primary -> b", "down a", "free b", "free a", "bench b"]
+    assert result["held_requests"] == 3 and result["bench"] == {"summary": "ok"}
+
+
+@pytest.mark.parametrize(("mode", "fail", "after_failure"), [
+    (Mode.BLUE_GREEN, "deploy b", ["down b"]),
+    (Mode.BLUE_GREEN, "bench b", ["down b"]),
+    (Mode.HOLD_SWAP, "deploy b", ["down b", "start a-container", "release primary -> a"]),
+    (Mode.HOLD_SWAP, "bench b", ["down b", "start a-container", "release primary -> a"]),
+])
+def test_a_failure_rolls_back_to_the_old_stack(tmp_path, mode, fail, after_failure) -> None:
+    world = World(fail=fail)
+    with pytest.raises(SwitchFailed, match="rolled back: primary still names a"):
+        run(world, mode, bench="gate", tmp_path=tmp_path)
+    assert world.calls[world.calls.index(fail) + 1:-2] == after_failure, world.calls
+    assert world.state == Desired(("a",), {"primary": "a"})
+    [record] = Store(tmp_path / "s.db").switches()
+    assert record["ok"] is False and f"{fail} failed" in record["error"]
