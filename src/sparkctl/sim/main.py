@@ -12,6 +12,7 @@ import ast
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,8 @@ SHIM_ATTRIBUTES = ("_draft_kv_cache_group_ids", "_draft_layer_to_kv_cache_gid")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # As PID 1 of its container the process would ignore SIGTERM; vLLM shuts down on it.
+    signal.signal(signal.SIGTERM, _terminated)
     args = parser().parse_args(argv)
     model_dir = resolve_model(args.model)
     faults = Faults.parse(os.environ.get("SPARKCTL_SIM_FAULTS", ""))
@@ -197,6 +200,11 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> None:
              f"('{args.host}', {args.port}): address already in use")
     _log(f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
     await asyncio.Event().wait()
+
+
+def _terminated(*_: object) -> None:
+    _log("Shutting down on SIGTERM")
+    raise SystemExit(0)
 
 
 def _log(message: str) -> None:
