@@ -14,37 +14,10 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from aiohttp import web
 
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
-from tests.conftest import free_port
-
-
-class Running:
-    """A gateway served from its own event loop thread on 127.0.0.1:<free port>."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway, self.port = gateway, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
-        self.thread.start()
-        ready.wait(10)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(self.gateway.app())
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-        ready.set()
-        self.loop.run_forever()
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+from tests.conftest import Running
 
 
 @pytest.fixture
