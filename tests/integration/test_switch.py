@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 
 import openai
 import pytest
 from ruamel.yaml import YAML
 
+from sparkctl.state.store import Store
 from tests.integration.conftest import containers, wait_for
 
 A, B = "qwen36-dflash", "aeon-gemma4-v2"
@@ -204,3 +207,38 @@ def test_a_request_held_past_the_timeout_gets_503_with_retry_after(switching, mo
     assert json.loads(urllib.request.urlopen(daemon.gateway + "/health").read())["status"] == "ok"
     reply = agent.completions.create(model="primary", prompt="x", max_tokens=4)
     assert reply.model == "aeon-gemma4"
+
+
+def switch_quietly(daemon, stack: str) -> None:
+    """A switch whose daemon may be killed under it."""
+    try:
+        switch(daemon, stack)
+    except (OSError, ValueError):
+        pass
+
+
+def switched_cleanly(daemon, engine) -> bool:
+    """desired.yaml names one stack, the alias names it, it alone runs and the gateway routes to it."""
+    desired = daemon.client.get("/v1/desired")
+    stack = desired["aliases"].get("primary")
+    states = [(c["Labels"]["sparkctl.stack"], c["State"]) for c in containers(engine)]
+    return desired["stacks"] == [stack] and states == [(stack, "running")] and routed(daemon.gateway) == stack
+
+
+def test_kill9_at_random_points_of_switches_settles(switching, start_daemon, engine, world) -> None:
+    rng = random.Random(20261130)
+    daemon = switching(small=False)
+    for point in range(10):
+        target = B if routed(daemon.gateway) == A else A
+        worker = threading.Thread(target=switch_quietly, args=(daemon, target))
+        worker.start()
+        time.sleep(rng.uniform(0.0, 1.5))
+        daemon.kill9()
+        worker.join()
+        daemon = start_daemon()
+        daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+        wait_for(partial(switched_cleanly, daemon, engine), timeout=60, what=f"settling after kill point {point}",
+                 logs=daemon.logs)
+    store = Store(world / "state" / "sparkctl.db")
+    assert store.integrity_ok() and store.switches(unfinished=True) == []
+    assert 0 < len(store.switches()) <= 10  # a kill can come before the daemon took the request

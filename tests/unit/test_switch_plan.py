@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from sparkctl.daemon.switch import Switcher, SwitchFailed
+from sparkctl.daemon.switch import Switcher, SwitchFailed, recover
 from sparkctl.deploy.progress import RecordingReporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.switch import Mode, plan_switch
@@ -137,3 +137,18 @@ def test_a_failure_rolls_back_to_the_old_stack(tmp_path, mode, fail, after_failu
     assert world.state == Desired(("a",), {"primary": "a"})
     [record] = Store(tmp_path / "s.db").switches()
     assert record["ok"] is False and f"{fail} failed" in record["error"]
+
+
+@pytest.mark.parametrize(("desired", "settled"), [
+    (Desired(("a", "b"), {"primary": "b"}), Desired(("b",), {"primary": "b"})),  # flipped: completes
+    (Desired(("a", "b"), {"primary": "a"}), Desired(("a",), {"primary": "a"})),  # not flipped: rolls back
+])
+def test_a_switch_left_unfinished_by_a_kill_is_completed_or_undone(tmp_path, desired, settled) -> None:
+    store = Store(tmp_path / "s.db")
+    store.begin_switch({"alias": "primary", "from": "a", "to": "b", "mode": "hold/swap", "stop_old": True,
+                        "new_was_desired": False})
+    world = World(state=desired)
+    [done] = recover(world, store)
+    assert world.state == settled and done.startswith("switch 1 of primary")
+    assert store.switches(unfinished=True) == [] and store.switches()[0]["ok"] is (desired.aliases["primary"] == "b")
+    assert recover(world, store) == []

@@ -26,7 +26,7 @@ from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
-from sparkctl.daemon.switch import Switcher
+from sparkctl.daemon.switch import Switcher, recover
 from sparkctl.deploy.pipeline import Deployer, memory_shares
 from sparkctl.deploy.status import status_rows
 from sparkctl.errors import SparkctlError
@@ -261,6 +261,8 @@ class Daemon:
     async def serve(self) -> None:
         for interrupted in self.store.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
+        for settled in recover(self.machine, self.store):
+            log.warning("switch_interrupted", outcome=settled)
         path = socket_path(self.settings)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():

@@ -83,6 +83,9 @@ class Switcher:
         switch = Switch(plan)
         started = time.time()
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
+        intent = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode),
+                  "stop_old": plan.stop_old, "new_was_desired": plan.new in self.machine.desired().stacks}
+        switch_id = self.store.begin_switch(intent)  # a daemon killed mid-way finishes or undoes it on start
         error = None
         try:
             with ExitStack() as busy:  # the reconciler leaves both stacks alone meanwhile
@@ -95,9 +98,8 @@ class Switcher:
         except SparkctlError as e:
             error = str(e)
         switch.timings["total_s"] = round(time.time() - started, 3)
-        record = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode), "ok": error is None,
-                  "error": error, "timings": switch.timings, **switch.facts}
-        self.store.record_switch(started, record)
+        record = intent | {"ok": error is None, "error": error, "timings": switch.timings, **switch.facts}
+        self.store.finish_switch(switch_id, record)
         log.info("switch_finished", **{k: v for k, v in record.items() if k != "timings"}, **switch.timings)
         if error is not None:
             raise SwitchFailed(error)
@@ -108,11 +110,11 @@ class Switcher:
     # --- the two modes ------------------------------------------------------------------------
     def _blue_green(self, switch: Switch) -> None:
         plan = switch.plan
-        was_running = plan.new in self.machine.desired().stacks
+        was_desired = plan.new in self.machine.desired().stacks
         try:
             self._bring_up(switch)
         except SparkctlError as e:
-            if not was_running:
+            if not was_desired:
                 self._remove(plan.new)
             raise self._rolled_back(plan, e) from None
         self._flip(switch)
@@ -211,3 +213,24 @@ class _Timer:
 
     def __exit__(self, *_: object) -> None:
         self.timings[self.name] = round(time.monotonic() - self.start, 3)
+
+
+def recover(machine: Machine, store: Store) -> list[str]:
+    """Settle switches a killed daemon left unfinished, from desired.yaml alone: an alias that
+    already names the new stack completes (the old stack leaves the desired set), one that does
+    not rolls back (the new stack leaves it, unless it was desired before). The reconciler then
+    converges the containers. Returns what it did, for the log."""
+    done = []
+    for s in store.switches(unfinished=True):
+        alias, old, new = s["alias"], s["from"], s["to"]
+        flipped = machine.desired().aliases.get(alias) == new
+        if flipped and old and s["stop_old"]:
+            machine.update_desired(lambda d, old=old: d.without_stack(old))
+        elif not flipped and not s["new_was_desired"]:
+            machine.update_desired(lambda d, new=new: d.without_stack(new))
+        outcome = f"completed: {alias} names {new}" if flipped else f"rolled back: {alias} names {old}"
+        intent = {k: v for k, v in s.items() if k not in ("id", "at")}
+        store.finish_switch(s["id"], intent | {"ok": flipped, "error": None if flipped else
+                                               f"interrupted: the daemon stopped mid-switch; {outcome}"})
+        done.append(f"switch {s['id']} of {alias} {outcome}")
+    return done

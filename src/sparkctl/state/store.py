@@ -55,7 +55,8 @@ MIGRATIONS = (
         id INTEGER PRIMARY KEY,
         at REAL NOT NULL,
         alias TEXT NOT NULL,
-        record TEXT NOT NULL
+        record TEXT NOT NULL,
+        finished REAL
     );
     """,
 )
@@ -164,17 +165,24 @@ class Store:
         rows = self._all(query, (stack, limit) if stack else (limit,))
         return [{"at": at, "stack": s, "kind": k, "detail": d} for at, s, k, d in rows]
 
-    def record_switch(self, at: float, record: dict[str, object]) -> None:
-        """A switch of an alias: from, to, mode, outcome and timings."""
+    def begin_switch(self, record: dict[str, object]) -> int:
+        """A switch of an alias starts: from, to, mode; finished later with its outcome and timings."""
         with self._tx():
-            self.db.execute("INSERT INTO switches (at, alias, record) VALUES (?, ?, ?)",
-                            (at, record["alias"], json.dumps(record, sort_keys=True)))
+            cur = self.db.execute("INSERT INTO switches (at, alias, record) VALUES (?, ?, ?)",
+                                  (time.time(), record["alias"], json.dumps(record, sort_keys=True)))
+        return cur.lastrowid
 
-    def switches(self, alias: str | None = None, *, limit: int = 50) -> list[dict[str, object]]:
-        query = "SELECT id, at, record FROM switches" + (" WHERE alias = ?" if alias else "") + \
+    def finish_switch(self, switch: int, record: dict[str, object]) -> None:
+        with self._tx():
+            self.db.execute("UPDATE switches SET record = ?, finished = ? WHERE id = ?",
+                            (json.dumps(record, sort_keys=True), time.time(), switch))
+
+    def switches(self, alias: str | None = None, *, unfinished: bool = False, limit: int = 50) -> list[dict]:
+        where = [c for c, on in (("alias = ?", alias), ("finished IS NULL", unfinished)) if on]
+        query = "SELECT id, at, record FROM switches" + (" WHERE " + " AND ".join(where) if where else "") + \
             " ORDER BY id DESC LIMIT ?"
-        return [{"id": i, "at": at, **json.loads(r)} for i, at, r in self._all(query, (alias, limit) if alias
-                                                                              else (limit,))]
+        return [{"id": i, "at": at, **json.loads(r)} for i, at, r in self._all(query, (*([alias] if alias else []),
+                                                                                       limit))]
 
     def interrupt_unfinished(self, reason: str) -> list[int]:
         """Mark deployments a killed process left mid-way as failed; returns their ids."""
