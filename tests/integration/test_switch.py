@@ -13,6 +13,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import openai
 import pytest
@@ -242,3 +243,29 @@ def test_kill9_at_random_points_of_switches_settles(switching, start_daemon, eng
     store = Store(world / "state" / "sparkctl.db")
     assert store.integrity_ok() and store.switches(unfinished=True) == []
     assert 0 < len(store.switches()) <= 10  # a kill can come before the daemon took the request
+
+
+@pytest.mark.parametrize("when", ["gate", "after"])
+def test_the_switch_over_benchmark_runs_as_a_gate_or_after_release(switching, world, when) -> None:
+    daemon = switching(small=False)
+    amend(world / "stacks" / f"{B}.yaml", switch={"bench": when})
+    with Load(daemon.gateway + "/v1", width=4) as load:
+        outcome = switch(daemon, B)
+    assert outcome["ok"] and load.failures() == []
+    bench = outcome["result"]["bench"]
+    assert bench["verdict"] == "pass" and "tok/s at depth 16384" in bench["summary"]
+    run = Store(world / "state" / "sparkctl.db").bench_run(bench["run"])
+    assert run.stack == B and run.profile == "quick" and [r["depth"] for r in run.rows] == [0, 4096, 16384]
+    assert run.parts["image"].startswith("sha256:") and (Path(run.folder) / "llama-benchy.json").exists()
+    assert ("bench_s" in outcome["result"]["timings"]) is (when == "gate")
+
+
+def test_a_failed_benchmark_gate_rolls_the_switch_back(switching, world) -> None:
+    daemon = switching(small=True)
+    amend(world / "stacks" / f"{B}.yaml", switch={"bench": "gate"},
+          expectations={"min_decode_tps": 1e9, "min_acceptance": 0.4})
+    with Load(daemon.gateway + "/v1", width=4) as load:
+        outcome = switch(daemon, B)
+    assert not outcome["ok"] and "switch-over benchmark gate: fail: decode" in outcome["error"]
+    assert load.failures() == [] and {a.stack for a in load.answers} == {A}
+    assert daemon.client.get("/v1/desired")["aliases"] == {"primary": A}

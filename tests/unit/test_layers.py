@@ -15,6 +15,8 @@ FORBIDDEN = {
     "spec": {"cli", "daemon", "deploy", "gateway", "bench", "report", "adapters", "state"},
     "state": {"cli", "daemon", "deploy", "gateway", "bench", "report", "adapters"},
     "adapters": {"cli", "daemon", "deploy", "gateway", "bench", "report"},
+    "bench": {"cli", "daemon", "gateway", "report"},
+    "report": {"cli", "daemon", "gateway", "deploy", "adapters"},
 }
 # The simulated engine runs inside its image with nothing else of sparkctl.
 SELF_CONTAINED = {"sim"}

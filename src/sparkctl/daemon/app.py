@@ -21,6 +21,8 @@ from aiohttp import web
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
+from sparkctl.bench import stack as bench_stack
+from sparkctl.bench.profiles import PROFILES
 from sparkctl.daemon import api, planner
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.machine import DockerMachine
@@ -138,8 +140,17 @@ class Daemon:
         finally:
             self.kick()
 
-    def bench_switch_over(self, stack: str) -> dict[str, Any]:
-        raise SparkctlError(f"no benchmark runner yet for {stack}")
+    def bench_switch_over(self, name: str) -> dict[str, Any]:
+        """The new primary's `quick` benchmark through the gateway, judged by its gate."""
+        stack = self.catalog().stack(name)
+        self.bus.publish("note", stack=name, text=f"switch-over benchmark of {name} (quick profile)")
+        run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
+                                    profile=PROFILES["quick"])
+        verdict = bench_stack.gate(stack, run, store=self.store)
+        if not verdict.passed:
+            raise SparkctlError(f"switch-over benchmark gate: {verdict.describe()}")
+        decode = ", ".join(f"{r['tg_tps']:.1f} tok/s at depth {r['depth']}" for r in run.rows)
+        return {"run": run.id, "verdict": verdict.describe(), "summary": f"run {run.id}: {decode}; passed its gate"}
 
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""

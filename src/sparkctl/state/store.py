@@ -2,7 +2,8 @@
 
 Holds deployments (fingerprint parts, outcome, error), their phase transitions with times,
 what each image tag and model revision resolved to (digest, commit), so later `up`s run
-exactly that, events of running stacks, and alias switches with their timings. The deploy
+exactly that, events of running stacks, alias switches with their timings, and benchmark runs
+(rows per depth, the gate's verdict, each stack's last known-good run). The deploy
 pipeline and the daemon write it; `status` reads it. Opened per process; every write is its own short transaction.
 """
 
@@ -59,6 +60,30 @@ MIGRATIONS = (
         finished REAL
     );
     """,
+    """
+    CREATE TABLE bench_runs (
+        id INTEGER PRIMARY KEY,
+        stack TEXT NOT NULL,
+        fingerprint TEXT,
+        parts TEXT NOT NULL DEFAULT '{}',
+        profile TEXT NOT NULL,
+        folder TEXT NOT NULL DEFAULT '',
+        started REAL NOT NULL,
+        finished REAL,
+        error TEXT,
+        verdict TEXT
+    );
+    CREATE TABLE bench_rows (
+        run INTEGER NOT NULL REFERENCES bench_runs (id),
+        row TEXT NOT NULL
+    );
+    CREATE TABLE known_good (
+        stack TEXT PRIMARY KEY,
+        run INTEGER NOT NULL REFERENCES bench_runs (id),
+        image TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
 )
 
 
@@ -89,6 +114,21 @@ class Deployment:
     started: float
     finished: float | None
     error: str | None
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    id: int
+    stack: str
+    fingerprint: str | None
+    parts: dict[str, str]  # the deployment's image digest, model and draft commits, patch-set hash
+    profile: str
+    folder: str
+    started: float
+    finished: float | None
+    error: str | None
+    verdict: str | None  # the gate's: "pass" or "fail: <why>"
+    rows: list[dict]
 
 
 class Store:
@@ -183,6 +223,48 @@ class Store:
             " ORDER BY id DESC LIMIT ?"
         return [{"id": i, "at": at, **json.loads(r)} for i, at, r in self._all(query, (*([alias] if alias else []),
                                                                                        limit))]
+
+    def begin_bench(self, stack: str, fingerprint: str | None, parts: dict[str, str], profile: str) -> int:
+        with self._tx():
+            cur = self.db.execute("INSERT INTO bench_runs (stack, fingerprint, parts, profile, started) "
+                                  "VALUES (?, ?, ?, ?, ?)", (stack, fingerprint, json.dumps(parts, sort_keys=True),
+                                                             profile, time.time()))
+        return cur.lastrowid
+
+    def finish_bench(self, run: int, *, folder: str, rows: list[dict], error: str | None = None) -> None:
+        with self._tx():
+            self.db.execute("UPDATE bench_runs SET folder = ?, finished = ?, error = ? WHERE id = ?",
+                            (folder, time.time(), error, run))
+            self.db.executemany("INSERT INTO bench_rows VALUES (?, ?)", [(run, json.dumps(r)) for r in rows])
+
+    def judge_bench(self, run: int, verdict: str) -> None:
+        with self._tx():
+            self.db.execute("UPDATE bench_runs SET verdict = ? WHERE id = ?", (verdict, run))
+
+    def bench_runs(self, stack: str | None = None, *, limit: int = 100) -> list[BenchRun]:
+        query = "SELECT * FROM bench_runs" + (" WHERE stack = ?" if stack else "") + " ORDER BY id DESC LIMIT ?"
+        return [self._bench_run(r) for r in self._all(query, (stack, limit) if stack else (limit,))]
+
+    def bench_run(self, run: int) -> BenchRun | None:
+        row = self._one("SELECT * FROM bench_runs WHERE id = ?", (run,))
+        return self._bench_run(row) if row else None
+
+    def mark_known_good(self, stack: str, run: int, image: str) -> None:
+        """The stack's image passed its gate in `run`: the pin is known-good, with that provenance."""
+        with self._tx():
+            self.db.execute("INSERT INTO known_good VALUES (?, ?, ?, ?) ON CONFLICT (stack) DO UPDATE SET "
+                            "run = excluded.run, image = excluded.image, at = excluded.at",
+                            (stack, run, image, time.time()))
+
+    def known_good(self, stack: str) -> BenchRun | None:
+        row = self._one("SELECT run FROM known_good WHERE stack = ?", (stack,))
+        return self.bench_run(row[0]) if row else None
+
+    def _bench_run(self, row: tuple) -> BenchRun:
+        id_, stack, fingerprint, parts, profile, folder, started, finished, error, verdict = row
+        rows = [json.loads(r[0]) for r in self._all("SELECT row FROM bench_rows WHERE run = ? ORDER BY rowid", (id_,))]
+        return BenchRun(id_, stack, fingerprint, json.loads(parts), profile, folder, started, finished, error,
+                        verdict, rows)
 
     def interrupt_unfinished(self, reason: str) -> list[int]:
         """Mark deployments a killed process left mid-way as failed; returns their ids."""

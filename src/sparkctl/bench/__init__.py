@@ -1,0 +1,1 @@
+"""Benchmarks: llama-benchy runs with engine-metric deltas, stored with the deployment's fingerprint."""

@@ -1,0 +1,46 @@
+"""The regression gate: a benchmark run against the stack's `expectations` and its last
+known-good run. Fails on decode below the floor at depth 0, a drop past `max_drop` against the
+known-good run, speculative acceptance under the floor, or failed requests at or under the
+declared concurrency. Pure: the caller records the verdict and acts on it (known-good pin,
+rollback, blacklist)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkctl.spec.models import Expectations
+from sparkctl.state.store import BenchRun
+
+
+@dataclass(frozen=True)
+class Verdict:
+    run: int
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def describe(self) -> str:
+        return "pass" if self.passed else f"fail: {'; '.join(self.reasons)} (run {self.run})"
+
+
+def judge(run: BenchRun, expect: Expectations, *, baseline: BenchRun | None = None) -> Verdict:
+    rows = [r for r in run.rows if r["concurrency"] == 1]
+    reasons = []
+    decode = next((r["tg_tps"] for r in rows if r["depth"] == 0), None)
+    if expect.min_decode_tps and decode is not None and decode < expect.min_decode_tps:
+        reasons.append(f"decode {decode:.1f} tok/s < {expect.min_decode_tps:g} floor at depth 0")
+    before = next((r["tg_tps"] for r in baseline.rows if r["depth"] == 0 and r["concurrency"] == 1), None) \
+        if baseline and baseline.id != run.id else None
+    if expect.max_drop and decode is not None and before and decode < before * (1 - expect.max_drop):
+        reasons.append(f"decode {decode:.1f} tok/s is {1 - decode / before:.0%} under known-good run {baseline.id} "
+                       f"({before:.1f}); at most {expect.max_drop:.0%} allowed")
+    rates = [r["acceptance"] for r in rows if r.get("acceptance") is not None]
+    if expect.min_acceptance and rates and (acceptance := sum(rates) / len(rates)) < expect.min_acceptance:
+        reasons.append(f"acceptance {acceptance:.2f} < {expect.min_acceptance:.2f} floor")
+    crashed = sorted({r["concurrency"] for r in run.rows if r.get("failed")
+                      and r["concurrency"] <= (expect.min_concurrency or r["concurrency"])})
+    if crashed:
+        reasons.append(f"requests failed at concurrency {', '.join(map(str, crashed))}")
+    return Verdict(run.id, tuple(reasons))

@@ -1,0 +1,41 @@
+"""Benchmark profiles: what llama-benchy runs. Named in stack specs (`bench_profile`) and on
+the CLI. `quick` runs at switch-over; `seed` is seed 000's methodology; `concurrency` finds
+engines that fall over under parallel load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    pp: int
+    tg: int
+    depths: tuple[int, ...]
+    runs: int
+    concurrency: tuple[int, ...] = (1,)
+
+    def within(self, max_model_len: int | None) -> Profile:
+        """The profile without the depths whose requests would not fit the context window."""
+        if max_model_len is None:
+            return self
+        kept = tuple(d for d in self.depths if d + self.pp + self.tg <= max_model_len)
+        return replace(self, depths=kept or self.depths[:1])
+
+    def tests(self) -> list[tuple[int, int]]:
+        """(depth, concurrency) in the order llama-benchy runs them."""
+        return [(d, c) for d in self.depths for c in self.concurrency]
+
+    def args(self) -> list[str]:
+        return ["--pp", str(self.pp), "--tg", str(self.tg), "--depth", *map(str, self.depths),
+                "--runs", str(self.runs), "--concurrency", *map(str, self.concurrency), "--exact-tg",
+                "--latency-mode", "generation"]
+
+
+SEED_DEPTHS = (0, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
+PROFILES = {
+    "quick": Profile("quick", 512, 128, (0, 4096, 16384), runs=1),
+    "seed": Profile("seed", 512, 256, SEED_DEPTHS, runs=2),
+    "concurrency": Profile("concurrency", 512, 128, (0,), runs=1, concurrency=(1, 4, 16, 32)),
+}

@@ -1,0 +1,26 @@
+"""`python -m sparkctl.bench.scrape METRICS_URL FILE`: append one /metrics reading to FILE as a
+JSON line (`null` if the engine did not answer). llama-benchy runs it after every test run
+(`--post-run-cmd`), so counters are read exactly between runs. Standard library only: it
+starts in milliseconds."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+
+
+def main(argv: list[str]) -> int:
+    url, path = argv
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        text = None
+    with open(path, "a") as out:
+        out.write(json.dumps(text) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+"""Benchmark a deployed stack and keep the result: the run is stored with the deployment's
+fingerprint and parts (image digest, model and draft commits, patch-set hash) and its folder
+under the state dir (`bench/<run id>/`). The gate's verdict is recorded on the run; a pass makes
+it the stack's last known-good run. Used by `sparkctl bench run`, the switch-over hook, the sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from sparkctl.adapters.hub import repo_folder
+from sparkctl.bench import runner
+from sparkctl.bench.gate import Verdict, judge
+from sparkctl.bench.profiles import PROFILES, Profile
+from sparkctl.errors import SparkctlError
+from sparkctl.settings import Settings
+from sparkctl.spec.models import Stack
+from sparkctl.state.store import BenchRun, Phase, Store
+
+
+def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool = False,
+              profile: Profile | None = None, on_progress: Callable[[runner.Progress], None] | None = None) -> BenchRun:
+    """Run `profile` (default: the stack's) against the running stack: at its engine, or through the
+    gateway (so its concurrency cap holds while agents use it too)."""
+    deployment = store.latest(stack.name)
+    if deployment is None or deployment.phase is not Phase.RUNNING:
+        raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
+    profile = profile or PROFILES[stack.bench_profile]
+    engine = f"http://127.0.0.1:{stack.port}"
+    gateway = f"http://{_connectable(settings.gateway_host)}:{settings.gateway_port}"
+    keys = [k.get_secret_value() for k in settings.gateway_api_keys]
+    target = runner.Target(base_url=f"{gateway if via_gateway else engine}/v1", model=stack.served_name,
+                           tokenizer=tokenizer_dir(stack, deployment.parts, settings), metrics_url=f"{engine}/metrics",
+                           max_model_len=stack.vllm.max_model_len if stack.vllm else None,
+                           api_key=keys[0] if via_gateway and keys else None)
+    run_id = store.begin_bench(stack.name, deployment.fingerprint, deployment.parts, profile.name)
+    folder = settings.state_dir / "bench" / str(run_id)
+    try:
+        rows = runner.run(target, profile, folder=folder, on_progress=on_progress)
+    except SparkctlError as e:
+        store.finish_bench(run_id, folder=str(folder), rows=[], error=str(e))
+        raise
+    store.finish_bench(run_id, folder=str(folder), rows=[asdict(r) for r in rows])
+    found = store.bench_run(run_id)
+    assert found is not None
+    return found
+
+
+def gate(stack: Stack, run: BenchRun, *, store: Store) -> Verdict:
+    """Judge `run` against the stack's expectations and its last known-good run; record the verdict."""
+    verdict = judge(run, stack.expectations, baseline=store.known_good(stack.name))
+    store.judge_bench(run.id, verdict.describe())
+    if verdict.passed:
+        store.mark_known_good(stack.name, run.id, run.parts.get("image", ""))
+    return verdict
+
+
+def tokenizer_dir(stack: Stack, parts: dict[str, str], settings: Settings) -> Path:
+    """The model's downloaded files (tokenizer.json), as the deployment fetched them."""
+    if stack.model is None:
+        raise SparkctlError(f"{stack.name} names no model, so there is no tokenizer to benchmark with")
+    if stack.model.path:
+        return Path(stack.model.path)
+    assert stack.model.repo is not None
+    return repo_folder(settings.hf_cache_dir, stack.model.repo) / "snapshots" / parts["model"]
+
+
+def _connectable(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104 - a listen-anywhere setting
