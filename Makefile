@@ -38,6 +38,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 perf: setup  ## benchmarks that print figures side by side with their references
+	@bash scripts/perf-setup.sh
 	@set -e; found=0; for f in tests/perf/bench_*.py; do \
 	  [ -e "$$f" ] || continue; found=1; $(VENV)/bin/python "$$f"; done; \
 	  [ $$found = 1 ] || echo "perf: no benchmarks yet (they arrive with the deploy, daemon and gateway work)"

@@ -1,0 +1,170 @@
+"""Gateway figures: what the sparkctl gateway adds to a streamed response, beside a direct
+connection to the same simulated engine and beside nginx (Debian's, configured as a streaming
+reverse proxy: proxy_buffering off, keep-alive upstream) as the reference proxy.
+
+256-token streamed completions at concurrency 1, 16 and 64; the three targets take turns in
+rounds so drift hits them alike. Printed per concurrency: added time to first token (p50 and
+p99, against direct) and decode tok/s as a ratio to direct. Goals: p50 ≤ 1 ms, p99 ≤ 5 ms,
+ratio ≥ 0.97. The gateway and nginx each run as one process (nginx: one worker).
+
+Run with `make perf` (or `.venv/bin/python tests/perf/bench_gateway.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from sparkctl.deploy.health import http_status  # noqa: E402
+from sparkctl.sim.tinymodel import write_model  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+TOKENS, LEVELS, ROUNDS = 256, (1, 16, 64), {1: 10, 16: 2, 64: 1}
+SCALE = "0.25"  # the Gemma profile's 81 tok/s per stream, 4x faster: ~0.8 s per response
+NGINX_CONF = """
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {root}/body; proxy_temp_path {root}/proxy; fastcgi_temp_path {root}/fcgi;
+  uwsgi_temp_path {root}/uwsgi; scgi_temp_path {root}/scgi;
+  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
+
+
+def serve_gateway(port: int, upstream: str) -> None:
+    """The sparkctl gateway alone, routing `primary` to the engine (run as its own process)."""
+    from aiohttp import web
+
+    from sparkctl.gateway.proxy import Gateway
+    from sparkctl.gateway.routes import RouteTable, Upstream
+
+    table = RouteTable(upstreams={"gemma": Upstream("gemma", upstream, "tiny")}, aliases={"primary": "gemma"})
+    web.run_app(Gateway(lambda: table).app(), host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def start(command: list[str], url: str, env: dict | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while http_status(url) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{command[0]} did not start ({url})")
+        time.sleep(0.05)
+    return proc
+
+
+async def one(session: aiohttp.ClientSession, url: str, model: str, tokens: int = TOKENS) -> tuple[float, float]:
+    """(time to first token in s, decode tok/s) of one streamed completion."""
+    body = {"model": model, "prompt": "Write about the sea.", "max_tokens": tokens, "ignore_eos": True,
+            "stream": True}
+    sent = time.perf_counter()
+    first = last = 0.0
+    count = 0
+    async with session.post(url + "/v1/completions", json=body) as response:
+        async for line in response.content:
+            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                last = time.perf_counter()
+                first = first or last
+                count += 1
+    assert count == tokens, f"{url}: {count} chunks"
+    return first - sent, (count - 1) / (last - first) if count > 1 else 0.0
+
+
+async def level(url: str, model: str, concurrency: int, requests: int) -> list[tuple[float, float]]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        # Warm every connection on the way (client -> proxy -> engine), as a long-running agent's are.
+        await asyncio.gather(*(one(session, url, model, tokens=2) for _ in range(concurrency)))
+
+        async def worker() -> list[tuple[float, float]]:
+            return [await one(session, url, model) for _ in range(requests)]
+
+        return [r for batch in await asyncio.gather(*(worker() for _ in range(concurrency))) for r in batch]
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    if not shutil.which("nginx"):
+        raise SystemExit("nginx is missing: `make perf` installs it (scripts/perf-setup.sh)")
+    root = Path(tempfile.mkdtemp(prefix="sparkctl-gw-"))
+    model = write_model(root / "model", weights=False)
+    ports = {name: free_port() for name in ("engine", "sparkctl", "nginx")}
+    engine = f"http://127.0.0.1:{ports['engine']}"
+    procs = [start([sys.executable, "-m", "sparkctl.sim", "serve", str(model), "--served-model-name", "tiny",
+                    "--port", str(ports["engine"]), "--max-model-len", "4096", "--sim-profile", "aeon-gemma4-v2"],
+                   engine + "/health", {"SPARKCTL_SIM_TIME_SCALE": SCALE, "SPARKCTL_SIM_LOAD_SCALE": "0"})]
+    procs.append(start([sys.executable, __file__, "--serve-gateway", str(ports["sparkctl"]), engine],
+                       f"http://127.0.0.1:{ports['sparkctl']}/health"))
+    for d in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
+        (root / d).mkdir()
+    (root / "nginx.conf").write_text(NGINX_CONF.format(root=root, upstream=ports["engine"], port=ports["nginx"]))
+    procs.append(start(["nginx", "-c", str(root / "nginx.conf"), "-p", str(root), "-g", "daemon off;"],
+                       f"http://127.0.0.1:{ports['nginx']}/health"))
+    targets = {"direct": (engine, "tiny"), "sparkctl": (f"http://127.0.0.1:{ports['sparkctl']}", "primary"),
+               "nginx": (f"http://127.0.0.1:{ports['nginx']}", "tiny")}
+    try:
+        print(f"proxy overhead, {TOKENS}-token streamed completions, sim engine (Gemma profile x{1 / float(SCALE):g})")
+        print(f"{'conc':>4} {'proxy':>9} {'added TTFT p50':>15} {'p99':>9} {'decode ratio':>13}  goals: p50 <= 1 ms, "
+              "p99 <= 5 ms, ratio >= 0.97")
+        for concurrency in LEVELS:
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+            for _ in range(3):  # rounds: the targets take turns
+                for name, (url, model_name) in targets.items():
+                    results[name] += asyncio.run(level(url, model_name, concurrency, ROUNDS[concurrency]))
+            report(concurrency, results)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def report(concurrency: int, results: dict[str, list[tuple[float, float]]]) -> None:
+    ttft = {name: [r[0] * 1000 for r in rows] for name, rows in results.items()}
+    decode = {name: statistics.mean(r[1] for r in rows) for name, rows in results.items()}
+    for name in ("sparkctl", "nginx"):
+        p50 = pct(ttft[name], 50) - pct(ttft["direct"], 50)
+        p99 = pct(ttft[name], 99) - pct(ttft["direct"], 99)
+        ratio = decode[name] / decode["direct"]
+        ok = "ok" if name == "nginx" or (p50 <= 1 and p99 <= 5 and ratio >= 0.97) else "MISSED"
+        print(f"{concurrency:>4} {name:>9} {p50:>12.2f} ms {p99:>6.2f} ms {ratio:>13.3f}  "
+              f"{'(reference)' if name == 'nginx' else ok}")
+    print(f"{concurrency:>4} {'direct':>9}   TTFT p50 {pct(ttft['direct'], 50):.2f} ms, p99 "
+          f"{pct(ttft['direct'], 99):.2f} ms, decode {decode['direct']:.0f} tok/s per stream, "
+          f"{len(results['direct'])} requests per target")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve-gateway"]:
+        serve_gateway(int(sys.argv[2]), sys.argv[3])
+    else:
+        main()

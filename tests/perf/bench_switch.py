@@ -1,0 +1,119 @@
+"""Switch figures: what a hold/swap costs a held request beyond the new engine's own start.
+
+A daemon serves `primary` (two stacks that do not fit side by side, so every switch holds);
+an agent loop keeps calling the gateway throughout. For each of 10 switches, a probe request is
+sent as soon as the gateway reports the hold; its wait, minus the new engine's start (container
+start to /health 200, from the switch record) and minus a normal request's service time, is the
+switch cost. Goal: median ≤ 1.0 s, and 0 failed requests over all switches.
+
+Run with `make perf` (or `.venv/bin/python tests/perf/bench_switch.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from world import SPARKCTL, world  # noqa: E402
+
+from sparkctl.cli.client import DaemonClient  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+
+SWITCHES = 10
+STACKS = ("qwen36-dflash", "aeon-gemma4-v2")
+
+
+def call(gateway: str, timeout: float = 120) -> float:
+    """One short completion through the gateway; its latency (raises on any failure)."""
+    body = json.dumps({"model": "primary", "prompt": "hi", "max_tokens": 4}).encode()
+    request = urllib.request.Request(gateway + "/v1/completions", body, {"Content-Type": "application/json"})
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        json.loads(response.read())
+    return time.perf_counter() - start
+
+
+def holding(gateway: str) -> bool:
+    return "switching" in json.loads(urllib.request.urlopen(gateway + "/health", timeout=5).read())
+
+
+def agent(gateway: str, stop: threading.Event, counts: dict[str, int]) -> None:
+    while not stop.is_set():
+        try:
+            call(gateway)
+            counts["ok"] += 1
+        except OSError:
+            counts["failed"] += 1
+
+
+def main() -> None:
+    with world() as (env, _):
+        state = Path(env["SPARKCTL_STATE_DIR"])
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "desired.yaml").write_text(f"stacks: [{STACKS[0]}]\naliases: {{primary: {STACKS[0]}}}\n")
+        env["SPARKCTL_GATEWAY_PORT"] = str(free_port())
+        gateway = f"http://127.0.0.1:{env['SPARKCTL_GATEWAY_PORT']}"
+        daemon = subprocess.Popen([SPARKCTL, "daemon"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = DaemonClient(state / "sparkctl.sock")
+        try:
+            deadline = time.monotonic() + 120
+            while not _routed(gateway):
+                assert time.monotonic() < deadline and daemon.poll() is None, "the daemon did not route primary"
+                time.sleep(0.1)
+            service = statistics.median(call(gateway) for _ in range(20))
+            stop, counts = threading.Event(), {"ok": 0, "failed": 0}
+            loop = threading.Thread(target=agent, args=(gateway, stop, counts))
+            loop.start()
+            costs = [_switch(client, gateway, STACKS[(i + 1) % 2], service) for i in range(SWITCHES)]
+            stop.set()
+            loop.join()
+        finally:
+            daemon.terminate()
+            daemon.wait(30)
+    median = statistics.median(c for c, _, _ in costs)
+    print(f"switch cost (hold/swap, median of {SWITCHES}): {median:.3f} s beyond the engine's own start "
+          f"(goal <= 1.0 s: {'ok' if median <= 1.0 else 'MISSED'})")
+    print(f"  held probe waited {statistics.median(w for _, w, _ in costs):.3f} s; new engine start "
+          f"{statistics.median(e for _, _, e in costs):.3f} s (medians); one request {service * 1000:.0f} ms")
+    print(f"requests over all switches: {counts['ok']} answered, {counts['failed']} failed (goal 0: "
+          f"{'ok' if counts['failed'] == 0 else 'MISSED'})")
+
+
+def _switch(client: DaemonClient, gateway: str, stack: str, service: float) -> tuple[float, float, float]:
+    outcome: dict = {}
+
+    def run() -> None:
+        *_, last = client.stream("/v1/switch", {"alias": "primary", "stack": stack})
+        outcome.update(last)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    while not holding(gateway):
+        time.sleep(0.005)
+    waited = call(gateway) - service
+    worker.join()
+    assert outcome.get("ok"), outcome
+    engine = outcome["result"]["timings"]["engine_start_s"]
+    return waited - engine, waited, engine
+
+
+def _routed(gateway: str) -> bool:
+    try:
+        models = json.loads(urllib.request.urlopen(gateway + "/v1/models", timeout=5).read())["data"]
+    except OSError:
+        return False
+    return any(m["id"] == "primary" for m in models)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
