@@ -269,3 +269,26 @@ def test_a_failed_benchmark_gate_rolls_the_switch_back(switching, world) -> None
     assert not outcome["ok"] and "switch-over benchmark gate: fail: decode" in outcome["error"]
     assert load.failures() == [] and {a.stack for a in load.answers} == {A}
     assert daemon.client.get("/v1/desired")["aliases"] == {"primary": A}
+
+
+def test_a_new_tag_that_measures_badly_is_rolled_back_and_its_digest_blacklisted(switching, world, published,
+                                                                                 images, cli, engine) -> None:
+    from sparkctl.sim.registry import derive
+
+    broken = derive(images["sim"], env={"SPARKCTL_SIM_PROFILE": "aeon-gemma4-latest-broken"},
+                    labels={"sparkctl.rebuild": "next"})
+    digest = published.push(broken, "aeon-7/aeon-gemma-4-26b-a4b-dflash:next")
+    nxt = f"name: gemma-next\nextends: {B}\nimage:\n  tag: next\nswitch:\n  bench: gate\n"
+    daemon = switching(small=False, extra={"gemma-next": nxt})
+    with Load(daemon.gateway + "/v1", width=8) as load:
+        outcome = switch(daemon, "gemma-next")
+    assert not outcome["ok"] and f"blacklisted image {digest}" in outcome["error"]
+    assert "acceptance" in outcome["error"] and "under the stack's floor 0.40" in outcome["error"]
+    assert load.failures() == [] and {a.stack for a in load.answers} == {A}
+    assert daemon.client.get("/v1/desired")["aliases"] == {"primary": A}
+    ban = YAML(typ="safe").load((world / "stacks" / "images.yaml").read_text())["blacklist"][digest]
+    assert ban["reason"].startswith("ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:next: canary speculative acceptance")
+    code, _, err = cli("up", "gemma-next", "--replace")
+    assert code == 1 and "blacklisted" in err
+    assert [c["State"] for c in containers(engine, A)] == ["running"]  # a refused image stops nothing
+    assert cli("image", "unblacklist", digest)[0] == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkctl.errors import SparkctlError
 from sparkctl.spec.models import Expectations
 from sparkctl.state.store import BenchRun
 
@@ -23,6 +24,12 @@ class Verdict:
 
     def describe(self) -> str:
         return "pass" if self.passed else f"fail: {'; '.join(self.reasons)} (run {self.run})"
+
+
+class GateFailed(SparkctlError):
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(f"benchmark gate: {verdict.describe()}")
+        self.verdict = verdict
 
 
 def judge(run: BenchRun, expect: Expectations, *, baseline: BenchRun | None = None) -> Verdict:

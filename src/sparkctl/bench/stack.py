@@ -1,7 +1,9 @@
 """Benchmark a deployed stack and keep the result: the run is stored with the deployment's
 fingerprint and parts (image digest, model and draft commits, patch-set hash) and its folder
 under the state dir (`bench/<run id>/`). The gate's verdict is recorded on the run; a pass makes
-it the stack's last known-good run. Used by `sparkctl bench run`, the switch-over hook, the sweep.
+it the stack's last known-good run and pins its image digest as known-good (provenance: the run).
+A failure tied to a digest that never passed blacklists that digest with the measured reason.
+Used by `sparkctl bench run`, the switch-over hook, the sweep.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sparkctl.bench.gate import Verdict, judge
 from sparkctl.bench.profiles import PROFILES, Profile
 from sparkctl.errors import SparkctlError
 from sparkctl.settings import Settings
+from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import BenchRun, Phase, Store
 
@@ -48,13 +51,25 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
     return found
 
 
-def gate(stack: Stack, run: BenchRun, *, store: Store) -> Verdict:
+def gate(stack: Stack, run: BenchRun, *, settings: Settings, store: Store) -> Verdict:
     """Judge `run` against the stack's expectations and its last known-good run; record the verdict."""
     verdict = judge(run, stack.expectations, baseline=store.known_good(stack.name))
     store.judge_bench(run.id, verdict.describe())
-    if verdict.passed:
-        store.mark_known_good(stack.name, run.id, run.parts.get("image", ""))
+    digest = run.parts.get("image", "")
+    if verdict.passed and digest.startswith("sha256:"):
+        store.mark_known_good(stack.name, run.id, digest)
+        imagefile.pin(settings.images_file, stack.image.ref, digest=digest, known_good=True,
+                      provenance=f"benchmark run {run.id} passed its gate")
     return verdict
+
+
+def blacklist_if_new(stack: Stack, digest: str, reason: str, *, settings: Settings, store: Store) -> bool:
+    """Blacklist `digest` for `reason` unless it is the stack's known-good image; True if it was."""
+    good = store.known_good(stack.name)
+    if not digest.startswith("sha256:") or (good is not None and good.parts.get("image") == digest):
+        return False
+    imagefile.blacklist(settings.images_file, digest, reason=f"{stack.image.ref}: {reason}")
+    return True
 
 
 def tokenizer_dir(stack: Stack, parts: dict[str, str], settings: Settings) -> Path:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkctl import __version__
-from sparkctl.cli import config, deploy, images, service, stacks
+from sparkctl.cli import bench, config, deploy, images, service, stacks
 from sparkctl.cli.runtime import Runtime
 from sparkctl.errors import SparkctlError
 
@@ -30,6 +30,7 @@ app.add_typer(images.app, name="image")
 app.add_typer(config.app, name="config")
 app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
+app.add_typer(bench.app, name="bench")
 for command in (deploy.up, deploy.down, deploy.switch, deploy.status, deploy.logs, service.daemon):
     app.command()(command)
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
 from sparkctl.bench import stack as bench_stack
+from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
 from sparkctl.daemon import api, planner
 from sparkctl.daemon.events import BusReporter, EventBus
@@ -29,6 +30,7 @@ from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.switch import Switcher, recover
+from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.pipeline import Deployer, memory_shares
 from sparkctl.deploy.status import status_rows
 from sparkctl.errors import SparkctlError
@@ -39,7 +41,7 @@ from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
 from sparkctl.spec.load import Catalog, load_catalog
 from sparkctl.spec.render import LABEL_FINGERPRINT, LABEL_STACK
-from sparkctl.state.store import Store
+from sparkctl.state.store import Phase, Store
 
 log = structlog.get_logger()
 
@@ -134,7 +136,8 @@ class Daemon:
         self.reconciler.forget(spec.name)
         switcher = Switcher(machine=self.machine, reconciler=self.reconciler, gateway=self.gateway,
                             refresh_routes=self.refresh_routes, store=self.store, reporter=BusReporter(self.bus),
-                            bench=self.bench_switch_over, bench_mode=lambda s: self.catalog().stack(s).switch.bench)
+                            bench=self.bench_switch_over, bench_mode=lambda s: self.catalog().stack(s).switch.bench,
+                            blame=self.blame)
         try:
             return switcher.run(plan)
         finally:
@@ -146,11 +149,28 @@ class Daemon:
         self.bus.publish("note", stack=name, text=f"switch-over benchmark of {name} (quick profile)")
         run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
                                     profile=PROFILES["quick"])
-        verdict = bench_stack.gate(stack, run, store=self.store)
+        verdict = bench_stack.gate(stack, run, settings=self.settings, store=self.store)
         if not verdict.passed:
-            raise SparkctlError(f"switch-over benchmark gate: {verdict.describe()}")
+            raise GateFailed(verdict)
         decode = ", ".join(f"{r['tg_tps']:.1f} tok/s at depth {r['depth']}" for r in run.rows)
         return {"run": run.id, "verdict": verdict.describe(), "summary": f"run {run.id}: {decode}; passed its gate"}
+
+    def blame(self, name: str, cause: SparkctlError) -> str | None:
+        """A switch to `name` failed on a measurement (its benchmark gate, or the canary's acceptance
+        floor): if the image digest it ran never passed, blacklist that digest with the reason."""
+        latest = self.store.latest(name)
+        if isinstance(cause, GateFailed):
+            reason = cause.verdict.describe().removeprefix("fail: ")
+        elif isinstance(cause, HealthError) and cause.phase is Phase.CANARY and latest is not None:
+            reason = f"{str(cause).splitlines()[0]} (deployment {latest.id})"
+        else:
+            return None
+        digest = latest.parts.get("image", "") if latest else ""
+        if not bench_stack.blacklist_if_new(self.catalog().stack(name), digest, reason, settings=self.settings,
+                                            store=self.store):
+            return None
+        self.store.record_event(name, "blacklisted", f"{digest}: {reason}")
+        return f"blacklisted image {digest} ({reason}); `sparkctl image unblacklist {digest}` undoes it"
 
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""

@@ -78,6 +78,7 @@ class Switcher:
     reporter: Reporter
     bench: Callable[[str], dict[str, Any]]  # the quick benchmark of a stack; raises if it fails its gate
     bench_mode: Callable[[str], str]  # "gate", "after" or "off", from the stack's spec
+    blame: Callable[[str, SparkctlError], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
 
     def run(self, plan: SwitchPlan) -> dict[str, Any]:
         switch = Switch(plan)
@@ -178,7 +179,9 @@ class Switcher:
     def _rolled_back(self, plan: SwitchPlan, cause: SparkctlError) -> SwitchFailed:
         keeps = f"{plan.alias} still names {plan.old}, which keeps serving" if plan.old else \
             f"{plan.alias} was not changed"
-        return SwitchFailed(f"switch of {plan.alias} to {plan.new} rolled back: {keeps}. Cause: {cause}")
+        blamed = self.blame(plan.new, cause)
+        return SwitchFailed(f"switch of {plan.alias} to {plan.new} rolled back: {keeps}. Cause: {cause}"
+                            + (f"\n{blamed}" if blamed else ""))
 
     def _bench_after(self, stack: str) -> dict[str, Any]:
         try:

@@ -76,8 +76,9 @@ class Deployer:
         stack = self.catalog.stack(name)
         deployment = self.store.begin(name)
         try:
-            self._admit(stack, replace=replace)
+            room = self._admit(stack, replace=replace)
             prepared = self.prepare(stack, deployment, refresh=refresh)
+            self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)
             self.store.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
             if stack.kind is Kind.COMPOSE:
                 result = self._up_compose(stack, prepared, deployment)
@@ -123,14 +124,16 @@ class Deployer:
             self.store.advance(latest.id, Phase.STOPPED, "sparkctl down")
         return len(removed)
 
-    def _admit(self, stack: Stack, *, replace: bool) -> None:
+    def _admit(self, stack: Stack, *, replace: bool) -> tuple[str, ...]:
+        """The stacks to stop for this one to fit (with --replace); refuses if it doesn't fit otherwise."""
         verdict = admit(stack.name, stack.resources.gpu_memory_utilization, memory_shares(self.docker),
                         ceiling=self.settings.memory_ceiling)
-        if verdict.fits:
-            return
-        if not replace:
+        if not verdict.fits and not replace:
             raise SparkctlError(verdict.explain(stack.name))
-        for other in verdict.in_the_way:
+        return verdict.in_the_way
+
+    def _make_room(self, stack: Stack, in_the_way: tuple[str, ...]) -> None:
+        for other in in_the_way:
             self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
             for c in self.docker.containers(**{LABEL_STACK: other}):
                 self.docker.remove(c["Id"])
