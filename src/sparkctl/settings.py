@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     switch_hold_timeout: float = Field(default=300.0, gt=0)
     switch_hold_queue: int = Field(default=1024, ge=1)
     switch_drain_timeout: float = Field(default=120.0, ge=0)
+    # The machine's memory bandwidth, for the report's decode efficiency (GB10: ~273 GB/s).
+    memory_bandwidth_gbs: float = Field(default=273.0, gt=0)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))

@@ -127,6 +127,9 @@ class Container(Spec):
 class Resources(Spec):
     # vLLM reserves this fraction of unified memory up front; admission sums it.
     gpu_memory_utilization: Fraction = 0.80
+    # GB read from memory per decoded token (the weights; for MoE the active experts), for the
+    # report's decode efficiency against the bandwidth bound. An estimate; None leaves it out.
+    read_per_token_gb: float | None = Field(default=None, gt=0)
 
 
 class Health(Spec):
