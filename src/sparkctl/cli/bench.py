@@ -20,7 +20,7 @@ def run(
     ctx: typer.Context,
     stack: str,
     profile: str | None = typer.Option(None, "--profile", "-p", help=PROFILE_HELP),
-    depth: list[int] | None = typer.Option(None, "--depth", help="Override the profile's depths."),
+    depths: str | None = typer.Option(None, "--depths", help="Override the profile's depths: 0,4096,8192."),
     runs: int | None = typer.Option(None, "--runs", help="Override the profile's runs per depth."),
 ) -> None:
     """Benchmark the running STACK, store the run with its fingerprint, judge it with its gate."""
@@ -28,7 +28,7 @@ def run(
 
     rt = runtime(ctx)
     spec = rt.catalog.stack(stack)
-    chosen = _profile(profile or spec.bench_profile, depth, runs)
+    chosen = _profile(profile or spec.bench_profile, depths, runs)
     with Live(_progress_table(None), console=rt.console, transient=True) as live:
         result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=chosen,
                                        on_progress=lambda p: live.update(_progress_table(p)))
@@ -51,7 +51,7 @@ def list_runs(ctx: typer.Context, stack: str | None = typer.Argument(None)) -> N
     rt.console.print(table)
 
 
-def _profile(name: str, depth: list[int] | None, runs: int | None):
+def _profile(name: str, depths: str | None, runs: int | None):
     from dataclasses import replace
 
     from sparkctl.bench.profiles import PROFILES
@@ -59,8 +59,11 @@ def _profile(name: str, depth: list[int] | None, runs: int | None):
     if name not in PROFILES:
         raise SparkctlError(f"no benchmark profile {name!r}; choose one of {', '.join(PROFILES)}")
     chosen = PROFILES[name]
-    if depth:
-        chosen = replace(chosen, depths=tuple(depth))
+    if depths:
+        try:
+            chosen = replace(chosen, depths=tuple(int(d) for d in depths.split(",")))
+        except ValueError:
+            raise SparkctlError(f"--depths takes comma-separated token counts, got {depths!r}") from None
     return replace(chosen, runs=runs) if runs else chosen
 
 
@@ -84,3 +87,126 @@ def _rows_table(result) -> Table:
 
 def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
+
+
+@app.command("report")
+def report_cmd(
+    ctx: typer.Context,
+    targets: list[str] | None = typer.Argument(None, metavar="[RUN|STACK...]",
+                                               help="Run ids, or stacks (globs) for their latest run."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Folder (default: STATE_DIR/reports/<time>)."),
+    label: str = typer.Option("", "--label", help="A line under the title (e.g. where it was measured)."),
+) -> None:
+    """Write report.md, PNG graphs and dataset.csv/json comparing benchmark runs."""
+    rt = runtime(ctx)
+    entries = [(rt.catalog.stack(run.stack), run) for run in _runs(rt, targets or [])]
+    path = _write_report(rt, entries, out, label=label)
+    rt.console.print(f"report of {len(entries)} config(s): {path}")
+
+
+@app.command("sweep")
+def sweep(
+    ctx: typer.Context,
+    stacks: list[str] = typer.Argument(..., metavar="STACK...", help="Stacks or globs (e.g. 'qwen36-*')."),
+    profile: str = typer.Option("seed", "--profile", "-p", help=PROFILE_HELP.replace("the stack's bench_profile",
+                                                                                       "seed")),
+    depths: str | None = typer.Option(None, "--depths", help="Override the profile's depths: 0,4096,8192."),
+    runs: int | None = typer.Option(None, "--runs", help="Override the profile's runs per depth."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Folder for the comparison report."),
+    label: str = typer.Option("", "--label", help="A line under the report's title."),
+) -> None:
+    """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
+    write one comparison report: seed 000's study, repeatable."""
+    from sparkctl.bench import stack as bench_stack
+    from sparkctl.cli.console import ConsoleReporter
+
+    rt = runtime(ctx)
+    chosen, entries = _profile(profile, depths, runs), []
+    for name in _expand(rt, stacks):
+        spec = rt.catalog.stack(name)
+        rt.console.rule(f"{name}")
+        with ConsoleReporter(rt.console) as reporter:
+            _up(rt, name, reporter)
+        try:
+            with Live(_progress_table(None), console=rt.console, transient=True) as live:
+                result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=chosen,
+                                               on_progress=lambda p: live.update(_progress_table(p)))
+            verdict = bench_stack.gate(spec, result, settings=rt.settings, store=rt.store)
+            rt.console.print(_rows_table(result))
+            rt.console.print(f"run {result.id}: {verdict.describe()}")
+            entries.append((spec, result))
+        finally:
+            _down(rt, name)
+    path = _write_report(rt, entries, out, label=label)
+    rt.console.print(f"[green]sweep of {len(entries)} config(s) done[/]: {path}")
+
+
+def _runs(rt, targets: list[str]) -> list:
+    if not targets:
+        latest = {}
+        for run in rt.store.bench_runs(limit=1000):
+            if run.rows and run.stack not in latest:
+                latest[run.stack] = run
+        return sorted(latest.values(), key=lambda r: r.id)
+    found = []
+    for target in targets:
+        if target.isdigit():
+            run = rt.store.bench_run(int(target))
+            if run is None:
+                raise SparkctlError(f"no benchmark run {target}; `sparkctl bench list` shows them")
+            found.append(run)
+            continue
+        for name in _expand(rt, [target]):
+            run = next((r for r in rt.store.bench_runs(name) if r.rows), None)
+            if run is None:
+                raise SparkctlError(f"{name} has no benchmark run yet: `sparkctl bench run {name}`")
+            found.append(run)
+    return found
+
+
+def _expand(rt, patterns: list[str]) -> list[str]:
+    from fnmatch import fnmatch
+
+    names = []
+    for pattern in patterns:
+        matched = [s.name for s in rt.catalog.deployable() if fnmatch(s.name, pattern)]
+        if not matched:
+            rt.catalog.stack(pattern)  # raises naming the known stacks
+        names += [n for n in matched if n not in names]
+    return names
+
+
+def _write_report(rt, entries: list, out: str | None, *, label: str):
+    import time
+    from pathlib import Path
+
+    from sparkctl import report
+
+    if not entries:
+        raise SparkctlError("nothing to report: no benchmark runs (`sparkctl bench run STACK`)")
+    repos = {stack.image.repository for stack, _ in entries}
+    bans = {ref: ban.reason for ref, ban in rt.policy.blacklist.items()
+            if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
+    folder = Path(out) if out else rt.settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
+    return report.write(entries, folder, bandwidth_gbs=rt.settings.memory_bandwidth_gbs,
+                        title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries), label=label,
+                        bans=bans)
+
+
+def _up(rt, name: str, reporter) -> None:
+    if rt.daemon.available():
+        *_, outcome = rt.daemon.stream("/v1/up", {"stack": name, "replace": True})
+        if not outcome.get("ok"):
+            raise SparkctlError(outcome.get("error", f"up {name} failed"))
+    else:
+        rt.deployer(reporter).up(name, replace=True)
+
+
+def _down(rt, name: str) -> None:
+    if rt.daemon.available():
+        list(rt.daemon.stream("/v1/down", {"stack": name}))
+    else:
+        from sparkctl.cli.console import ConsoleReporter
+
+        with ConsoleReporter(rt.console) as reporter:
+            rt.deployer(reporter).down(name)
