@@ -43,15 +43,8 @@ perf: setup  ## benchmarks that print figures side by side with their references
 	  [ -e "$$f" ] || continue; found=1; $(VENV)/bin/python "$$f"; done; \
 	  [ $$found = 1 ] || echo "perf: no benchmarks yet (they arrive with the deploy, daemon and gateway work)"
 
-demo:
-	@echo "make demo is not built yet. When it is, it will, offline on simulated engines:"
-	@echo "  start the daemon and gateway; sparkctl up qwen36-dflash (pull by digest from a local"
-	@echo "  registry, weights, draft patches + shim); benchmark it; run an agent-like loop through"
-	@echo "  the gateway; switch primary to aeon-gemma4-v2; show aeon-gemma4 :latest refused by the"
-	@echo "  blacklist; switch to diffusiongemma (compose); write the comparison report."
-	@echo "Today: the pieces exist (sparkctl daemon, up, status, down; the sim engines, the loopback"
-	@echo "registry and Hub); docs/engines.md and tests/integration/test_up.py show them wired by hand."
-	@exit 1
+demo: setup  ## the main job on simulated engines, offline: up, bench, agent loop, switches, report (./demo/)
+	$(VENV)/bin/python scripts/demo.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

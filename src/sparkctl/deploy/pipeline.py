@@ -21,7 +21,7 @@ from sparkctl.deploy import health, image, patches, weights
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.admission import admit
-from sparkctl.policy.images import ImagePolicy
+from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.settings import Settings
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
@@ -76,6 +76,7 @@ class Deployer:
         stack = self.catalog.stack(name)
         deployment = self.store.begin(name)
         try:
+            check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
             room = self._admit(stack, replace=replace)
             prepared = self.prepare(stack, deployment, refresh=refresh)
             self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)

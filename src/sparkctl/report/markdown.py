@@ -21,6 +21,11 @@ def render(data: list[dict], *, title: str, label: str, hardware: str, bandwidth
         out += ["## Speculative acceptance (rate / mean acceptance length)", "",
                 *_grid(accepted, list(dict.fromkeys(r["config"] for r in accepted)), depths, "acceptance", "{:.2f}",
                        extra="acceptance_length"), ""]
+    committed = [r for r in single if r["committed_per_step"] is not None]
+    if committed:
+        out += ["## Diffusion: tokens committed per denoising step", "",
+                *_grid(committed, list(dict.fromkeys(r["config"] for r in committed)), depths, "committed_per_step",
+                       "{:.1f}"), ""]
     out += _speedups(single, configs, depths)
     out += ["## Decode efficiency against the bandwidth bound", "",
             f"Assumed: memory bandwidth {bandwidth_gbs:g} GB/s (setting SPARKCTL_MEMORY_BANDWIDTH_GBS); bytes read "
