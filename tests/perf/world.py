@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ SPARKCTL = str(ROOT / ".venv" / "bin" / "sparkctl")
 def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
     with tempfile.TemporaryDirectory(prefix="sparkctl-perf-") as tmp:
         root = Path(tmp)
+        for name in ("stacks", "patches"):  # a copy: pins and bans the benchmarks record stay in it
+            shutil.copytree(ROOT / name, root / name)
         registry = Registry(root / "registry")
         registry.publish_sim()
         cache = Path(os.environ.get("SPARKCTL_BUILD_CACHE", root)) / "models"
@@ -31,7 +34,7 @@ def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
                    "SPARKCTL_HF_ENDPOINT": hub.endpoint, "SPARKCTL_HF_CACHE_DIR": str(root / "hf" / "hub"),
                    "SPARKCTL_STATE_DIR": str(root / "state"), "SPARKCTL_GPUS": "none",
                    "SPARKCTL_ENGINE_ENV": f"SPARKCTL_SIM_TIME_SCALE={time_scale}",
-                   "SPARKCTL_STACKS_DIR": str(ROOT / "stacks"), "SPARKCTL_PATCHES_DIR": str(ROOT / "patches"),
+                   "SPARKCTL_STACKS_DIR": str(root / "stacks"), "SPARKCTL_PATCHES_DIR": str(root / "patches"),
                    "PERF_ROOT": str(root), "PERF_HUB": hub.endpoint}
             try:
                 yield env, hub.hub
