@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -31,13 +32,23 @@ def image_file(engine, image: str, path: str) -> str:
 
 
 @pytest.fixture
-def draft(tmp_path: Path, tiny_model_dir: Path) -> dict[str, str]:
+def dspark(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """A DSpark-like draft: model files plus the `vllm_patches/` its head lives in."""
+    shutil.copytree(tiny_model_dir, tmp_path / "dspark")
+    (tmp_path / "dspark" / "vllm_patches").mkdir()
+    (tmp_path / "dspark" / "vllm_patches" / "qwen3_dflash.py").write_text(QWEN3_DFLASH_PATCH)
+    (tmp_path / "dspark" / "vllm_patches" / "llm_base_proposer.py").write_text(LLM_BASE_PROPOSER_PATCH)
+    return tmp_path / "dspark"
+
+
+@pytest.fixture
+def draft(tmp_path: Path, dspark: Path) -> dict[str, str]:
     """Mounts for a DFlash start: the draft dir and both DSpark overlay files."""
     overlays = tmp_path / "overlays"
     overlays.mkdir()
     (overlays / "qwen3_dflash.py").write_text(QWEN3_DFLASH_PATCH)
     (overlays / "llm_base_proposer.py").write_text(LLM_BASE_PROPOSER_PATCH)
-    return {str(tiny_model_dir): "/draft",
+    return {str(dspark): "/draft",
             str(overlays / "qwen3_dflash.py"): f"{VLLM}/model_executor/models/qwen3_dflash.py",
             str(overlays / "llm_base_proposer.py"): f"{VLLM}/v1/spec_decode/llm_base_proposer.py"}
 
@@ -48,11 +59,16 @@ def test_dflash_without_the_shim_dies_like_vllm(start_engine, draft) -> None:
     assert f"AttributeError: 'DFlashProposer' object has no attribute '{SHIM_ATTRIBUTES[0]}'" in served.logs()
 
 
-def test_dflash_without_the_overlays_fails_to_import(start_engine, tiny_model_dir) -> None:
-    served = start_engine("sim", "--speculative-config", json.dumps(DFLASH), env=FAST,
-                          mounts={str(tiny_model_dir): "/draft"})
+def test_dflash_without_the_overlays_fails_to_import(start_engine, dspark) -> None:
+    served = start_engine("sim", "--speculative-config", json.dumps(DFLASH), env=FAST, mounts={str(dspark): "/draft"})
     assert served.wait_exit() == 1
     assert "the draft's vllm_patches are not applied" in served.logs()
+
+
+def test_a_drafter_the_image_supports_natively_needs_no_overlays(start_engine, tiny_model_dir) -> None:
+    served = start_engine("sim", "--speculative-config", json.dumps(DFLASH), env=FAST,
+                          mounts={str(tiny_model_dir): "/draft"})  # AEON Gemma-4's drafter: no vllm_patches/
+    served.wait_ready(timeout=30)
 
 
 def test_dflash_with_overlays_and_shim_serves(engine, images, start_engine, draft, tmp_path: Path) -> None:
