@@ -266,7 +266,8 @@ def test_a_failed_benchmark_gate_rolls_the_switch_back(switching, world) -> None
           expectations={"min_decode_tps": 1e9, "min_acceptance": 0.4})
     with Load(daemon.gateway + "/v1", width=4) as load:
         outcome = switch(daemon, B)
-    assert not outcome["ok"] and "switch-over benchmark gate: fail: decode" in outcome["error"]
+    assert not outcome["ok"] and "Cause: benchmark gate: fail: decode" in outcome["error"]
+    assert "blacklisted image sha256:" in outcome["error"]  # its digest never passed a gate
     assert load.failures() == [] and {a.stack for a in load.answers} == {A}
     assert daemon.client.get("/v1/desired")["aliases"] == {"primary": A}
 
