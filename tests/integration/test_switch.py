@@ -292,6 +292,7 @@ def test_a_new_tag_that_measures_badly_is_rolled_back_and_its_digest_blacklisted
     code, _, err = cli("up", "gemma-next", "--replace")
     assert code == 1 and "blacklisted" in err
     assert [c["State"] for c in containers(engine, A)] == ["running"]  # a refused image stops nothing
+    assert daemon.client.get("/v1/desired")["stacks"] == [A]  # refused for good: not kept desired
     assert cli("bench", "run", A, "--profile", "quick", "--depths", "0")[0] == 0
     code, out, _ = cli("bench", "report", A, "--out", str(world / "report"))
     assert code == 0 and f"`{digest}`: ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:next: canary speculative " \

@@ -139,6 +139,14 @@ def test_a_failure_rolls_back_to_the_old_stack(tmp_path, mode, fail, after_failu
     assert record["ok"] is False and f"{fail} failed" in record["error"]
 
 
+@pytest.mark.parametrize("mode", [Mode.BLUE_GREEN, Mode.HOLD_SWAP])
+def test_a_failure_after_the_flip_does_not_undo_the_switch(tmp_path, mode) -> None:
+    world = World(fail="down a")
+    result = run(world, mode, tmp_path=tmp_path)
+    assert result["ok"] and "down a failed" in result["cleanup_error"]
+    assert world.state.aliases == {"primary": "b"} and "a" not in world.state.stacks
+
+
 @pytest.mark.parametrize(("desired", "settled"), [
     (Desired(("a", "b"), {"primary": "b"}), Desired(("b",), {"primary": "b"})),  # flipped: completes
     (Desired(("a", "b"), {"primary": "a"}), Desired(("a",), {"primary": "a"})),  # not flipped: rolls back

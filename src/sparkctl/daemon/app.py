@@ -33,7 +33,7 @@ from sparkctl.daemon.switch import Switcher, recover
 from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.pipeline import Deployer, memory_shares
 from sparkctl.deploy.status import status_rows
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import ImageRefused, SparkctlError
 from sparkctl.gateway.proxy import Gateway, LoopControl
 from sparkctl.gateway.routes import RouteTable, build_table
 from sparkctl.policy.switch import plan_switch
@@ -101,12 +101,18 @@ class Daemon:
         return self.catalog().stack(name).name
 
     def up(self, stack: str, *, refresh: bool = False, replace: bool = False) -> dict[str, Any]:
+        was_desired = stack in self.machine.desired().stacks
         self.machine.update_desired(lambda d: d.with_stack(stack))
         self.reconciler.forget(stack)
         started = time.time()
         try:
             with self.reconciler.holding(stack):
                 self.machine.deploy(stack, refresh=refresh, replace=replace)
+        except ImageRefused:  # the policy refuses it: retrying cannot help, so a new stack is not kept desired
+            if not was_desired:
+                self.machine.update_desired(lambda d: d.without_stack(stack))
+            self.metrics.outcome(stack, ok=False)
+            raise
         except SparkctlError:
             self.metrics.outcome(stack, ok=False)
             raise

@@ -123,7 +123,7 @@ class Switcher:
             with switch.timed("drain_s"):
                 switch.facts["drained"] = self.gateway.drain(plan.old)
             with switch.timed("stop_old_s"):
-                self._remove(plan.old)
+                self._retire(switch, plan.old)
 
     def _hold_swap(self, switch: Switch) -> None:
         plan = switch.plan
@@ -147,7 +147,7 @@ class Switcher:
             self._flip(switch)
             switch.facts |= self.gateway.release(plan.alias)
             released = True
-            self._remove(plan.old)
+            self._retire(switch, plan.old)
         finally:
             if not released:
                 switch.facts |= self.gateway.release(plan.alias)
@@ -175,6 +175,14 @@ class Switcher:
     def _remove(self, stack: str) -> None:
         self.machine.update_desired(lambda d: d.without_stack(stack))
         self.machine.down(stack)
+
+    def _retire(self, switch: Switch, stack: str) -> None:
+        """Remove the old stack after the flip: the switch stands whatever happens here."""
+        try:
+            self._remove(stack)
+        except SparkctlError as e:  # it is no longer desired: the reconciler removes it later
+            switch.facts["cleanup_error"] = str(e)
+            self.reporter.note(stack, f"{stack} was not removed after the switch ({e}); the daemon will retry")
 
     def _rolled_back(self, plan: SwitchPlan, cause: SparkctlError) -> SwitchFailed:
         keeps = f"{plan.alias} still names {plan.old}, which keeps serving" if plan.old else \
