@@ -158,7 +158,7 @@ def test_twenty_switches_under_load_fail_no_request(switching, engine, small, mo
     assert wrong == [], wrong[:3]
     assert {a.stack for a in load.answers} == {A, B} and len(load.answers) > 500
     timings = records[0]["timings"]
-    assert {"deploy_s", "engine_start_s", "canary_s", "drain_s", "total_s"} <= set(timings)
+    assert {"deploy_s", "engine_start_s", "health_s", "canary_s", "drain_s", "total_s"} <= set(timings)
     if mode == "hold/swap":
         assert "hold_s" in records[0] and sum(r["held_requests"] for r in records) > 0
     assert [c["Labels"]["sparkctl.stack"] for c in containers(engine)] == [A]

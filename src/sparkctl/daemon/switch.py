@@ -199,7 +199,8 @@ class Switcher:
             return {"error": str(e)}
 
     def _phase_times(self, stack: str) -> dict[str, float]:
-        """Engine start (container start to /health 200) and canary, from the deployment's phases."""
+        """Engine start (container start to /health 200), health (to the model listed) and canary,
+        from the deployment's phases."""
         latest = self.store.latest(stack)
         if latest is None:
             return {}
@@ -207,6 +208,8 @@ class Switcher:
         times = {}
         if Phase.STARTING in at and Phase.READY in at:
             times["engine_start_s"] = round(at[Phase.READY] - at[Phase.STARTING], 3)
+        if Phase.READY in at and Phase.CANARY in at:  # /health 200 until the model is listed and answers
+            times["health_s"] = round(at[Phase.CANARY] - at[Phase.READY], 3)
         if Phase.CANARY in at and Phase.RUNNING in at:
             times["canary_s"] = round(at[Phase.RUNNING] - at[Phase.CANARY], 3)
         return times
