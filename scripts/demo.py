@@ -76,7 +76,7 @@ def main() -> int:
             sparkctl(env, "bench", "report", "qwen36-dflash", "aeon-gemma4-v2", "diffusiongemma", "--out",
                      str(OUT / "report"), "--label", LABEL)
             sparkctl(env, "status")
-            for stack in ("diffusiongemma", "aeon-gemma4-v2", "qwen36-dflash", "aeon-gemma4-latest"):
+            for stack in ("diffusiongemma", "aeon-gemma4-v2", "qwen36-dflash"):
                 sparkctl(env, "down", stack, quiet=True)
     finally:
         if daemon is not None:
