@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import http.server
+import json
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -45,3 +48,16 @@ def book_url() -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/GPL-3"
     server.shutdown()
+
+
+def llama_benchy(base_url: str, model: str, tokenizer: Path, book_url: str, out: Path) -> list[dict]:
+    """llama-benchy 0.4.0 offline (pp64/tg16 at depths 0 and 128, one run); its measured tests."""
+    subprocess.run([
+        sys.executable, "-m", "llama_benchy", "--base-url", base_url, "--model", model,
+        "--tokenizer", str(tokenizer), "--book-url", book_url, "--pp", "64", "--tg", "16",
+        "--depth", "0", "128", "--runs", "1", "--latency-mode", "generation", "--exact-tg",
+        "--skip-coherence", "--format", "json", "--save-result", str(out)],
+        check=True, capture_output=True, text=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["version"].startswith("0.4") and result["model"] == model
+    return [b for b in result["benchmarks"] if not b["is_context_prefill_phase"]]

@@ -5,8 +5,6 @@ min_tokens / ignore_eos, metrics, errors, the official openai client and llama-b
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import openai
 from tokenizers import Tokenizer
 
 from sparkctl.deploy.health import metrics
+from tests.e2e.conftest import llama_benchy
 
 
 def get_json(url: str) -> dict:
@@ -87,15 +86,6 @@ def test_unknown_model_is_a_404_in_the_error_envelope(served) -> None:
 
 
 def test_llama_benchy_runs_offline(served, tiny_model_dir: Path, book_url: str, tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    subprocess.run([
-        sys.executable, "-m", "llama_benchy", "--base-url", served.url + "/v1", "--model", "tiny",
-        "--tokenizer", str(tiny_model_dir), "--book-url", book_url, "--pp", "64", "--tg", "16",
-        "--depth", "0", "128", "--runs", "1", "--latency-mode", "generation", "--exact-tg",
-        "--skip-coherence", "--format", "json", "--save-result", str(out)],
-        check=True, capture_output=True, text=True, timeout=300)
-    result = json.loads(out.read_text())
-    assert result["version"].startswith("0.4") and result["model"] == "tiny"
-    runs = [b for b in result["benchmarks"] if not b["is_context_prefill_phase"]]
+    runs = llama_benchy(served.url + "/v1", "tiny", tiny_model_dir, book_url, tmp_path / "bench.json")
     assert {b["context_size"] for b in runs} == {0, 128}
     assert all(b["tg_throughput"]["mean"] > 0 and b["response_size"] == 16 for b in runs)

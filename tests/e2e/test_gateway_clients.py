@@ -3,9 +3,6 @@ official openai client (streaming and not) and llama-benchy 0.4.0 asking for the
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import openai
@@ -14,6 +11,7 @@ import pytest
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running
+from tests.e2e.conftest import llama_benchy
 
 
 @pytest.fixture
@@ -43,14 +41,7 @@ def test_the_openai_client_through_the_gateway(served, gateway) -> None:
 
 def test_llama_benchy_through_the_gateway(served, gateway, tiny_model_dir: Path, book_url: str,
                                           tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    subprocess.run([
-        sys.executable, "-m", "llama_benchy", "--base-url", gateway.url + "/v1", "--model", "primary",
-        "--tokenizer", str(tiny_model_dir), "--book-url", book_url, "--pp", "64", "--tg", "16",
-        "--depth", "0", "128", "--runs", "1", "--latency-mode", "generation", "--exact-tg",
-        "--skip-coherence", "--format", "json", "--save-result", str(out)],
-        check=True, capture_output=True, text=True, timeout=300)
-    runs = [b for b in json.loads(out.read_text())["benchmarks"] if not b["is_context_prefill_phase"]]
+    runs = llama_benchy(gateway.url + "/v1", "primary", tiny_model_dir, book_url, tmp_path / "bench.json")
     assert {b["context_size"] for b in runs} == {0, 128}
     assert all(b["tg_throughput"]["mean"] > 0 and b["response_size"] == 16 for b in runs)
     assert gateway.gateway.served[("stack", 200)] >= len(runs)

@@ -118,15 +118,13 @@ def sweep(
     """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
     write one comparison report: seed 000's study, repeatable."""
     from sparkctl.bench import stack as bench_stack
-    from sparkctl.cli.console import ConsoleReporter
 
     rt = runtime(ctx)
     chosen, entries = _profile(profile, depths, runs), []
     for name in _expand(rt, stacks):
         spec = rt.catalog.stack(name)
         rt.console.rule(f"{name}")
-        with ConsoleReporter(rt.console) as reporter:
-            _up(rt, name, reporter)
+        _up(rt, name)
         try:
             with Live(_progress_table(None), console=rt.console, transient=True) as live:
                 result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=chosen,
@@ -193,20 +191,21 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
                         bans=bans)
 
 
-def _up(rt, name: str, reporter) -> None:
-    if rt.daemon.available():
-        *_, outcome = rt.daemon.stream("/v1/up", {"stack": name, "replace": True})
-        if not outcome.get("ok"):
-            raise SparkctlError(outcome.get("error", f"up {name} failed"))
-    else:
-        rt.deployer(reporter).up(name, replace=True)
+def _up(rt, name: str) -> None:
+    _deploy_step(rt, "/v1/up", {"stack": name, "replace": True}, lambda d: d.up(name, replace=True))
 
 
 def _down(rt, name: str) -> None:
-    if rt.daemon.available():
-        list(rt.daemon.stream("/v1/down", {"stack": name}))
-    else:
-        from sparkctl.cli.console import ConsoleReporter
+    _deploy_step(rt, "/v1/down", {"stack": name}, lambda d: d.down(name))
 
-        with ConsoleReporter(rt.console) as reporter:
-            rt.deployer(reporter).down(name)
+
+def _deploy_step(rt, path: str, body: dict, in_process) -> None:
+    """Through the daemon when it runs (it must not find a stack it didn't deploy), else here."""
+    from sparkctl.cli.console import ConsoleReporter
+    from sparkctl.cli.deploy import through_daemon
+
+    if rt.daemon.available():
+        through_daemon(rt, path, body)
+        return
+    with ConsoleReporter(rt.console) as reporter:
+        in_process(rt.deployer(reporter))

@@ -23,7 +23,7 @@ def up(
     """Bring STACK up: image by digest, weights, patches, container, health checks."""
     rt = runtime(ctx)
     if rt.daemon.available():
-        result = _through_daemon(rt, "/v1/up", {"stack": stack, "refresh": refresh, "replace": replace})
+        result = through_daemon(rt, "/v1/up", {"stack": stack, "refresh": refresh, "replace": replace})
         verb = "already up, unchanged" if result["unchanged"] else "up"
         rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {result['fingerprint']}; kept up by the daemon)")
         return
@@ -39,7 +39,7 @@ def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
     rt = runtime(ctx)
     if rt.daemon.available():
-        removed = _through_daemon(rt, "/v1/down", {"stack": stack})["removed"]
+        removed = through_daemon(rt, "/v1/down", {"stack": stack})["removed"]
     else:
         with ConsoleReporter(rt.console) as reporter:
             removed = rt.deployer(reporter).down(stack)
@@ -59,7 +59,7 @@ def switch(
     if not rt.daemon.available():
         raise SparkctlError("switch needs the daemon (its gateway holds and drains requests): start "
                             "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
-    result = _through_daemon(rt, "/v1/switch", {"alias": alias, "stack": stack})
+    result = through_daemon(rt, "/v1/switch", {"alias": alias, "stack": stack})
     timings = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in result["timings"].items())
     rt.console.print(f"[green]{alias} -> {stack}[/] ({result['mode']}; {timings})")
     if result.get("held_requests"):
@@ -127,7 +127,7 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
                      f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")
 
 
-def _through_daemon(rt, path: str, body: dict) -> dict:
+def through_daemon(rt, path: str, body: dict) -> dict:
     """Ask the daemon, printing its progress events; returns the outcome's result."""
     from sparkctl.state.store import Phase
 

@@ -61,6 +61,7 @@ class Switch:
     """One switch in progress: its plan and what it measured."""
 
     plan: SwitchPlan
+    new_was_desired: bool  # then a rollback leaves the new stack as it was
     timings: dict[str, float] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -81,11 +82,11 @@ class Switcher:
     blame: Callable[[str, SparkctlError], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
 
     def run(self, plan: SwitchPlan) -> dict[str, Any]:
-        switch = Switch(plan)
+        switch = Switch(plan, new_was_desired=plan.new in self.machine.desired().stacks)
         started = time.time()
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
         intent = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode),
-                  "stop_old": plan.stop_old, "new_was_desired": plan.new in self.machine.desired().stacks}
+                  "stop_old": plan.stop_old, "new_was_desired": switch.new_was_desired}
         switch_id = self.store.begin_switch(intent)  # a daemon killed mid-way finishes or undoes it on start
         error = None
         try:
@@ -111,11 +112,10 @@ class Switcher:
     # --- the two modes ------------------------------------------------------------------------
     def _blue_green(self, switch: Switch) -> None:
         plan = switch.plan
-        was_desired = plan.new in self.machine.desired().stacks
         try:
             self._bring_up(switch)
         except SparkctlError as e:
-            if not was_desired:
+            if not switch.new_was_desired:
                 self._remove(plan.new)
             raise self._rolled_back(plan, e) from None
         self._flip(switch)
