@@ -13,7 +13,6 @@ Run with `make perf` (or `.venv/bin/python tests/perf/bench_gateway.py`).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -30,8 +29,8 @@ from sparkctl.deploy.health import http_status  # noqa: E402
 from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
-TOKENS, LEVELS, ROUNDS = 256, (1, 16, 64), {1: 10, 16: 2, 64: 1}
-SCALE = "0.25"  # the Gemma profile's 81 tok/s per stream, 4x faster: ~0.8 s per response
+TOKENS, LEVELS, ROUNDS = 256, (1, 16, 64), {1: 4, 16: 2, 64: 2}
+SCALE = "1"  # the Gemma profile as measured: 81 tok/s per stream, ~3.2 s per response
 NGINX_CONF = """
 worker_processes 1;
 pid {root}/nginx.pid;
@@ -87,8 +86,8 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, tokens: int 
     first = last = 0.0
     count = 0
     async with session.post(url + "/v1/completions", json=body) as response:
-        async for line in response.content:
-            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
+        async for line in response.content:  # a byte test, not a JSON parse: the client stays light
+            if line.startswith(b"data: {") and b'"text":""' not in line:
                 last = time.perf_counter()
                 first = first or last
                 count += 1

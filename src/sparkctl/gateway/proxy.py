@@ -17,14 +17,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, web
+from aiohttp import ClientError, web
 
 from sparkctl.gateway.hold import Hold
-from sparkctl.gateway.routes import RouteTable
+from sparkctl.gateway.routes import RouteTable, Upstream
+from sparkctl.gateway.upstream import UpstreamError, Upstreams
 
 MAX_BODY = 32 * 1024 * 1024
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
-JSON = {"Content-Type": "application/json"}
 RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias switches
 
 
@@ -37,17 +37,16 @@ class Gateway:
         self.accepted: defaultdict[str, int] = defaultdict(int)  # routed and not finished (incl. queued at a cap)
         self.peak: defaultdict[str, int] = defaultdict(int)  # most requests ever in flight at once
         self.served: defaultdict[tuple[str, int], int] = defaultdict(int)  # (stack, status) -> count
-        self.session: ClientSession | None = None
+        self.upstreams = Upstreams()  # keep-alive connections to the engines
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._auth])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._auth] if self.api_keys else [])
         app.router.add_post("/v1/chat/completions", self.proxy)
         app.router.add_post("/v1/completions", self.proxy)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
-        app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
 
@@ -91,7 +90,7 @@ class Gateway:
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = await request.json()
+            body = json.loads(await request.read())
         except (json.JSONDecodeError, UnicodeDecodeError):
             return error(400, "request body is not valid JSON", "invalid_request_error")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
@@ -105,28 +104,30 @@ class Gateway:
                          "model_not_found")
         body["model"] = upstream.served_name
         async with self._slot(upstream.stack, upstream.max_concurrency):
-            return await self._forward(request, upstream.stack, f"{upstream.url}{request.path}", body)
+            return await self._forward(request, upstream, body)
 
-    async def _forward(self, request: web.Request, stack: str, url: str, body: dict) -> web.StreamResponse:
-        assert self.session is not None
+    async def _forward(self, request: web.Request, upstream: Upstream, body: dict) -> web.StreamResponse:
+        stack = upstream.stack
         try:
-            upstream = await self.session.post(url, data=json.dumps(body).encode(), headers=JSON)
-        except (ClientError, OSError, TimeoutError) as e:
+            reply = await self.upstreams.post(upstream.url, request.path, json.dumps(body).encode())
+        except UpstreamError as e:
             self.served[(stack, 502)] += 1
-            return error(502, f"stack {stack} did not answer ({type(e).__name__}); see `sparkctl status`",
-                         "upstream_unavailable")
-        async with upstream:
-            self.served[(stack, upstream.status)] += 1
-            headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
-            headers["X-Sparkctl-Stack"] = stack
-            response = web.StreamResponse(status=upstream.status, headers=headers)
+            return error(502, f"stack {stack} did not answer ({e}); see `sparkctl status`", "upstream_unavailable")
+        async with reply:  # leaving it pools the connection, or closes it if the answer did not end cleanly
+            self.served[(stack, reply.status)] += 1
+            response = web.StreamResponse(status=reply.status,
+                                          headers=[(k, v) for k, v in reply.headers if k.lower() not in HOP_HEADERS])
+            response.headers["X-Sparkctl-Stack"] = stack
             await response.prepare(request)
             try:
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)  # raises once the client is gone: the upstream is closed
-            except (ClientError, OSError):
-                return response  # cut mid-stream; leaving the block closes the upstream request
-            await response.write_eof()
+                async for piece in reply:
+                    if reply.finished:
+                        await response.write_eof(piece)  # the last piece and the end in one write
+                        return response
+                    await response.write(piece)  # raises once the client is gone
+                await response.write_eof()
+            except (UpstreamError, ClientError, OSError):
+                pass  # cut mid-stream: the upstream connection is closed, so the engine stops
             return response
 
     def _slot(self, stack: str, cap: int | None) -> _Slot:
@@ -146,22 +147,14 @@ class Gateway:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        if self.api_keys and request.path.startswith("/v1/"):
+        if request.path.startswith("/v1/"):
             given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
             if not any(hmac.compare_digest(given, key) for key in self.api_keys):
                 return error(401, "missing or wrong API key", "invalid_api_key")
         return await handler(request)
 
-    async def _open(self, _: web.Application) -> None:
-        # Reused keep-alive connections to the engines; no overall timeout (long generations).
-        # Bytes pass through as the engine sent them (no decompression, no cookies): less work per request.
-        self.session = ClientSession(connector=TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False,
-                                     cookie_jar=DummyCookieJar(),
-                                     timeout=ClientTimeout(total=None, sock_connect=5))
-
     async def _close(self, _: web.Application) -> None:
-        if self.session is not None:
-            await self.session.close()
+        self.upstreams.close()
 
 
 class _Slot:

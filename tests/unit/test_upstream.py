@@ -1,0 +1,252 @@
+"""The gateway's lean HTTP/1.1 client: response framing fuzzed byte by byte, then keep-alive,
+retries and failures against scripted servers on real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkctl.gateway.upstream import UpstreamError, Upstreams, _Connection
+
+
+class _Transport:
+    """What the connection writes and whether it paused or closed."""
+
+    def __init__(self) -> None:
+        self.written, self.closed, self.paused = b"", False, False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def chunked(parts: list[bytes], extension: bool, trailer: bool) -> bytes:
+    ext = b";name=value" if extension else b""
+    body = b"".join(b"%x%s\r\n%s\r\n" % (len(p), ext, p) for p in parts if p)
+    return body + b"0\r\n" + (b"X-Trailer: yes\r\n" if trailer else b"") + b"\r\n"
+
+
+async def feed(segments: list[bytes]) -> tuple[int, bytes, _Connection]:
+    conn = _Connection(Upstreams(), ("127.0.0.1", 1))
+    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    exchange = asyncio.ensure_future(conn.exchange(b"POST / HTTP/1.1\r\n\r\n"))
+    await asyncio.sleep(0)
+    for segment in segments:
+        conn.data_received(segment)
+    reply = await exchange
+    return reply.status, b"".join([piece async for piece in reply]), conn
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in zip(points, points[1:])]
+
+
+@settings(max_examples=400, deadline=None)
+@given(parts=st.lists(st.binary(max_size=300), max_size=8), extension=st.booleans(), trailer=st.booleans(),
+       cuts=st.lists(st.integers(0, 5000), max_size=12), framing=st.sampled_from(["chunked", "length"]))
+def test_a_body_arrives_whole_however_the_bytes_are_split(parts, extension, trailer, cuts, framing) -> None:
+    body = b"".join(parts)
+    if framing == "chunked":
+        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(parts, extension, trailer)
+    else:
+        raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    status, got, conn = asyncio.run(feed(split(raw, cuts)))
+    assert (status, got) == (200, body)
+    assert conn.ended and conn.reusable and not conn.buffer
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.binary(max_size=400), cuts=st.lists(st.integers(0, 500), max_size=6))
+def test_garbage_from_an_engine_is_an_upstream_error_or_a_body(raw, cuts) -> None:
+    async def attempt() -> None:
+        conn = _Connection(Upstreams(), ("127.0.0.1", 1))
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        exchange = asyncio.ensure_future(conn.exchange(b"POST / HTTP/1.1\r\n\r\n"))
+        await asyncio.sleep(0)
+        for segment in split(b"HTTP/1.1 200 OK\r\n" + raw, cuts):
+            conn.data_received(segment)
+        conn.connection_lost(None)
+        try:
+            reply = await exchange
+            async for _ in reply:
+                pass
+        except UpstreamError:
+            pass
+
+    asyncio.run(attempt())
+
+
+# --- scripted engines on loopback -------------------------------------------------------------
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    return await reader.readexactly(length)
+
+
+def serve(script: Script, test: Callable[[Upstreams, str, list[int]], Awaitable[None]], **pool: float) -> list[int]:
+    """Run `test` against a server answering each connection with `script`; returns its connection ids."""
+    connections: list[int] = []
+
+    async def main() -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(len(connections))
+            try:
+                await script(reader, writer, connections[-1])
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        upstreams = Upstreams(**pool)
+        try:
+            await test(upstreams, f"http://127.0.0.1:{port}", connections)
+        finally:
+            upstreams.close()
+            server.close()
+
+    asyncio.run(main())
+    return connections
+
+
+async def text(upstreams: Upstreams, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
+    async with await upstreams.post(url, "/v1/completions", body) as reply:
+        return reply.status, b"".join([piece async for piece in reply])
+
+
+async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+    while True:
+        body = await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+
+
+def test_requests_reuse_one_connection_and_bodies_arrive_intact() -> None:
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        for i in range(5):
+            assert await text(upstreams, url, b'{"n": %d}' % i) == (200, b'{"n": %d}' % i)
+
+    assert len(serve(keep_alive, test)) == 1
+
+
+def test_an_idle_connection_past_the_timeout_is_not_reused() -> None:
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        await text(upstreams, url)
+        await asyncio.sleep(0.1)
+        await text(upstreams, url)
+
+    assert len(serve(keep_alive, test, idle_timeout=0.05)) == 2
+
+
+def test_a_reused_connection_the_engine_closed_unanswered_is_retried_once_on_a_fresh_one() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        if n == 0:
+            await read_request(reader)  # the second request on this connection: dropped unanswered
+
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        assert await text(upstreams, url) == (200, b"ok")
+        assert await text(upstreams, url) == (200, b"ok")
+
+    assert len(serve(script, test)) == 2
+
+
+def test_a_fresh_connection_closed_unanswered_is_an_error_not_a_retry() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        with pytest.raises(UpstreamError, match="closed the connection before answering"):
+            await text(upstreams, url)
+
+    assert len(serve(script, test)) == 1
+
+
+def test_an_engine_dying_mid_stream_is_an_error_and_its_connection_is_not_pooled() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"6\r\ndata: \r\n" if n == 0 else OK)
+        await writer.drain()
+        if n:
+            await read_request(reader)
+
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        reply = await upstreams.post(url, "/v1/completions", b"{}")
+        with pytest.raises(UpstreamError, match="mid-response"):
+            async with reply:
+                async for _ in reply:
+                    pass
+        assert await text(upstreams, url) == (200, b"ok")
+
+    assert len(serve(script, test)) == 2
+
+
+def test_a_body_framed_by_the_connection_end_and_a_bodyless_204() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n" if n == 0 else b"HTTP/1.0 200 OK\r\n\r\nuntil the end")
+
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        assert await text(upstreams, url) == (204, b"")
+        assert await text(upstreams, url) == (200, b"until the end")
+
+    serve(script, test)
+
+
+def test_refused_and_malformed_answers_are_upstream_errors() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 abc\r\n\r\n")
+
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        with pytest.raises(UpstreamError, match="bad response from the engine"):
+            await text(upstreams, url)
+
+    serve(script, test)
+
+    async def refused() -> None:
+        with pytest.raises(UpstreamError, match="cannot connect to 127.0.0.1:9"):
+            await text(Upstreams(), "http://127.0.0.1:9")
+
+    asyncio.run(refused())
+
+
+def test_a_large_stream_to_a_slow_reader_pauses_the_engine_and_arrives_whole() -> None:
+    parts = [random.Random(i).randbytes(random.Random(i).randint(1, 70_000)) for i in range(120)]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(parts, False, False))
+        await writer.drain()
+
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        got, paused = [], False
+        async with await upstreams.post(url, "/", b"{}") as reply:
+            await asyncio.sleep(0.2)  # the engine writes ahead of us meanwhile
+            paused = not reply.conn.transport.is_reading()  # type: ignore[union-attr]
+            async for piece in reply:
+                got.append(piece)
+        assert paused and b"".join(got) == b"".join(parts)
+
+    serve(script, test)
