@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import threading
 import time
 import urllib.request
@@ -100,6 +101,36 @@ def test_a_client_that_disconnects_frees_the_upstream_slot(gateway, engines) -> 
     # the capped slot is free again: the next request does not wait for 50000 tokens (~56 s)
     reply = client(gateway).completions.create(model="serial", prompt="x", max_tokens=4, timeout=10)
     assert reply.choices[0].text is not None
+    # and the engine stopped generating for the client that left
+    deadline = time.monotonic() + 5
+    while re.search(r"vllm:num_requests_running\{.*\} 0\.0",
+                    urllib.request.urlopen(engines["capped"].url + "/metrics", timeout=5).read().decode()) is None:
+        assert time.monotonic() < deadline, "the engine still generates for a client that left"
+        time.sleep(0.05)
+
+
+def test_an_engine_that_is_down_or_dies_mid_stream_is_a_clean_error(sim) -> None:
+    engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.01)
+    engine.wait_ready()
+    table = RouteTable(upstreams={"gemma": Upstream("gemma", engine.url, "tiny"),
+                                  "gone": Upstream("gone", "http://127.0.0.1:9", "other")})
+    running = Running(Gateway(lambda: table))
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            client(running).completions.create(model="other", prompt="x", max_tokens=1)
+        assert e.value.status_code == 502 and e.value.body["code"] == "upstream_unavailable"
+        assert e.value.body["source"] == "sparkctl" and "stack gone did not answer" in e.value.body["message"]
+
+        stream = client(running).completions.create(model="tiny", prompt="x", max_tokens=50000, stream=True,
+                                                    extra_body={"ignore_eos": True})
+        next(iter(stream))
+        engine.stop()  # killed mid-stream: the client's stream ends instead of hanging
+        with pytest.raises(openai.APIConnectionError):  # an incomplete answer, not a silent end
+            for _ in stream:
+                pass
+        assert urllib.request.urlopen(running.url + "/health", timeout=5).status == 200
+    finally:
+        running.stop()
 
 
 def on_loop(running: Running, fn):

@@ -4,6 +4,7 @@ retries and failures against scripted servers on real loopback sockets."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Awaitable, Callable
 
@@ -52,7 +53,7 @@ async def feed(segments: list[bytes]) -> tuple[int, bytes, _Connection]:
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 @settings(max_examples=400, deadline=None)
@@ -97,7 +98,8 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     return await reader.readexactly(length)
 
 

@@ -127,7 +127,11 @@ class Gateway:
                     await response.write(piece)  # raises once the client is gone
                 await response.write_eof()
             except (UpstreamError, ClientError, OSError):
-                pass  # cut mid-stream: the upstream connection is closed, so the engine stops
+                # Cut mid-stream, by either side. The client's connection is closed without the
+                # response's end, so it knows the answer is incomplete; leaving `reply` closes the
+                # engine's, so the engine stops generating.
+                if request.transport is not None:
+                    request.transport.close()
             return response
 
     def _slot(self, stack: str, cap: int | None) -> _Slot:

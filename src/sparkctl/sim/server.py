@@ -91,8 +91,11 @@ class Api:
         await response.prepare(request)
         if reply.chat:
             await _send(response, reply.chunk({"role": "assistant", "content": ""}))
-        async for step in steps:
-            await _send(response, reply.chunk("".join(step)))
+        try:
+            async for step in steps:
+                await _send(response, reply.chunk("".join(step)))
+        finally:
+            await steps.aclose()  # a client that left aborts its request at once, as in vLLM
         await _send(response, reply.chunk("", finish=True))
         if options.get("include_usage"):
             await _send(response, reply.usage_chunk())
