@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl.bench.metrics import between
 from sparkctl.deploy import diffs
-from sparkctl.deploy.health import HealthError, acceptance
+from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.shim import ShimError, apply_shim
 from sparkctl.policy.admission import admit
 from sparkctl.state.store import Phase, Store
@@ -118,8 +119,8 @@ def test_health_hints(logs: str, hint: str | None) -> None:
 def test_acceptance_from_metric_deltas() -> None:
     before = {"vllm:spec_decode_num_draft_tokens_total": 80, "vllm:spec_decode_num_accepted_tokens_total": 40}
     after = {"vllm:spec_decode_num_draft_tokens_total": 160, "vllm:spec_decode_num_accepted_tokens_total": 92}
-    assert acceptance(before, after) == pytest.approx(0.65)
-    assert acceptance(before, before) is None
+    assert between(before, after).acceptance == pytest.approx(0.65)
+    assert between(before, before).acceptance is None
 
 
 def test_store_records_phases_and_survives_reopen(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sparkctl.bench import corpus, metrics
+from sparkctl.bench import corpus, metrics, scrape
 from sparkctl.bench.profiles import Profile
 from sparkctl.errors import SparkctlError
 
@@ -65,7 +65,7 @@ def run(target: Target, profile: Profile, *, folder: Path, on_progress: Callable
     readings = folder / "metrics.jsonl"
     readings.unlink(missing_ok=True)
     if target.metrics_url:
-        _scrape(target.metrics_url, readings)
+        scrape.main([target.metrics_url, str(readings)])
     with corpus.served() as book:
         command = [sys.executable, "-m", "llama_benchy", "--base-url", target.base_url, "--model", target.model,
                    "--tokenizer", str(target.tokenizer), "--book-url", book, *profile.args(), "--skip-coherence",
@@ -149,12 +149,6 @@ def _readings(path: Path) -> list[dict[str, float] | None]:
         return []
     return [metrics.parse(text) if text is not None else None
             for text in map(json.loads, path.read_text().splitlines())]
-
-
-def _scrape(url: str, path: Path) -> None:
-    from sparkctl.bench import scrape
-
-    scrape.main([url, str(path)])
 
 
 def _write_csv(path: Path, rows: list[Row]) -> None:

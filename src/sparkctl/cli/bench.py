@@ -24,16 +24,10 @@ def run(
     runs: int | None = typer.Option(None, "--runs", help="Override the profile's runs per depth."),
 ) -> None:
     """Benchmark the running STACK, store the run with its fingerprint, judge it with its gate."""
-    from sparkctl.bench import stack as bench_stack
-
     rt = runtime(ctx)
     spec = rt.catalog.stack(stack)
     chosen = _profile(profile or spec.bench_profile, depths, runs)
-    with Live(_progress_table(None), console=rt.console, transient=True) as live:
-        result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=chosen,
-                                       on_progress=lambda p: live.update(_progress_table(p)))
-    verdict = bench_stack.gate(spec, result, settings=rt.settings, store=rt.store)
-    rt.console.print(_rows_table(result))
+    result, verdict = _measure(rt, spec, chosen)
     colour = "green" if verdict.passed else "red"
     rt.console.print(f"run {result.id} ({chosen.name}) of {stack}: [{colour}]{verdict.describe()}[/]; "
                      f"raw files in {result.folder}")
@@ -65,6 +59,18 @@ def _profile(name: str, depths: str | None, runs: int | None):
         except ValueError:
             raise SparkctlError(f"--depths takes comma-separated token counts, got {depths!r}") from None
     return replace(chosen, runs=runs) if runs else chosen
+
+
+def _measure(rt, spec, profile):
+    """Benchmark the running stack with a live progress table, judge it with its gate, show the rows."""
+    from sparkctl.bench import stack as bench_stack
+
+    with Live(_progress_table(None), console=rt.console, transient=True) as live:
+        result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=profile,
+                                       on_progress=lambda p: live.update(_progress_table(p)))
+    verdict = bench_stack.gate(spec, result, settings=rt.settings, store=rt.store)
+    rt.console.print(_rows_table(result))
+    return result, verdict
 
 
 def _progress_table(progress) -> Table:
@@ -117,8 +123,6 @@ def sweep(
 ) -> None:
     """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
     write one comparison report: seed 000's study, repeatable."""
-    from sparkctl.bench import stack as bench_stack
-
     rt = runtime(ctx)
     chosen, entries = _profile(profile, depths, runs), []
     for name in _expand(rt, stacks):
@@ -126,11 +130,7 @@ def sweep(
         rt.console.rule(f"{name}")
         _up(rt, name)
         try:
-            with Live(_progress_table(None), console=rt.console, transient=True) as live:
-                result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=chosen,
-                                               on_progress=lambda p: live.update(_progress_table(p)))
-            verdict = bench_stack.gate(spec, result, settings=rt.settings, store=rt.store)
-            rt.console.print(_rows_table(result))
+            result, verdict = _measure(rt, spec, chosen)
             rt.console.print(f"run {result.id}: {verdict.describe()}")
             entries.append((spec, result))
         finally:

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkctl.bench.metrics import between, parse
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.models import Stack
@@ -84,27 +85,10 @@ def wait_healthy(stack: Stack, url: str, engine: Engine, *, reporter: Reporter,
     return _canary(stack, url, engine)
 
 
-def acceptance(before: dict[str, float], after: dict[str, float]) -> float | None:
-    """Speculative acceptance (accepted / drafted tokens) between two /metrics readings."""
-    drafted = after.get("vllm:spec_decode_num_draft_tokens_total", 0) - before.get(
-        "vllm:spec_decode_num_draft_tokens_total", 0)
-    if drafted <= 0:
-        return None
-    accepted = after.get("vllm:spec_decode_num_accepted_tokens_total", 0) - before.get(
-        "vllm:spec_decode_num_accepted_tokens_total", 0)
-    return accepted / drafted
-
-
 def metrics(url: str) -> dict[str, float]:
-    """Sum of every sample of each metric on /metrics (labels folded)."""
+    """The engine's /metrics, parsed (`bench.metrics.parse`: labels folded)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        match = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{[^}]*\})? ([-+0-9.eE]+|NaN)$", line)
-        if match and match[2] != "NaN":
-            values[match[1]] = values.get(match[1], 0.0) + float(match[2])
-    return values
+        return parse(response.read().decode())
 
 
 def _canary(stack: Stack, url: str, engine: Engine) -> float | None:
@@ -124,7 +108,7 @@ def _canary(stack: Stack, url: str, engine: Engine) -> float | None:
         raise HealthError("canary chat completion returned no text", phase=Phase.CANARY, logs=engine.logs(30))
     if not speculative:
         return None
-    rate = acceptance(before, metrics(url))
+    rate = between(before, metrics(url)).acceptance
     floor = stack.expectations.min_acceptance
     if floor is not None and (rate is None or rate < floor):
         shown = "no drafts" if rate is None else f"{rate:.2f}"

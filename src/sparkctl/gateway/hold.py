@@ -21,7 +21,6 @@ class Hold:
     timeout: float
     since: float = field(default_factory=time.monotonic)
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
-    waits: list[float] = field(default_factory=list)  # how long each released request waited
     refused: int = 0
 
     async def wait(self) -> str | None:
@@ -31,7 +30,6 @@ class Hold:
             return f"{len(self.waiting)} requests are already waiting for the switch of {self.alias}"
         released = asyncio.get_running_loop().create_future()
         self.waiting.append(released)
-        start = time.monotonic()
         try:
             await asyncio.wait_for(asyncio.shield(released), self.timeout)
         except TimeoutError:
@@ -40,7 +38,6 @@ class Hold:
         finally:
             if not released.done():
                 self.waiting.remove(released)  # timed out, or the client went away
-        self.waits.append(time.monotonic() - start)
         return None
 
     def release(self) -> None:

@@ -217,12 +217,10 @@ class Store:
             self.db.execute("UPDATE switches SET record = ?, finished = ? WHERE id = ?",
                             (json.dumps(record, sort_keys=True), time.time(), switch))
 
-    def switches(self, alias: str | None = None, *, unfinished: bool = False, limit: int = 50) -> list[dict]:
-        where = [c for c, on in (("alias = ?", alias), ("finished IS NULL", unfinished)) if on]
-        query = "SELECT id, at, record FROM switches" + (" WHERE " + " AND ".join(where) if where else "") + \
+    def switches(self, *, unfinished: bool = False, limit: int = 50) -> list[dict]:
+        query = "SELECT id, at, record FROM switches" + (" WHERE finished IS NULL" if unfinished else "") + \
             " ORDER BY id DESC LIMIT ?"
-        return [{"id": i, "at": at, **json.loads(r)} for i, at, r in self._all(query, (*([alias] if alias else []),
-                                                                                       limit))]
+        return [{"id": i, "at": at, **json.loads(r)} for i, at, r in self._all(query, (limit,))]
 
     def begin_bench(self, stack: str, fingerprint: str | None, parts: dict[str, str], profile: str) -> int:
         with self._tx():
