@@ -167,9 +167,10 @@ class Switcher:
 
     def _flip(self, switch: Switch) -> None:
         plan = switch.plan
+        began = time.time()  # any route rebuild (the reconciler's too) may take the new alias from here on
         self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, plan.alias: plan.new}))
         self.refresh_routes()
-        switch.facts["flipped_at"] = time.time()
+        switch.facts["flipped"] = [began, time.time()]  # the gateway took the new routes in this window
         self._note(plan, f"{plan.alias} now names {plan.new}")
 
     def _remove(self, stack: str) -> None:
