@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from sparkctl.deploy.health import http_status
 from sparkctl.gateway.proxy import Gateway
@@ -255,13 +254,15 @@ class Running:
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(self.gateway.app())
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+        self.server = self.loop.run_until_complete(self.gateway.serve("127.0.0.1", self.port))
         ready.set()
         self.loop.run_forever()
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        def close() -> None:
+            self.server.close()
+            self.gateway.close()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(close)
         self.thread.join(10)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.gateway.upstream import UpstreamError, Upstreams, _Connection
+from sparkctl.gateway.upstream import Call, UpstreamError, Upstreams, _Connection
 
 
 class _Transport:
@@ -34,21 +34,60 @@ class _Transport:
         self.paused = False
 
 
+class Collect:
+    """A sink that keeps the answer: `outcome` is (status, body) or the error, once it ends."""
+
+    def __init__(self, on_piece: Callable[[Collect], None] = lambda _: None) -> None:
+        self.status, self.pieces, self.on_piece = 0, [], on_piece
+        self.outcome: tuple[int, bytes] | UpstreamError | None = None
+        self.ended = asyncio.Event()
+        self.call: Call | None = None
+
+    def head(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:
+        self.status = status
+
+    def body(self, piece: bytes, last: bool) -> None:
+        assert self.outcome is None, "a piece after the end"
+        self.pieces.append(piece)
+        self.on_piece(self)
+        if last:
+            self._end((self.status, b"".join(self.pieces)))
+
+    def failed(self, error: UpstreamError) -> None:
+        assert self.outcome is None, "a failure after the end"
+        self._end(error)
+
+    def _end(self, outcome: tuple[int, bytes] | UpstreamError) -> None:
+        self.outcome = outcome
+        self.ended.set()
+
+    async def result(self) -> tuple[int, bytes]:
+        await self.ended.wait()
+        if isinstance(self.outcome, UpstreamError):
+            raise self.outcome
+        assert self.outcome is not None
+        return self.outcome
+
+
 def chunked(parts: list[bytes], extension: bool, trailer: bool) -> bytes:
     ext = b";name=value" if extension else b""
     body = b"".join(b"%x%s\r\n%s\r\n" % (len(p), ext, p) for p in parts if p)
     return body + b"0\r\n" + (b"X-Trailer: yes\r\n" if trailer else b"") + b"\r\n"
 
 
-async def feed(segments: list[bytes]) -> tuple[int, bytes, _Connection]:
-    conn = _Connection(Upstreams(), ("127.0.0.1", 1))
+def feed(segments: list[bytes], *, close: bool = False) -> tuple[Collect, _Connection]:
+    """`segments` delivered to a connection as its engine's answer, one callback each."""
+    pool, address, sink = Upstreams(), ("127.0.0.1", 1), Collect()
+    conn = _Connection(pool, address)
     conn.connection_made(_Transport())  # type: ignore[arg-type]
-    exchange = asyncio.ensure_future(conn.exchange(b"POST / HTTP/1.1\r\n\r\n"))
-    await asyncio.sleep(0)
+    conn.send(Call(pool, address, b"POST / HTTP/1.1\r\n\r\n", sink))
     for segment in segments:
+        if conn.call is None:
+            break
         conn.data_received(segment)
-    reply = await exchange
-    return reply.status, b"".join([piece async for piece in reply]), conn
+    if close:
+        conn.connection_lost(None)
+    return sink, conn
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -65,30 +104,17 @@ def test_a_body_arrives_whole_however_the_bytes_are_split(parts, extension, trai
         raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(parts, extension, trailer)
     else:
         raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-    status, got, conn = asyncio.run(feed(split(raw, cuts)))
-    assert (status, got) == (200, body)
-    assert conn.ended and conn.reusable and not conn.buffer
+    sink, conn = feed(split(raw, cuts))
+    assert sink.outcome == (200, body)
+    assert conn in conn.pool.idle[conn.address] and not conn.closed  # pooled for the next request
 
 
 @settings(max_examples=300, deadline=None)
 @given(raw=st.binary(max_size=400), cuts=st.lists(st.integers(0, 500), max_size=6))
-def test_garbage_from_an_engine_is_an_upstream_error_or_a_body(raw, cuts) -> None:
-    async def attempt() -> None:
-        conn = _Connection(Upstreams(), ("127.0.0.1", 1))
-        conn.connection_made(_Transport())  # type: ignore[arg-type]
-        exchange = asyncio.ensure_future(conn.exchange(b"POST / HTTP/1.1\r\n\r\n"))
-        await asyncio.sleep(0)
-        for segment in split(b"HTTP/1.1 200 OK\r\n" + raw, cuts):
-            conn.data_received(segment)
-        conn.connection_lost(None)
-        try:
-            reply = await exchange
-            async for _ in reply:
-                pass
-        except UpstreamError:
-            pass
-
-    asyncio.run(attempt())
+def test_garbage_from_an_engine_ends_in_an_upstream_error_or_a_body(raw, cuts) -> None:
+    sink, conn = feed(split(b"HTTP/1.1 200 OK\r\n" + raw, cuts), close=True)
+    assert sink.outcome is not None  # answered exactly once (Collect checks), never left hanging
+    assert isinstance(sink.outcome, UpstreamError) or sink.outcome[0] == 200
 
 
 # --- scripted engines on loopback -------------------------------------------------------------
@@ -131,8 +157,9 @@ def serve(script: Script, test: Callable[[Upstreams, str, list[int]], Awaitable[
 
 
 async def text(upstreams: Upstreams, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
-    async with await upstreams.post(url, "/v1/completions", body) as reply:
-        return reply.status, b"".join([piece async for piece in reply])
+    sink = Collect()
+    upstreams.post(url, "/v1/completions", body, sink)
+    return await sink.result()
 
 
 async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
@@ -194,14 +221,30 @@ def test_an_engine_dying_mid_stream_is_an_error_and_its_connection_is_not_pooled
             await read_request(reader)
 
     async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
-        reply = await upstreams.post(url, "/v1/completions", b"{}")
         with pytest.raises(UpstreamError, match="mid-response"):
-            async with reply:
-                async for _ in reply:
-                    pass
+            await text(upstreams, url)
         assert await text(upstreams, url) == (200, b"ok")
 
     assert len(serve(script, test)) == 2
+
+
+def test_a_cancelled_call_closes_its_connection_and_hears_nothing_more() -> None:
+    closed = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst \r\n")
+        await writer.drain()
+        await reader.read()  # until the gateway closes the connection
+        closed.set()
+
+    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+        sink = Collect(on_piece=lambda s: s.call.cancel() if s.pieces[-1] else None)
+        sink.call = upstreams.post(url, "/", b"{}", sink)
+        await asyncio.wait_for(closed.wait(), 5)
+        assert sink.pieces[-1] == b"first " and sink.outcome is None and not upstreams.idle.get(sink.call.address)
+
+    serve(script, test)
 
 
 def test_a_body_framed_by_the_connection_end_and_a_bodyless_204() -> None:
@@ -234,21 +277,28 @@ def test_refused_and_malformed_answers_are_upstream_errors() -> None:
     asyncio.run(refused())
 
 
-def test_a_large_stream_to_a_slow_reader_pauses_the_engine_and_arrives_whole() -> None:
+def test_a_large_stream_to_a_client_that_stalls_pauses_the_engine_and_arrives_whole() -> None:
     parts = [random.Random(i).randbytes(random.Random(i).randint(1, 70_000)) for i in range(120)]
+    stalls, reading = [], []  # while the client stalls, whether the engine's socket is read
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(parts, False, False))
         await writer.drain()
 
+    def stall(sink: Collect) -> None:  # every 4th piece the client stops reading for a while
+        if len(sink.pieces) % 4 == 0:
+            sink.call.pause()
+            stalls.append(asyncio.get_running_loop().call_later(0.05, check_and_resume, sink))
+
+    def check_and_resume(sink: Collect) -> None:
+        reading.append(sink.call.conn.transport.is_reading())
+        sink.call.resume()
+
     async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
-        got, paused = [], False
-        async with await upstreams.post(url, "/", b"{}") as reply:
-            await asyncio.sleep(0.2)  # the engine writes ahead of us meanwhile
-            paused = not reply.conn.transport.is_reading()  # type: ignore[union-attr]
-            async for piece in reply:
-                got.append(piece)
-        assert paused and b"".join(got) == b"".join(parts)
+        sink = Collect(on_piece=stall)
+        sink.call = upstreams.post(url, "/", b"{}", sink)
+        assert await sink.result() == (200, b"".join(parts))
+        assert len(reading) == len(stalls) >= 3 and not any(reading)
 
     serve(script, test)

@@ -268,18 +268,16 @@ class Daemon:
         elif action in ("destroy", "stop"):
             self.kick()
 
-    async def _serve_gateway(self) -> web.AppRunner:
+    async def _serve_gateway(self) -> tuple[Gateway, asyncio.Server]:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
         s = self.settings
         keys = [k.get_secret_value() for k in s.gateway_api_keys]
         gateway = Gateway(lambda: self.routes, api_keys=keys)
         self.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                    hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
-        runner = web.AppRunner(gateway.app(), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, s.gateway_host, s.gateway_port).start()
+        server = await gateway.serve(s.gateway_host, s.gateway_port)
         log.info("gateway_listening", address=f"{s.gateway_host}:{s.gateway_port}")
-        return runner
+        return gateway, server
 
     async def _serve_tcp(self) -> web.AppRunner | None:
         """The optional loopback TCP listener: only with SPARKCTL_API_TCP and SPARKCTL_API_TOKEN."""
@@ -304,7 +302,7 @@ class Daemon:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             path.unlink()
-        gateway = await self._serve_gateway()  # before the API: a switch needs it
+        gateway, gateway_server = await self._serve_gateway()  # before the API: a switch needs it
         runner = web.AppRunner(api.build(self), access_log=None)
         await runner.setup()
         old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
@@ -330,7 +328,8 @@ class Daemon:
         if self._events_stream is not None:
             self._events_stream.close()
         await runner.cleanup()
-        await gateway.cleanup()
+        gateway_server.close()
+        gateway.close()
         if tcp is not None:
             await tcp.cleanup()
         self.reconciler.close()

@@ -1,11 +1,14 @@
-"""The gateway's HTTP side (aiohttp): OpenAI routes proxied to the stack a model names.
+"""The gateway's OpenAI routes: each request proxied to the stack its model names.
 
-Streaming responses are passed through chunk by chunk as they arrive; a client that goes away
-cancels its upstream request. A stack's concurrency cap queues requests rather than forwarding
-them. During a switch an alias can be held (`hold.py`): its new requests wait until the alias
-points at a serving stack again, and `drain` waits for a stack's accepted requests to finish.
-Errors the gateway itself raises use the OpenAI envelope with `"source": "sparkctl"`, so an
-agent can tell them from the model server's. Optional API keys are compared in constant time.
+Routing and forwarding happen in the socket's callback as the request completes (`server.py`),
+and each piece of the engine's answer is written to the client from the engine socket's callback
+(`upstream.py`), so a streamed response is passed through as it arrives, with nothing queued in
+between. A client that goes away cancels its upstream request. A stack's concurrency cap queues
+requests rather than forwarding them. During a switch an alias can be held (`hold.py`): its new
+requests wait until the alias points at a serving stack again, and `drain` waits for a stack's
+accepted requests to finish. Errors the gateway itself raises use the OpenAI envelope with
+`"source": "sparkctl"`, so an agent can tell them from the model server's. Optional API keys are
+compared in constant time.
 """
 
 from __future__ import annotations
@@ -14,41 +17,49 @@ import asyncio
 import hmac
 import json
 import time
-from collections import defaultdict
-from collections.abc import Callable
-
-from aiohttp import ClientError, web
+from collections import defaultdict, deque
+from collections.abc import Callable, Coroutine
 
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.routes import RouteTable, Upstream
-from sparkctl.gateway.upstream import UpstreamError, Upstreams
+from sparkctl.gateway.server import Connection, Request, serve
+from sparkctl.gateway.upstream import Call, UpstreamError, Upstreams
 
-MAX_BODY = 32 * 1024 * 1024
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias switches
+PROXIED = ("/v1/chat/completions", "/v1/completions")
 
 
 class Gateway:
     def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None) -> None:
         self.routes = routes
         self.api_keys = [k.encode() for k in api_keys or []]
-        self.caps: dict[str, asyncio.Semaphore] = {}
+        self.caps: dict[str, _Cap] = {}
         self.in_flight: defaultdict[str, int] = defaultdict(int)  # forwarded upstream now
         self.accepted: defaultdict[str, int] = defaultdict(int)  # routed and not finished (incl. queued at a cap)
         self.peak: defaultdict[str, int] = defaultdict(int)  # most requests ever in flight at once
         self.served: defaultdict[tuple[str, int], int] = defaultdict(int)  # (stack, status) -> count
         self.upstreams = Upstreams()  # keep-alive connections to the engines
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches
+        self.pages = {"/v1/models": self.models, "/health": self.health, "/metrics": self.metrics}
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._auth] if self.api_keys else [])
-        app.router.add_post("/v1/chat/completions", self.proxy)
-        app.router.add_post("/v1/completions", self.proxy)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics)
-        app.on_cleanup.append(self._close)
-        return app
+    async def serve(self, host: str, port: int) -> asyncio.Server:
+        return await serve(self.handle, host, port)
+
+    def close(self) -> None:
+        self.upstreams.close()
+
+    def handle(self, request: Request, conn: Connection) -> None:
+        if self.api_keys and request.path.startswith("/v1/") and not self._authorized(request):
+            error(conn, 401, "missing or wrong API key", "invalid_api_key")
+        elif request.path in PROXIED and request.method == "POST":
+            self.proxy(request, conn)
+        elif request.path in self.pages and request.method == "GET":
+            self.pages[request.path](conn)
+        elif request.path in PROXIED or request.path in self.pages:
+            error(conn, 405, f"{request.method} is not allowed on {request.path}", "method_not_allowed")
+        else:
+            error(conn, 404, f"no route {request.path}", "not_found")
 
     # --- a switch's hold and drain (called on the gateway's loop) --------------------------
     def hold(self, alias: str, old: str | None, new: str, *, limit: int, timeout: float) -> None:
@@ -71,14 +82,14 @@ class Gateway:
             await asyncio.sleep(0.005)
         return True
 
-    # --- routes ------------------------------------------------------------------------------
-    async def health(self, _: web.Request) -> web.Response:
+    # --- pages -------------------------------------------------------------------------------
+    def health(self, conn: Connection) -> None:
         body: dict[str, object] = {"status": "ok", "models": len(self.routes().models())}
         if self.holds:
             body["switching"] = [h.describe() for h in self.holds.values()]
-        return web.json_response(body)
+        conn.reply_json(200, body)
 
-    async def models(self, _: web.Request) -> web.Response:
+    def models(self, conn: Connection) -> None:
         cards = self.routes().models()
         listed = {c["id"] for c in cards}
         for hold in self.holds.values():  # a held alias stays listed, marked as switching
@@ -86,60 +97,9 @@ class Gateway:
             if hold.alias not in listed:
                 cards.insert(0, {"id": hold.alias, "object": "model", "owned_by": "sparkctl", "root": hold.new,
                                  "switching": hold.describe()})
-        return web.json_response({"object": "list", "data": cards})
+        conn.reply_json(200, {"object": "list", "data": cards})
 
-    async def proxy(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error(400, "request body is not valid JSON", "invalid_request_error")
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return error(400, "request body must be a JSON object with a string `model`", "invalid_request_error")
-        hold = self.holds.get(body["model"])
-        if hold is not None and (refused := await hold.wait()) is not None:
-            return error(503, f"{refused}; retry shortly", "switch_in_progress", headers={"Retry-After": RETRY_AFTER})
-        upstream = self.routes().resolve(body["model"])
-        if upstream is None:
-            return error(404, f"The model `{body['model']}` does not exist here; GET /v1/models lists what does.",
-                         "model_not_found")
-        body["model"] = upstream.served_name
-        async with self._slot(upstream.stack, upstream.max_concurrency):
-            return await self._forward(request, upstream, body)
-
-    async def _forward(self, request: web.Request, upstream: Upstream, body: dict) -> web.StreamResponse:
-        stack = upstream.stack
-        try:
-            reply = await self.upstreams.post(upstream.url, request.path, json.dumps(body).encode())
-        except UpstreamError as e:
-            self.served[(stack, 502)] += 1
-            return error(502, f"stack {stack} did not answer ({e}); see `sparkctl status`", "upstream_unavailable")
-        async with reply:  # leaving it pools the connection, or closes it if the answer did not end cleanly
-            self.served[(stack, reply.status)] += 1
-            response = web.StreamResponse(status=reply.status,
-                                          headers=[(k, v) for k, v in reply.headers if k.lower() not in HOP_HEADERS])
-            response.headers["X-Sparkctl-Stack"] = stack
-            await response.prepare(request)
-            try:
-                async for piece in reply:
-                    if reply.finished:
-                        await response.write_eof(piece)  # the last piece and the end in one write
-                        return response
-                    await response.write(piece)  # raises once the client is gone
-                await response.write_eof()
-            except (UpstreamError, ClientError, OSError):
-                # Cut mid-stream, by either side. The client's connection is closed without the
-                # response's end, so it knows the answer is incomplete; leaving `reply` closes the
-                # engine's, so the engine stops generating.
-                if request.transport is not None:
-                    request.transport.close()
-            return response
-
-    def _slot(self, stack: str, cap: int | None) -> _Slot:
-        if cap and stack not in self.caps:
-            self.caps[stack] = asyncio.Semaphore(cap)
-        return _Slot(self, stack, self.caps.get(stack) if cap else None)
-
-    async def metrics(self, _: web.Request) -> web.Response:
+    def metrics(self, conn: Connection) -> None:
         lines = ["# TYPE sparkctl_gateway_requests_total counter"]
         lines += [f'sparkctl_gateway_requests_total{{stack="{s}",status="{c}"}} {n}'
                   for (s, c), n in sorted(self.served.items())]
@@ -147,48 +107,182 @@ class Gateway:
         lines += [f'sparkctl_gateway_in_flight{{stack="{s}"}} {n}' for s, n in sorted(self.in_flight.items())]
         lines.append("# TYPE sparkctl_gateway_held gauge")
         lines += [f'sparkctl_gateway_held{{alias="{a}"}} {len(h.waiting)}' for a, h in sorted(self.holds.items())]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        conn.reply(200, ("\n".join(lines) + "\n").encode(), "text/plain; charset=utf-8")
 
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        if request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
-            if not any(hmac.compare_digest(given, key) for key in self.api_keys):
-                return error(401, "missing or wrong API key", "invalid_api_key")
-        return await handler(request)
+    # --- proxying ------------------------------------------------------------------------------
+    def proxy(self, request: Request, conn: Connection) -> None:
+        """Route and forward at once, from the socket's callback; only a hold or a full cap waits."""
+        try:
+            body = json.loads(request.body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            error(conn, 400, "request body is not valid JSON", "invalid_request_error")
+            return
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            error(conn, 400, "request body must be a JSON object with a string `model`", "invalid_request_error")
+            return
+        exchange = conn.exchange = _Exchange(self, conn, request.path, body)
+        hold = self.holds.get(body["model"])
+        if hold is not None:
+            exchange.wait(self._after_hold(exchange, hold))
+        else:
+            self._route(exchange)
 
-    async def _close(self, _: web.Application) -> None:
-        self.upstreams.close()
+    async def _after_hold(self, exchange: _Exchange, hold: Hold) -> None:
+        refused = await hold.wait()
+        if refused is not None:
+            error(exchange.conn, 503, f"{refused}; retry shortly", "switch_in_progress",
+                  headers=[("Retry-After", RETRY_AFTER)])
+        else:
+            self._route(exchange)
+
+    def _route(self, exchange: _Exchange) -> None:
+        model = exchange.payload["model"]
+        upstream = self.routes().resolve(model)
+        if upstream is None:
+            error(exchange.conn, 404, f"The model `{model}` does not exist here; GET /v1/models lists what does.",
+                  "model_not_found")
+            return
+        exchange.payload["model"] = upstream.served_name
+        exchange.upstream = upstream
+        self.accepted[upstream.stack] += 1  # before any wait: a drain must see it
+        cap = self._cap(upstream)
+        if cap is None or cap.take():
+            self._forward(exchange)
+        else:
+            exchange.wait(self._after_cap(exchange, cap))
+
+    async def _after_cap(self, exchange: _Exchange, cap: _Cap) -> None:
+        await cap.wait()
+        self._forward(exchange)
+
+    def _forward(self, exchange: _Exchange) -> None:
+        stack = exchange.upstream.stack
+        self.in_flight[stack] += 1
+        self.peak[stack] = max(self.peak[stack], self.in_flight[stack])
+        exchange.forwarded = True
+        exchange.call = self.upstreams.post(exchange.upstream.url, exchange.path, json.dumps(exchange.payload).encode(),
+                                            exchange)
+        if exchange.conn.paused:
+            exchange.call.pause()
+
+    def _cap(self, upstream: Upstream) -> _Cap | None:
+        if not upstream.max_concurrency:
+            return None
+        cap = self.caps.get(upstream.stack)
+        if cap is None:
+            cap = self.caps[upstream.stack] = _Cap(upstream.max_concurrency)
+        return cap
+
+    def _finished(self, exchange: _Exchange) -> None:
+        stack = exchange.upstream.stack
+        if exchange.forwarded:
+            self.in_flight[stack] -= 1
+            if (cap := self.caps.get(stack)) is not None:
+                cap.give()
+        self.accepted[stack] -= 1
+
+    def _authorized(self, request: Request) -> bool:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
+        return any(hmac.compare_digest(given, key) for key in self.api_keys)
 
 
-class _Slot:
-    """Counts a request in flight and, under a cap, waits for a free slot first."""
+class _Exchange:
+    """One proxied request, from routing until its answer has been passed on, failed or been
+    abandoned by its client. It is the upstream call's sink and the client connection's exchange."""
 
-    def __init__(self, gateway: Gateway, stack: str, semaphore: asyncio.Semaphore | None) -> None:
-        self.gateway, self.stack, self.semaphore = gateway, stack, semaphore
+    def __init__(self, gateway: Gateway, conn: Connection, path: str, payload: dict) -> None:
+        self.gateway, self.conn, self.path, self.payload = gateway, conn, path, payload
+        self.upstream: Upstream | None = None  # once routed
+        self.task: asyncio.Task[None] | None = None  # while it waits at a hold or a cap
+        self.call: Call | None = None  # once forwarded
+        self.forwarded = self.started = self.over = False
 
-    async def __aenter__(self) -> None:
-        self.gateway.accepted[self.stack] += 1  # before any wait: a drain must see it
-        if self.semaphore is not None:
-            try:
-                await self.semaphore.acquire()
-            except BaseException:
-                self.gateway.accepted[self.stack] -= 1
-                raise
-        self.gateway.in_flight[self.stack] += 1
-        self.gateway.peak[self.stack] = max(self.gateway.peak[self.stack], self.gateway.in_flight[self.stack])
+    def wait(self, step: Coroutine[None, None, None]) -> None:
+        self.task = asyncio.ensure_future(step)
 
-    async def __aexit__(self, *_: object) -> None:
-        self.gateway.in_flight[self.stack] -= 1
-        self.gateway.accepted[self.stack] -= 1
-        if self.semaphore is not None:
-            self.semaphore.release()
+    # --- the upstream call's sink --------------------------------------------------------------
+    def head(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:
+        self.gateway.served[(self.upstream.stack, status)] += 1
+        self.started = True
+        kept = [(k, v) for k, v in headers if k.lower() not in HOP_HEADERS]
+        self.conn.start(status, [*kept, ("X-Sparkctl-Stack", self.upstream.stack)], length)
+
+    def body(self, piece: bytes, last: bool) -> None:
+        if last:
+            self._finish()
+        self.conn.send(piece, last)
+
+    def failed(self, e: UpstreamError) -> None:
+        self._finish()
+        if self.started:  # cut mid-stream: the client's connection closes without the response's end
+            self.conn.abort()
+        else:
+            stack = self.upstream.stack
+            self.gateway.served[(stack, 502)] += 1
+            error(self.conn, 502, f"stack {stack} did not answer ({e}); see `sparkctl status`", "upstream_unavailable")
+
+    # --- the client connection's exchange --------------------------------------------------------
+    def cancel(self) -> None:
+        """The client went away: stop waiting, or close the engine's connection so it stops."""
+        if self.task is not None:
+            self.task.cancel()
+        if self.call is not None:
+            self.call.cancel()
+        self._finish()
+
+    def pause(self) -> None:
+        if self.call is not None:
+            self.call.pause()
+
+    def resume(self) -> None:
+        if self.call is not None:
+            self.call.resume()
+
+    def _finish(self) -> None:
+        if not self.over and self.upstream is not None:
+            self.gateway._finished(self)
+        self.over = True
 
 
-def error(status: int, message: str, code: str, *, headers: dict[str, str] | None = None) -> web.Response:
+class _Cap:
+    """A stack's concurrency cap: slots taken at once while free, else waited for in order."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.waiting: deque[asyncio.Future[None]] = deque()
+
+    def take(self) -> bool:
+        if self.free > 0:
+            self.free -= 1
+            return True
+        return False
+
+    async def wait(self) -> None:
+        slot = asyncio.get_running_loop().create_future()
+        self.waiting.append(slot)
+        try:
+            await slot
+        except asyncio.CancelledError:
+            if slot.done() and not slot.cancelled():
+                self.give()  # the slot was handed over as the waiter left: pass it on
+            else:
+                self.waiting.remove(slot)
+            raise
+
+    def give(self) -> None:
+        """A slot comes free: to the first waiter, else back to the pool."""
+        while self.waiting:
+            slot = self.waiting.popleft()
+            if not slot.done():
+                slot.set_result(None)
+                return
+        self.free += 1
+
+
+def error(conn: Connection, status: int, message: str, code: str, *, headers: list[tuple[str, str]] = ()) -> None:
     """The OpenAI error envelope, marked as coming from sparkctl rather than the model server."""
-    return web.json_response({"error": {"message": message, "type": code, "param": None, "code": code,
-                                        "source": "sparkctl"}}, status=status, headers=headers)
+    conn.reply_json(status, {"error": {"message": message, "type": code, "param": None, "code": code,
+                                       "source": "sparkctl"}}, headers)
 
 
 class LoopControl:
