@@ -18,7 +18,7 @@ import hmac
 import json
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.routes import RouteTable, Upstream
@@ -279,7 +279,7 @@ class _Cap:
         self.free += 1
 
 
-def error(conn: Connection, status: int, message: str, code: str, *, headers: list[tuple[str, str]] = ()) -> None:
+def error(conn: Connection, status: int, message: str, code: str, *, headers: Sequence[tuple[str, str]] = ()) -> None:
     """The OpenAI error envelope, marked as coming from sparkctl rather than the model server."""
     conn.reply_json(status, {"error": {"message": message, "type": code, "param": None, "code": code,
                                        "source": "sparkctl"}}, headers)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,7 +62,7 @@ class Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     # --- the handler's side --------------------------------------------------------------------
-    def reply(self, status: int, body: bytes, content_type: str, headers: list[tuple[str, str]] = ()) -> None:
+    def reply(self, status: int, body: bytes, content_type: str, headers: Sequence[tuple[str, str]] = ()) -> None:
         """A whole response."""
         if self.closed:
             return
@@ -70,7 +70,7 @@ class Connection(asyncio.Protocol):
         self.transport.write(response_head(status, self._connection(head)) + body)
         self._done()
 
-    def reply_json(self, status: int, data: object, headers: list[tuple[str, str]] = ()) -> None:
+    def reply_json(self, status: int, data: object, headers: Sequence[tuple[str, str]] = ()) -> None:
         self.reply(status, json.dumps(data).encode(), "application/json", headers)
 
     def start(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:
