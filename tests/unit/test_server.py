@@ -4,30 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkctl.gateway.server import MAX_BODY, Connection, Request
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.written, self.closed, self.reading = b"", False, True
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
+from tests.unit.wire import Transport, split
 
 
 class _Exchange:
@@ -49,8 +32,8 @@ def echo(request: Request, conn: Connection) -> None:
     conn.reply_json(200, {"method": request.method, "path": request.path, "body": request.body.decode("latin-1")})
 
 
-def connect(handle=echo) -> tuple[Connection, _Transport]:
-    conn, transport = Connection(handle), _Transport()
+def connect(handle=echo) -> tuple[Connection, Transport]:
+    conn, transport = Connection(handle), Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport
 
@@ -65,11 +48,6 @@ def answers(written: bytes) -> list[tuple[int, dict]]:
         out.append((int(head[9:12]), json.loads(rest[:length]) if rest[:1] == b"{" else {}))
         written = rest[length:]
     return out
-
-
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 def request(method: str, path: str, body: bytes, chunked: bool) -> bytes:
@@ -153,7 +131,7 @@ def test_a_client_that_stalls_or_leaves_is_told_to_the_exchange() -> None:
         conn.exchange = exchange
         conn.start(200, [("Content-Type", "text/event-stream")], None)
 
-    async def run() -> _Transport:
+    async def run() -> Transport:
         conn, transport = connect(streaming)
         conn.data_received(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
         conn.send(b"data: 1\n\n", False)

@@ -4,7 +4,6 @@ retries and failures against scripted servers on real loopback sockets."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 from collections.abc import Awaitable, Callable
 
@@ -13,25 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkctl.gateway.upstream import Call, UpstreamError, Upstreams, _Connection
-
-
-class _Transport:
-    """What the connection writes and whether it paused or closed."""
-
-    def __init__(self) -> None:
-        self.written, self.closed, self.paused = b"", False, False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
+from tests.unit.wire import Transport, split
 
 
 class Collect:
@@ -79,7 +60,7 @@ def feed(segments: list[bytes], *, close: bool = False) -> tuple[Collect, _Conne
     """`segments` delivered to a connection as its engine's answer, one callback each."""
     pool, address, sink = Upstreams(), ("127.0.0.1", 1), Collect()
     conn = _Connection(pool, address)
-    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    conn.connection_made(Transport())  # type: ignore[arg-type]
     conn.send(Call(pool, address, b"POST / HTTP/1.1\r\n\r\n", sink))
     for segment in segments:
         if conn.call is None:
@@ -88,11 +69,6 @@ def feed(segments: list[bytes], *, close: bool = False) -> tuple[Collect, _Conne
     if close:
         conn.connection_lost(None)
     return sink, conn
-
-
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 @settings(max_examples=400, deadline=None)

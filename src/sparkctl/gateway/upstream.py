@@ -47,7 +47,7 @@ class Call:
     def __init__(self, pool: Upstreams, address: tuple[str, int], message: bytes, sink: Sink) -> None:
         self.pool, self.address, self.message, self.sink = pool, address, message, sink
         self.conn: _Connection | None = None
-        self.task: asyncio.Task[None] | None = None  # while a fresh connection is being made
+        self.task: asyncio.Task[None] | None = None  # making a fresh connection, when one was needed
         self.paused = self.retried = False
 
     def cancel(self) -> None:
@@ -75,11 +75,9 @@ class Call:
                 loop.create_connection(lambda: _Connection(self.pool, self.address), *self.address),
                 self.pool.connect_timeout)
         except (OSError, TimeoutError) as e:
-            self.task = None
             host, port = self.address
             self.sink.failed(UpstreamError(f"cannot connect to {host}:{port} ({type(e).__name__})"))
             return
-        self.task = None
         conn.send(self)
 
 
