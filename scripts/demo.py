@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 import openai
 
 from sparkctl.cli.client import DaemonClient
+from sparkctl.sim import sandbox
 from sparkctl.sim.hub import Hub, HubServer
 from sparkctl.sim.registry import Registry
 from sparkctl.sim.repos import seed_repos
@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "demo"
 SPARKCTL = str(ROOT / ".venv" / "bin" / "sparkctl")
 TOKEN = "hf_demo_token_not_secret"
+# The demo's own instance on free ports: safe to run beside an owner's live stacks.
+INSTANCE = sandbox.environment("demo")
 LABEL = "measured on simulated engines (sparkctl's sim, calibrated to the seeds' figures), not on a DGX Spark"
 
 
@@ -82,8 +84,7 @@ def main() -> int:
         if daemon is not None:
             daemon.terminate()
             daemon.wait(30)
-        subprocess.run(["sh", "-c", "docker rm -f $(docker ps -aq --filter label=sparkctl.stack) >/dev/null 2>&1"],
-                       check=False)
+        sandbox.remove(INSTANCE["SPARKCTL_INSTANCE"])  # this demo's containers, nothing else
         registry.stop()
     step(f"done in {time.monotonic() - started:.0f} s; nothing left running")
     print(f"   report: {OUT / 'report' / 'report.md'} (graphs and dataset.csv/json beside it)")
@@ -152,13 +153,7 @@ def _env(registry: str, hub: str) -> dict[str, str]:
             "SPARKCTL_COMPOSE_DIR": str(OUT / "compose"),
             "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={registry},docker.io={registry}",
             "SPARKCTL_HF_ENDPOINT": hub, "SPARKCTL_HF_TOKEN": TOKEN, "SPARKCTL_GPUS": "none",
-            "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_LOAD_SCALE=0.01", "SPARKCTL_GATEWAY_PORT": str(_free_port())}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_LOAD_SCALE=0.01", **INSTANCE}
 
 
 def _wait_for_daemon(daemon: subprocess.Popen) -> None:

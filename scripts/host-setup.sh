@@ -11,6 +11,32 @@ say() { printf 'host-setup: %s\n' "$*"; }
 engine_ok() { docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }
 tools_ok() { command -v docker-registry >/dev/null && command -v debootstrap >/dev/null; }
 
+# Only these come from trixie, named per package: `-t trixie` would take ~139 packages (libc6,
+# python3...) from trixie and half-upgrade the system; this takes docker.io, docker-cli,
+# docker-buildx, docker-compose and containerd. tests/integration/test_host_setup.py checks it.
+install_docker() { apt-get install -y "$@" docker.io/trixie docker-compose/trixie; }
+
+add_trixie() {
+  [ -f /etc/apt/sources.list.d/sparkctl-trixie.sources ] && return 0
+  cat >/etc/apt/sources.list.d/sparkctl-trixie.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  cat >/etc/apt/preferences.d/sparkctl-trixie <<'PIN'
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PIN
+}
+
+if [ "${1:-}" = --simulate ]; then  # what the install would do, as `apt-get -s` (for the test)
+  add_trixie && apt-get update -qq && install_docker -s
+  exit
+fi
+
 if engine_ok && tools_ok; then
   exit 0
 fi
@@ -22,23 +48,10 @@ fi
 
 if ! command -v dockerd >/dev/null || ! docker compose version >/dev/null 2>&1 || ! tools_ok; then
   say "installing docker.io + compose v2 (trixie), docker-registry, debootstrap"
-  if [ ! -f /etc/apt/sources.list.d/sparkctl-trixie.sources ]; then
-    cat >/etc/apt/sources.list.d/sparkctl-trixie.sources <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: trixie
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-    cat >/etc/apt/preferences.d/sparkctl-trixie <<'PIN'
-Package: *
-Pin: release n=trixie
-Pin-Priority: 100
-PIN
-  fi
+  add_trixie
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq -t trixie docker.io docker-compose >/dev/null
+  install_docker -qq >/dev/null
   apt-get install -y -qq debootstrap docker-registry >/dev/null
 fi
 

@@ -10,7 +10,6 @@ import asyncio
 import io
 import os
 import shutil
-import socket
 import tarfile
 import threading
 import time
@@ -22,15 +21,19 @@ import pytest
 
 from sparkctl.deploy.health import http_status
 from sparkctl.gateway.proxy import Gateway
+from sparkctl.sim import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of stacks/ and patches/, with settings pointed at it and a private state dir."""
+    """A copy of stacks/ and patches/, with settings pointed at it, a private state dir, and an
+    instance of its own on free ports: safe beside an owner's live stacks."""
     for name in ("stacks", "patches", "compose"):
         shutil.copytree(ROOT / name, tmp_path / name)
+    for key, value in sandbox.environment("test").items():
+        monkeypatch.setenv(key, value)
     monkeypatch.setenv("SPARKCTL_STACKS_DIR", str(tmp_path / "stacks"))
     monkeypatch.setenv("SPARKCTL_PATCHES_DIR", str(tmp_path / "patches"))
     monkeypatch.setenv("SPARKCTL_COMPOSE_DIR", str(tmp_path / "compose"))
@@ -97,10 +100,7 @@ def run_id(engine) -> Iterator[str]:
         engine.remove(c["Id"])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = sandbox.free_port
 
 
 @pytest.fixture(scope="session")
@@ -236,8 +236,30 @@ def world(workspace, published, hub, monkeypatch, engine):
     monkeypatch.setenv("SPARKCTL_GPUS", "none")
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
     yield workspace
-    for c in engine.client.api.containers(all=True, filters={"label": "sparkctl.stack"}):
-        engine.remove(c["Id"])
+    sandbox.remove(instance())
+
+
+def instance() -> str:
+    """The current test's sparkctl instance (set by `workspace`)."""
+    return os.environ["SPARKCTL_INSTANCE"]
+
+
+def port(shipped: int) -> int:
+    """Where a stack's shipped port is in the current test's instance."""
+    return shipped + int(os.environ["SPARKCTL_PORT_OFFSET"])
+
+
+def name(stack: str) -> str:
+    """The container name of a stack in the current test's instance."""
+    from sparkctl.instance import container_name
+
+    return container_name(stack, instance())
+
+
+def ours(engine, stack: str | None = None) -> list[dict]:
+    """The current test instance's sparkctl containers (of one stack, if given)."""
+    labels = [f"sparkctl.instance={instance()}", f"sparkctl.stack={stack}" if stack else "sparkctl.stack"]
+    return engine.client.api.containers(all=True, filters={"label": labels})
 
 
 class Running:

@@ -8,11 +8,14 @@ everything by pointing `SPARKCTL_STATE_DIR` somewhere else.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from sparkctl import instance as instances
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -27,12 +30,20 @@ def _xdg(var: str, fallback: str) -> Path:
     return Path(os.environ.get(var) or Path.home() / fallback)
 
 
+def default_state_dir(name: str = instances.DEFAULT) -> Path:
+    base = _xdg("XDG_STATE_HOME", ".local/state")
+    return base / "sparkctl" if name == instances.DEFAULT else base / f"sparkctl-{name}"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SPARKCTL_", env_file=".env", extra="ignore", frozen=True
     )
 
-    state_dir: Path = Field(default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state") / "sparkctl")
+    # One installation on a Docker engine: everything it creates carries this name, and it sees and
+    # touches only its own containers. Derived from the state dir when not set (see `_instance`).
+    instance: str = Field(default=instances.DEFAULT, pattern=instances.PATTERN)
+    state_dir: Path = Field(default_factory=default_state_dir)
     hf_cache_dir: Path = Field(default_factory=lambda: _xdg("HF_HOME", ".cache/huggingface") / "hub")
     # The standard HF_TOKEN works too; it never leaves sparkctl (engines run offline).
     hf_token: SecretStr | None = Field(default=None, validation_alias=AliasChoices("SPARKCTL_HF_TOKEN", "HF_TOKEN"))
@@ -40,6 +51,8 @@ class Settings(BaseSettings):
     registry_mirrors: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8000, ge=1, le=65535)
+    # Added to every stack's engine port: a second instance beside live stacks (81xx -> 91xx with 1000).
+    port_offset: int = Field(default=0, ge=-8000, le=50000)
     # Optional keys agents must send to the gateway (`Authorization: Bearer <key>`), comma-separated.
     gateway_api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)
@@ -69,6 +82,20 @@ class Settings(BaseSettings):
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _instance(cls, data: Any) -> Any:
+        """An instance and its state dir name each other: a named instance without a state dir
+        gets its own, and a state dir without a named instance derives the name."""
+        if not isinstance(data, dict):
+            return data
+        name, state = data.get("instance"), data.get("state_dir")
+        if name and not state and isinstance(name, str) and re.match(instances.PATTERN, name):
+            return {**data, "state_dir": default_state_dir(name)}
+        if not name and state:
+            return {**data, "instance": instances.derived(Path(state), default_state_dir())}
+        return data
+
     @field_validator("gateway_api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
@@ -88,6 +115,10 @@ class Settings(BaseSettings):
     @property
     def images_file(self) -> Path:
         return self.stacks_dir / "images.yaml"
+
+    @property
+    def overlays_dir(self) -> Path:
+        return self.state_dir / "overlays" / self.instance
 
     def secrets(self) -> list[str]:
         """Every configured secret value, for the log redactor."""

@@ -9,6 +9,7 @@ import json
 from sparkctl.deploy.patches import find_vllm
 from sparkctl.deploy.shim import apply_shim
 from sparkctl.sim.main import SHIM_ATTRIBUTES
+from tests.conftest import ours, port
 
 SHIM = dict(zip(SHIM_ATTRIBUTES, ("()", "{}"), strict=True))
 
@@ -43,7 +44,7 @@ def test_a_stack_on_real_vllm_goes_through_every_phase(workspace, hub, engine, c
         assert code == 0, err + out
         for phase in ("starting", "loading", "ready", "canary", "running"):
             assert phase in out
-        assert "local build" in out and "tiny-cpu up: http://127.0.0.1:8190/v1" in out
+        assert "local build" in out and f"tiny-cpu up: http://127.0.0.1:{port(8190)}/v1" in out
     finally:
         cli("down", "tiny-cpu")
-    assert not engine.client.api.containers(all=True, filters={"label": "sparkctl.stack=tiny-cpu"})
+    assert not ours(engine, "tiny-cpu")

@@ -18,11 +18,11 @@ SMALL = "resources:\n  gpu_memory_utilization: 0.4\n"  # two of these fit under 
 
 
 class DaemonProcess:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, env: dict[str, str] | None = None) -> None:
         self.state_dir = state_dir
         self.log = open(state_dir.parent / "daemon.log", "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ))
+                                     stderr=subprocess.STDOUT, env=env or dict(os.environ))
         self.client = DaemonClient(state_dir / "sparkctl.sock")
         deadline = time.monotonic() + 20
         while not self.client.available():
@@ -47,9 +47,6 @@ class DaemonProcess:
 def start_daemon(world, monkeypatch):
     monkeypatch.setenv("SPARKCTL_RESTART_BACKOFF_BASE", "0.2")
     monkeypatch.setenv("SPARKCTL_RESYNC_INTERVAL", "2")
-    from tests.conftest import free_port
-
-    monkeypatch.setenv("SPARKCTL_GATEWAY_PORT", str(free_port()))
     started: list[DaemonProcess] = []
 
     def start() -> DaemonProcess:
@@ -62,8 +59,9 @@ def start_daemon(world, monkeypatch):
 
 
 def containers(engine, stack: str | None = None) -> list[dict]:
-    label = f"sparkctl.stack={stack}" if stack else "sparkctl.stack"
-    return engine.client.api.containers(all=True, filters={"label": label})
+    from tests.conftest import ours
+
+    return ours(engine, stack)
 
 
 def wait_for(check, timeout: float = 30, what: str = "", logs=lambda: "") -> None:

@@ -10,6 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from sparkctl.state.store import Store
+from tests.conftest import ours
 
 SCALED = "SPARKCTL_SIM_TIME_SCALE=0.05,SPARKCTL_SIM_LOAD_SCALE=0.002"  # decode 20x, loading near-instant
 
@@ -48,4 +49,4 @@ def test_sweep_writes_a_comparison_report_with_the_seed_shape(scaled, cli, engin
     assert 2.3 < decode[("qwen36-dflash", 0)] / decode[("qwen36-nvfp4-aeon", 0)] < 3.5
     text = (tmp_path / "report" / "report.md").read_text()
     assert "faster through depth 8192, slower from 12288 (crossover)" in text
-    assert not engine.client.api.containers(filters={"label": "sparkctl.stack"})  # one at a time, then down
+    assert not [c for c in ours(engine) if c["State"] == "running"]  # one at a time, then down

@@ -20,6 +20,7 @@ import pytest
 
 from sparkctl.cli.client import DaemonClient
 from sparkctl.state.store import Store
+from tests.conftest import instance, name
 from tests.integration.conftest import SMALL, containers, wait_for
 
 
@@ -45,10 +46,10 @@ def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, c
 def test_a_killed_engine_is_restarted_and_the_crash_recorded(start_daemon, cli, engine) -> None:
     daemon = start_daemon()
     assert cli("up", "qwen36-dflash")[0] == 0
-    before = started_at(engine, "sparkctl-qwen36-dflash")
-    engine.client.api.kill("sparkctl-qwen36-dflash")
-    wait_for(lambda: engine.state("sparkctl-qwen36-dflash")[0] == "running"
-             and started_at(engine, "sparkctl-qwen36-dflash") != before, what="restart")
+    before = started_at(engine, name("qwen36-dflash"))
+    engine.client.api.kill(name("qwen36-dflash"))
+    wait_for(lambda: engine.state(name("qwen36-dflash"))[0] == "running"
+             and started_at(engine, name("qwen36-dflash")) != before, what="restart")
     wait_for(lambda: {"died", "restarted"} <= {e["kind"] for e in daemon.client.get("/v1/history")["events"]},
              what="history")
     died = [e for e in daemon.client.get("/v1/history")["events"] if e["kind"] == "died"]
@@ -78,13 +79,13 @@ def test_crash_loop_marks_failed_and_the_alias_falls_back(start_daemon, world, c
 def test_adoption_after_kill9_keeps_engines_and_removes_strays(start_daemon, world, cli, engine) -> None:
     first = start_daemon()
     assert cli("up", "qwen36-dflash")[0] == 0
-    before = started_at(engine, "sparkctl-qwen36-dflash")
+    before = started_at(engine, name("qwen36-dflash"))
     first.kill9()
-    stray = engine.client.containers.create("sparkctl-sim:latest", ["--version"], name="sparkctl-stray",
-                                            labels={"sparkctl.stack": "not-desired"})
+    stray = engine.client.containers.create("sparkctl-sim:latest", ["--version"], name=f"sparkctl-{instance()}_stray",
+                                            labels={"sparkctl.stack": "not-desired", "sparkctl.instance": instance()})
     start_daemon()
     wait_for(lambda: not containers(engine, "not-desired"), what="stray removal")
-    assert started_at(engine, "sparkctl-qwen36-dflash") == before  # adopted, not restarted
+    assert started_at(engine, name("qwen36-dflash")) == before  # adopted, not restarted
     assert stray.id not in {c["Id"] for c in containers(engine)}
 
 
@@ -180,7 +181,7 @@ def test_dockerd_restart_is_survived_and_stacks_come_back(start_daemon, cli, eng
              timeout=60, what="dockerd to exit")
     root = Path(__file__).resolve().parents[2]
     subprocess.run(["bash", str(root / "scripts" / "host-setup.sh")], check=True, capture_output=True)
-    wait_for(lambda: engine.state("sparkctl-qwen36-dflash")[0] == "running", timeout=60, what="restart",
+    wait_for(lambda: engine.state(name("qwen36-dflash"))[0] == "running", timeout=60, what="restart",
              logs=daemon.logs)
     wait_for(lambda: daemon.client.get("/v1/status")["stacks"][0]["phase"] == "running", what="healthy",
              logs=daemon.logs)
@@ -204,10 +205,10 @@ def test_metrics_and_the_optional_tcp_listener_need_the_token(start_daemon, monk
     assert denied.value.code == 401
     request = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer tok-0123456789abcdef"})
     text = urllib.request.urlopen(request, timeout=5).read().decode()
-    for name in ("sparkctl_reconcile_passes_total", "sparkctl_restarts_total", "sparkctl_phase_seconds_count",
-                 'sparkctl_deploys_total{stack="qwen36-dflash",outcome="ok"} 1',
-                 'sparkctl_stack_state{stack="qwen36-dflash",state="running"} 1'):
-        assert name in text
+    for metric in ("sparkctl_reconcile_passes_total", "sparkctl_restarts_total", "sparkctl_phase_seconds_count",
+                   'sparkctl_deploys_total{stack="qwen36-dflash",outcome="ok"} 1',
+                   'sparkctl_stack_state{stack="qwen36-dflash",state="running"} 1'):
+        assert metric in text
     assert "tok-0123456789abcdef" not in daemon.logs()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.sim.repos import QWEN_NVFP4
-from tests.conftest import FAST
+from tests.conftest import FAST, name, ours, port
 
 VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
 
@@ -22,17 +22,13 @@ def stack_file(workspace: Path, name: str, text: str) -> None:
     (workspace / "stacks" / f"{name}.yaml").write_text(f"name: {name}\n{text}")
 
 
-def sparkctl_containers(engine) -> list[dict]:
-    return engine.client.api.containers(all=True, filters={"label": "sparkctl.stack"})
-
-
 def test_up_qwen36_dflash_reaches_canary_with_overlays_and_shim(world, cli, engine) -> None:
     code, out, err = cli("up", "qwen36-dflash")
     assert code == 0, err
-    assert "qwen36-dflash up: http://127.0.0.1:8107/v1" in out and "speculative acceptance" in out
+    assert f"qwen36-dflash up: http://127.0.0.1:{port(8107)}/v1" in out and "speculative acceptance" in out
     for phase in ("resolving", "pulling", "fetching", "patching", "starting", "loading", "ready", "canary", "running"):
         assert phase in out
-    container = engine.client.containers.get("sparkctl-qwen36-dflash")
+    container = engine.client.containers.get(name("qwen36-dflash"))
     mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
     targets = [f"{VLLM}/v1/spec_decode/dflash.py", f"{VLLM}/model_executor/models/qwen3_dflash.py",
                f"{VLLM}/v1/spec_decode/llm_base_proposer.py"]
@@ -48,18 +44,18 @@ def test_up_qwen36_dflash_reaches_canary_with_overlays_and_shim(world, cli, engi
 
 def test_up_again_is_a_no_op_and_status_shows_it(world, cli, engine) -> None:
     assert cli("up", "qwen36-dflash")[0] == 0
-    started = engine.client.containers.get("sparkctl-qwen36-dflash").attrs["State"]["StartedAt"]
+    started = engine.client.containers.get(name("qwen36-dflash")).attrs["State"]["StartedAt"]
     code, out, _ = cli("up", "qwen36-dflash")
     assert code == 0 and "already up, unchanged" in out
-    assert engine.client.containers.get("sparkctl-qwen36-dflash").attrs["State"]["StartedAt"] == started
+    assert engine.client.containers.get(name("qwen36-dflash")).attrs["State"]["StartedAt"] == started
     code, out, _ = cli("status", "--json")
     [row] = json.loads(out)
     assert (row["stack"], row["phase"], row["memory"]) == ("qwen36-dflash", "running", 0.8)
-    assert row["endpoint"] == "http://127.0.0.1:8107/v1" and len(row["fingerprint"]) == 16
+    assert row["endpoint"] == f"http://127.0.0.1:{port(8107)}/v1" and len(row["fingerprint"]) == 16
     code, out, _ = cli("logs", "qwen36-dflash", "-n", "5")
     assert "Starting vLLM API server" in out
     code, out, _ = cli("down", "qwen36-dflash")
-    assert code == 0 and not sparkctl_containers(engine)
+    assert code == 0 and not ours(engine)
     assert json.loads(cli("status", "--json")[1]) == []
 
 
@@ -73,7 +69,7 @@ def test_without_the_shim_the_engine_fails_and_sparkctl_names_the_hint(world, cl
     assert code == 1
     assert "AttributeError: 'DFlashProposer' object has no attribute '_draft_kv_cache_group_ids'" in err
     assert "hint: the DFlash 2-line shim is missing" in err
-    assert not sparkctl_containers(engine)
+    assert not ours(engine)
 
 
 def test_patch_check_prints_the_diff_without_starting_anything(world, cli, engine) -> None:
@@ -81,21 +77,21 @@ def test_patch_check_prints_the_diff_without_starting_anything(world, cli, engin
     assert code == 0, err
     assert "+    _draft_kv_cache_group_ids = ()" in out and "+    _draft_layer_to_kv_cache_gid = {}" in out
     assert "patches apply: 3 files" in out
-    assert not sparkctl_containers(engine)
+    assert not ours(engine)
 
 
 def test_compose_stack_comes_up_and_down(world, cli, engine, monkeypatch) -> None:
     monkeypatch.setenv("SPARKCTL_HF_TOKEN", "hf_test_token_123")
     code, out, err = cli("up", "diffusiongemma")
     assert code == 0, err + out
-    assert "diffusiongemma up: http://127.0.0.1:8111/v1" in out
-    [container] = sparkctl_containers(engine)
+    assert f"diffusiongemma up: http://127.0.0.1:{port(8111)}/v1" in out
+    [container] = ours(engine)
     info = engine.inspect(container["Id"])
-    assert info["Config"]["Labels"]["com.docker.compose.project"] == "sparkctl-diffusiongemma"
+    assert info["Config"]["Labels"]["com.docker.compose.project"] == name("diffusiongemma")
     assert not any("hf_test_token_123" in e for e in info["Config"]["Env"])
     assert "sim profile diffusiongemma" in engine.logs(container["Id"], tail=50)
     code, out, _ = cli("down", "diffusiongemma")
-    assert code == 0 and not sparkctl_containers(engine)
+    assert code == 0 and not ours(engine)
 
 
 # --- failures: one clear message, nothing half-done ------------------------------------------
@@ -103,11 +99,11 @@ def test_compose_stack_comes_up_and_down(world, cli, engine, monkeypatch) -> Non
 def up_ok_then(cli, engine) -> str:
     """Deploy qwen36-dflash; returns its container id, to check it survives what follows."""
     assert cli("up", "qwen36-dflash")[0] == 0
-    return engine.client.containers.get("sparkctl-qwen36-dflash").id
+    return engine.client.containers.get(name("qwen36-dflash")).id
 
 
 def assert_still_running(engine, container_id: str) -> None:
-    [c] = [c for c in sparkctl_containers(engine)]
+    [c] = [c for c in ours(engine)]
     assert (c["Id"], c["State"]) == (container_id, "running")
 
 
@@ -116,7 +112,7 @@ def test_blacklisted_tag(world, cli, engine) -> None:
     code, _, err = cli("up", "gemma-latest")
     assert code == 1 and err.count("\n") == 1
     assert "blacklisted since 2026-06-10: DFlash acceptance dropped to ~10%" in err
-    assert not sparkctl_containers(engine)
+    assert not ours(engine)
 
 
 def test_moved_tag_is_reported_not_followed(world, cli, engine, published, images) -> None:
@@ -130,7 +126,7 @@ def test_moved_tag_is_reported_not_followed(world, cli, engine, published, image
 def test_gated_repo_without_a_token(world, cli, engine) -> None:
     code, _, err = cli("up", "diffusiongemma")
     assert code == 1 and "gated repo" in err and "SPARKCTL_HF_TOKEN" in err and "HTTP 401" in err
-    assert not sparkctl_containers(engine)
+    assert not ours(engine)
 
 
 def test_disk_too_small(world, cli, engine, tmp_path: Path, monkeypatch) -> None:
@@ -144,7 +140,7 @@ def test_disk_too_small(world, cli, engine, tmp_path: Path, monkeypatch) -> None
         subprocess.run(["umount", str(small)], check=True)
     assert code == 1 and "not enough disk for AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-NVFP4" in err
     assert "GiB free at" in err
-    assert not sparkctl_containers(engine)
+    assert not ours(engine)
 
 
 def test_interrupted_download_resumes(world, cli, engine, hub) -> None:
@@ -167,17 +163,17 @@ def test_patch_target_missing_from_the_image(world, cli, engine) -> None:
     code, _, err = cli("up", "wrong")
     assert code == 1 and err.count("\n") == 1
     assert f"patch target {VLLM}/v1/spec_decode/nope.py is missing from the image" in err
-    assert not sparkctl_containers(engine)
+    assert not ours(engine)
 
 
 def test_port_in_use(world, cli, engine) -> None:
     with socket.socket() as busy:
         busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        busy.bind(("127.0.0.1", 8107))
+        busy.bind(("127.0.0.1", port(8107)))
         busy.listen()
         code, _, err = cli("up", "qwen36-dflash")
     assert code == 1 and "hint: the port is in use" in err and "address already in use" in err
-    assert not sparkctl_containers(engine)
+    assert not ours(engine)
 
 
 @pytest.mark.parametrize(("fault", "words"), [
@@ -192,7 +188,7 @@ def test_failed_redeploy_keeps_the_previous_one_running(world, cli, engine, monk
     code, _, err = cli("up", "qwen36-dflash")
     assert code == 1 and words in err, err
     assert_still_running(engine, running)
-    assert engine.client.containers.get("sparkctl-qwen36-dflash").id == running
+    assert engine.client.containers.get(name("qwen36-dflash")).id == running
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
     code, out, _ = cli("up", "qwen36-dflash")
     assert code == 0 and "unchanged" in out

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import ROOT, SPARKCTL, sparkctl, world  # noqa: E402
+from world import SPARKCTL, sparkctl, world  # noqa: E402
+
+from sparkctl.instance import container_name  # noqa: E402
 
 KILLS, IDLE_S = 20, 30
 THREE = ("bench-a", "bench-b", "bench-c")
@@ -56,7 +57,7 @@ def running(name: str) -> bool:
 
 def crash_restarts(env: dict[str, str]) -> list[float]:
     sparkctl(env, "up", "qwen36-dflash")
-    name = "sparkctl-qwen36-dflash"
+    name = container_name("qwen36-dflash", env["SPARKCTL_INSTANCE"])
     delays = []
     for _ in range(KILLS):
         before = started(name)
@@ -98,13 +99,12 @@ def timed(env: dict[str, str], runs: int, *args: str) -> float:
 
 def main() -> None:
     with world() as (env, _hub):
-        stacks = Path(env["PERF_ROOT"]) / "stacks"
-        shutil.copytree(ROOT / "stacks", stacks)
+        stacks = Path(env["PERF_ROOT"]) / "stacks"  # the world's own copy
         for i, name in enumerate(THREE):
             (stacks / f"{name}.yaml").write_text(
                 f"name: {name}\nextends: qwen36-nvfp4-stock\nvllm:\n  port: {8181 + i}\n"
                 "resources:\n  gpu_memory_utilization: 0.3\n")
-        env |= {"SPARKCTL_STACKS_DIR": str(stacks), "SPARKCTL_CRASH_WINDOW": "2"}
+        env |= {"SPARKCTL_CRASH_WINDOW": "2"}
         daemon = subprocess.Popen([SPARKCTL, "daemon"], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:

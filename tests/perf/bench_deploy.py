@@ -24,16 +24,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import sparkctl, world  # noqa: E402
 
+from sparkctl.instance import container_name  # noqa: E402
 from sparkctl.sim.hub import Repo  # noqa: E402
 
-STACK, PORT = "qwen36-dflash", 8107
+STACK, SHIPPED_PORT = "qwen36-dflash", 8107
 RUNS = 5
 
 
-def first_healthy(stop: threading.Event, seen: list[float]) -> None:
+def first_healthy(stop: threading.Event, seen: list[float], port: int) -> None:
     while not stop.is_set():
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=1) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                 if r.status == 200:
                     seen.append(time.time())
                     return
@@ -42,8 +43,9 @@ def first_healthy(stop: threading.Event, seen: list[float]) -> None:
         time.sleep(0.005)
 
 
-def container_started() -> float:
-    out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", f"sparkctl-{STACK}"],
+def container_started(env: dict[str, str]) -> float:
+    name = container_name(STACK, env["SPARKCTL_INSTANCE"])
+    out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", name],
                          capture_output=True, text=True, check=True).stdout.strip()
     return dt.datetime.fromisoformat(out.replace("Z", "+00:00")[:26] + "+00:00").timestamp()
 
@@ -52,14 +54,15 @@ def overhead(env: dict[str, str]) -> tuple[float, float, float]:
     sparkctl(env, "down", STACK)
     seen: list[float] = []
     stop = threading.Event()
-    poller = threading.Thread(target=first_healthy, args=(stop, seen))
+    port = SHIPPED_PORT + int(env["SPARKCTL_PORT_OFFSET"])
+    poller = threading.Thread(target=first_healthy, args=(stop, seen, port))
     poller.start()
     start = time.perf_counter()
     sparkctl(env, "up", STACK)
     wall = time.perf_counter() - start
     stop.set()
     poller.join()
-    engine = seen[0] - container_started()
+    engine = seen[0] - container_started(env)
     return wall, engine, wall - engine
 
 

@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from sparkctl.sim import sandbox
 from sparkctl.sim.hub import Hub, HubServer
 from sparkctl.sim.registry import Registry
 from sparkctl.sim.repos import seed_repos
@@ -26,6 +27,7 @@ def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
         root = Path(tmp)
         for name in ("stacks", "patches"):  # a copy: pins and bans the benchmarks record stay in it
             shutil.copytree(ROOT / name, root / name)
+        instance = sandbox.environment("perf")  # its own instance on free ports, beside live stacks
         registry = Registry(root / "registry")
         registry.publish_sim()
         cache = Path(os.environ.get("SPARKCTL_BUILD_CACHE", root)) / "models"
@@ -35,12 +37,11 @@ def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
                    "SPARKCTL_STATE_DIR": str(root / "state"), "SPARKCTL_GPUS": "none",
                    "SPARKCTL_ENGINE_ENV": f"SPARKCTL_SIM_TIME_SCALE={time_scale}",
                    "SPARKCTL_STACKS_DIR": str(root / "stacks"), "SPARKCTL_PATCHES_DIR": str(root / "patches"),
-                   "PERF_ROOT": str(root), "PERF_HUB": hub.endpoint}
+                   "PERF_ROOT": str(root), "PERF_HUB": hub.endpoint, **instance}
             try:
                 yield env, hub.hub
             finally:
-                subprocess.run(["sh", "-c", "docker rm -f $(docker ps -aq --filter label=sparkctl.stack) "
-                                ">/dev/null 2>&1 || true"], check=False)
+                sandbox.remove(instance["SPARKCTL_INSTANCE"])
                 registry.stop()
 
 

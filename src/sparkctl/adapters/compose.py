@@ -1,9 +1,10 @@
 """Compose projects through python-on-whales (docker compose v2).
 
-A compose stack runs as project `sparkctl-<stack>` from its directory under the compose dir,
-with variables from an env file sparkctl writes (never holding the HF token) and an override
-file adding sparkctl's engine environment and, on machines without an NVIDIA runtime,
-dropping the GPU reservation.
+A compose stack runs as a project named for its instance and stack (`sparkctl-<stack>` for the
+default instance) from its directory under the compose dir, with variables from an env file
+sparkctl writes (never holding the HF token) and an override file adding sparkctl's labels
+(stack, instance, memory share) and engine environment and, on machines without an NVIDIA
+runtime, dropping the GPU reservation.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from sparkctl.errors import DockerError
 
 class ComposeProject:
     def __init__(self, project_dir: Path, *, name: str, service: str, variables: dict[str, str],
-                 engine_env: dict[str, str], work_dir: Path, gpus: bool = True) -> None:
+                 engine_env: dict[str, str], labels: dict[str, str], work_dir: Path, gpus: bool = True) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         env_file = work_dir / "sparkctl.env"
         env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(variables.items())))
         override = work_dir / "sparkctl.override.yml"
-        override.write_text(_override(service, engine_env, gpus))
+        override.write_text(_override(service, engine_env, labels, gpus))
         self.name, self.service = name, service
         self.client = DockerClient(compose_files=[project_dir / "compose.yml", override], compose_project_name=name,
                                    compose_env_files=[env_file], compose_project_directory=project_dir)
@@ -43,14 +44,13 @@ class ComposeProject:
             return [c.id for c in self.client.compose.ps(all=True)]
 
 
-def _override(service: str, engine_env: dict[str, str], gpus: bool) -> str:
-    lines = ["services:", f"  {service}:"]
+def _override(service: str, engine_env: dict[str, str], labels: dict[str, str], gpus: bool) -> str:
+    lines = ["services:", f"  {service}:", "    labels:"]
+    lines += [f"      {k}: {json.dumps(v)}" for k, v in sorted(labels.items())]
     if engine_env:
         lines += ["    environment:"] + [f"      {k}: {json.dumps(v)}" for k, v in sorted(engine_env.items())]
     if not gpus:
         lines.append("    deploy: !reset {}")
-    if len(lines) == 2:
-        lines.append("    labels: {}")
     return "\n".join(lines) + "\n"
 
 

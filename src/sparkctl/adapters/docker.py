@@ -18,6 +18,7 @@ import docker.errors
 import requests
 from docker.types import DeviceRequest, Mount
 
+from sparkctl import instance as instances
 from sparkctl.adapters.retry import transient
 from sparkctl.errors import DockerError, TransientError
 from sparkctl.policy.images import mirrored, parse_ref
@@ -29,8 +30,11 @@ class TransientDockerError(DockerError, TransientError):
 
 
 class DockerEngine:
-    def __init__(self, base_url: str | None = None, *, timeout: int = 120) -> None:
-        self.base_url, self.timeout = base_url, timeout
+    """One Docker endpoint, seen as one sparkctl instance sees it: `containers()` lists only the
+    instance's own, and everything `create()` makes carries its label."""
+
+    def __init__(self, base_url: str | None = None, *, instance: str = instances.DEFAULT, timeout: int = 120) -> None:
+        self.base_url, self.instance, self.timeout = base_url, instance, timeout
 
     @cached_property
     def client(self) -> docker.DockerClient:
@@ -49,7 +53,7 @@ class DockerEngine:
                 entrypoint=list(plan.entrypoint) if plan.entrypoint else None,
                 name=plan.name,
                 environment=dict(plan.env),
-                labels={**plan.labels, **(labels or {})},
+                labels={**plan.labels, **(labels or {}), instances.LABEL: self.instance},
                 network_mode=plan.network_mode,
                 ipc_mode=plan.ipc_mode,
                 shm_size=plan.shm_size,
@@ -170,7 +174,14 @@ class DockerEngine:
         return True
 
     def containers(self, **labels: str) -> list[dict[str, Any]]:
-        """Containers (any state) carrying sparkctl's stack label and all given labels."""
+        """This instance's containers (any state) carrying sparkctl's stack label and all given labels."""
+        return [c for c in self._sparkctl(labels) if instances.owned(c["Labels"], self.instance)]
+
+    def others(self) -> list[dict[str, Any]]:
+        """Other instances' sparkctl containers on this engine: to mention, never to touch."""
+        return [c for c in self._sparkctl({}) if not instances.owned(c["Labels"], self.instance)]
+
+    def _sparkctl(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         wanted = [LABEL_STACK] + [f"{k}={v}" for k, v in labels.items()]
         with _translated("list containers"):
             return self.client.api.containers(all=True, filters={"label": wanted})

@@ -30,7 +30,7 @@ class ConsoleReporter:
         suffix = f" [dim]{escape(detail)}[/]" if detail else ""
         self.console.print(f"[{style}]{phase:>9}[/] {escape(stack)}{suffix}")
 
-    def progress(self, task: str, done: int, total: int) -> None:
+    def progress(self, stack: str, task: str, done: int, total: int) -> None:
         if task not in self.tasks:
             self.tasks[task] = self.bars.add_task(escape(task), total=total)
         self.bars.update(self.tasks[task], completed=done, total=total)

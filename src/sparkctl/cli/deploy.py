@@ -74,11 +74,11 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     rt = runtime(ctx)
     if rt.daemon.available():
         report = rt.daemon.get("/v1/status")
-        rows = report["stacks"]
+        rows, others = report["stacks"], report["others"]
     else:
-        from sparkctl.deploy.status import status_rows
+        from sparkctl.deploy.status import other_instances, status_rows
 
-        rows = status_rows(rt.docker, rt.store, rt.catalog)
+        rows, others = status_rows(rt.docker, rt.store, rt.catalog), other_instances(rt.docker)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -86,7 +86,10 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     for row in rows:
         table.add_row(row["stack"], row["phase"], row["endpoint"], (row["fingerprint"] or "")[:12],
                       _duration(row["uptime_s"]), f"{row['memory']:.2f}" if row["memory"] is not None else "")
-    rt.console.print(table if rows else "no stacks are deployed")
+    rt.console.print(table if rows else f"no stacks are deployed (instance {rt.settings.instance})")
+    if others:
+        listed = "; ".join(f"{name}: {', '.join(stacks)}" for name, stacks in others.items())
+        rt.console.print(f"[dim]other sparkctl instances on this engine (not touched): {listed}[/]")
 
 
 def logs(
@@ -137,7 +140,7 @@ def through_daemon(rt, path: str, body: dict) -> dict:
             if kind == "phase":
                 reporter.phase(event["stack"], Phase(event["phase"]), event.get("detail", ""))
             elif kind == "progress":
-                reporter.progress(event["task"], event["done"], event["total"])
+                reporter.progress(event["stack"], event["task"], event["done"], event["total"])
             elif kind == "note":
                 reporter.note(event["stack"], event["text"])
             elif kind == "outcome":

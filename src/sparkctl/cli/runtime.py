@@ -59,13 +59,14 @@ class Runtime:
     def catalog(self) -> Catalog:
         from sparkctl.spec.load import load_catalog
 
-        return load_catalog(self.settings.stacks_dir, self.settings.patches_dir)
+        return load_catalog(self.settings.stacks_dir, self.settings.patches_dir,
+                            port_offset=self.settings.port_offset)
 
     @cached_property
     def docker(self) -> DockerEngine:
         from sparkctl.adapters.docker import DockerEngine
 
-        return DockerEngine(self.settings.docker_host)
+        return DockerEngine(self.settings.docker_host, instance=self.settings.instance)
 
     @cached_property
     def daemon(self) -> DaemonClient:

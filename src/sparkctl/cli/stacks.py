@@ -96,7 +96,7 @@ def render_(
         draft_dir=_cache_path(rt, stack.draft) if stack.draft else None,
         compile_cache_dir=str(rt.settings.state_dir / "compile-cache" / stack.name),
     )
-    plan = render(stack, sources)
+    plan = render(stack, sources, instance=rt.settings.instance)
     if fmt is Format.JSON:
         print(plan.to_json())
     elif fmt is Format.COMPOSE:

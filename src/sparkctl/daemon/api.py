@@ -118,7 +118,7 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
         done = task.done()
         for event in await asyncio.to_thread(bus.after, since, timeout=0 if done else 15):
             since = event["seq"]
-            if event.get("stack") in (*names, None) and event["kind"] in ("phase", "progress", "note"):
+            if event.get("stack") in names and event["kind"] in ("phase", "progress", "note"):
                 await response.write(json.dumps(event).encode() + b"\n")
         if done:
             break

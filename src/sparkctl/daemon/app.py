@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
 from sparkctl.bench import stack as bench_stack
@@ -32,7 +33,7 @@ from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.switch import Switcher, recover
 from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.pipeline import Deployer, memory_shares
-from sparkctl.deploy.status import status_rows
+from sparkctl.deploy.status import other_instances, status_rows
 from sparkctl.errors import ImageRefused, SparkctlError
 from sparkctl.gateway.proxy import Gateway, LoopControl
 from sparkctl.gateway.routes import RouteTable, build_table
@@ -67,7 +68,7 @@ class Daemon:
                                 backoff_base=settings.restart_backoff_base, backoff_max=settings.restart_backoff_max)
         self.bus = EventBus()
         self.metrics = DaemonMetrics()
-        self.docker = DockerEngine(settings.docker_host)
+        self.docker = DockerEngine(settings.docker_host, instance=settings.instance)
         self.machine = DockerMachine(docker=self.docker, deployer=self.deployer, catalog=self.catalog,
                                      desired_path=settings.state_dir / "desired.yaml", reporter=BusReporter(self.bus),
                                      store=lambda: self.store)
@@ -83,7 +84,8 @@ class Daemon:
     # --- wiring ---------------------------------------------------------------------------
     def catalog(self) -> Catalog:
         """Stack files are read afresh for each action, so edits apply without a restart."""
-        return load_catalog(self.settings.stacks_dir, self.settings.patches_dir)
+        return load_catalog(self.settings.stacks_dir, self.settings.patches_dir,
+                            port_offset=self.settings.port_offset)
 
     def deployer(self) -> Deployer:
         s = self.settings
@@ -189,7 +191,8 @@ class Daemon:
         for row in rows:
             h = self.reconciler.history.get(row["stack"], planner.History())
             row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures)}
-        return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid()}
+        return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
+                "others": other_instances(self.docker)}
 
     def history(self, stack: str | None) -> dict[str, Any]:
         deployments = [{"id": d.id, "stack": d.stack, "phase": d.phase.value, "fingerprint": d.fingerprint,
@@ -255,6 +258,8 @@ class Daemon:
     def _on_event(self, event: dict[str, Any]) -> None:
         action = event.get("Action", "")
         attributes = event.get("Actor", {}).get("Attributes", {})
+        if not instances.owned(attributes, self.settings.instance):
+            return  # another instance's container: its own daemon handles it
         stack, container = attributes.get(LABEL_STACK), event.get("id", "")
         if action == "oom":
             self._oom.add(container)
@@ -267,6 +272,17 @@ class Daemon:
             self.kick()
         elif action in ("destroy", "stop"):
             self.kick()
+
+    def _adopt_unlabelled(self) -> None:
+        """Containers made before instances existed carry no instance label; the default instance
+        takes them as its own (its next deploy of each labels it). Recorded once per container."""
+        adopted = {e["detail"] for e in self.store.events(limit=1000) if e["kind"] == "adopted"}
+        for c in self.docker.containers():
+            if instances.LABEL not in c["Labels"] and c["Id"][:12] not in adopted:
+                stack = c["Labels"][LABEL_STACK]
+                log.info("container_adopted", stack=stack, container=c["Id"][:12],
+                         reason="made before instances; labelled at its next deploy")
+                self.store.record_event(stack, "adopted", c["Id"][:12])
 
     async def _serve_gateway(self) -> tuple[Gateway, asyncio.Server]:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
@@ -298,6 +314,7 @@ class Daemon:
             log.warning("deployment_interrupted", deployment=interrupted)
         for settled in recover(self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
+        self._adopt_unlabelled()
         path = socket_path(self.settings)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():

@@ -39,17 +39,17 @@ class BusReporter:
 
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
-        self._last_progress: dict[str, float] = {}
+        self._last_progress: dict[tuple[str, str], float] = {}
 
     def phase(self, stack: str, phase: Any, detail: str = "") -> None:
         self.bus.publish("phase", stack=stack, phase=str(phase), detail=detail)
 
-    def progress(self, task: str, done: int, total: int) -> None:
+    def progress(self, stack: str, task: str, done: int, total: int) -> None:
         now = time.monotonic()
-        if done < total and now - self._last_progress.get(task, 0.0) < 0.5:
+        if done < total and now - self._last_progress.get((stack, task), 0.0) < 0.5:
             return
-        self._last_progress[task] = now
-        self.bus.publish("progress", task=task, done=done, total=total)
+        self._last_progress[(stack, task)] = now
+        self.bus.publish("progress", stack=stack, task=task, done=done, total=total)
 
     def note(self, stack: str, text: str) -> None:
         self.bus.publish("note", stack=stack, text=text)

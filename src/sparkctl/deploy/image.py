@@ -47,13 +47,13 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
     return ResolvedImage(name, digest, f"{repository}@{digest}", moved)
 
 
-def pull(image: ResolvedImage, *, docker: DockerEngine, reporter: Reporter) -> None:
-    """Pull by digest unless Docker has it already."""
+def pull(image: ResolvedImage, *, stack: str, docker: DockerEngine, reporter: Reporter) -> None:
+    """Pull by digest unless Docker has it already (progress reported as `stack`'s)."""
     if docker.local_image_id(image.run_ref):
         return
     repository = image.run_ref.split("@", 1)[0]
     docker.pull(repository, image.digest,
-                on_layer=lambda layer, done, total: reporter.progress(f"layer {layer}", done, total))
+                on_layer=lambda layer, done, total: reporter.progress(stack, f"layer {layer}", done, total))
 
 
 def _pinned(policy: ImagePolicy, name: ImageName) -> str | None:

@@ -43,8 +43,9 @@ class PatchResult:
 
 
 def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: DockerEngine,
-            sources: Mapping[str, Path], state_dir: Path, patches_dir: Path) -> PatchResult:
-    """Apply `patch_sets` to the image's files; `sources` maps "draft"/"model" to snapshot dirs."""
+            sources: Mapping[str, Path], state_dir: Path, overlays_dir: Path, patches_dir: Path) -> PatchResult:
+    """Apply `patch_sets` to the image's files; `sources` maps "draft"/"model" to snapshot dirs.
+    The patched files go to `overlays_dir` (the instance's), in a folder named by their hash."""
     if not patch_sets:
         return PatchResult("", (), "", "")
     vllm_dir = find_vllm(docker, image, digest, cache=state_dir / "vllm-dirs.json")
@@ -59,7 +60,7 @@ def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: Dock
         _check(rel, text, actions, vllm_dir)
         patched[rel] = text
     digest_of = hashlib.sha256(json.dumps(sorted(patched.items())).encode()).hexdigest()[:16]
-    folder = _write(state_dir / "overlays" / digest_of, patched)
+    folder = _write(overlays_dir / digest_of, patched)
     mounts = tuple((str(folder / rel), f"{vllm_dir}/{rel}") for rel in sorted(patched))
     diff = "".join(_diff(f"{vllm_dir}/{rel}", originals[f"{vllm_dir}/{rel}"], patched[rel]) for rel in sorted(patched))
     return PatchResult(vllm_dir, mounts, digest_of, diff)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
 from sparkctl.deploy import health, image, patches, weights
@@ -31,7 +32,6 @@ from sparkctl.spec.render import (
     LABEL_SPEC_HASH,
     LABEL_STACK,
     Sources,
-    container_name,
     render,
     spec_hash,
 )
@@ -97,17 +97,18 @@ class Deployer:
         resolved = image.resolve(stack, policy=self.policy, docker=self.docker, store=self.store,
                                  mirrors=self.settings.registry_mirrors, refresh=refresh, reporter=self.reporter)
         self._phase(deployment, stack, Phase.PULLING, resolved.run_ref)
-        image.pull(resolved, docker=self.docker, reporter=self.reporter)
+        image.pull(resolved, stack=stack.name, docker=self.docker, reporter=self.reporter)
         self.store.record_resolved(resolved.name.tagged, resolved.digest)
         self._phase(deployment, stack, Phase.FETCHING)
         model, draft = (weights.fetch(w, hub=self.hub, store=self.store, refresh=refresh, reporter=self.reporter,
-                                      label=label) if w else None
+                                      stack=stack.name, label=label) if w else None
                         for w, label in ((stack.model, "model"), (stack.draft, "draft")))
         self._phase(deployment, stack, Phase.PATCHING)
         sources = {k: w.path for k, w in (("model", model), ("draft", draft)) if w is not None}
         patched = patches.prepare([self.catalog.patch_sets[p] for p in stack.patches], image=resolved.run_ref,
                                   digest=resolved.digest, docker=self.docker, sources=sources,
-                                  state_dir=self.settings.state_dir, patches_dir=self.settings.patches_dir)
+                                  state_dir=self.settings.state_dir, overlays_dir=self.settings.overlays_dir,
+                                  patches_dir=self.settings.patches_dir)
         parts = {"image": resolved.digest, "model": model.commit if model else "",
                  "draft": draft.commit if draft else "", "patches": patched.hash, "spec": spec_hash(stack),
                  "env": json.dumps(self.settings.engine_env, sort_keys=True)}
@@ -147,7 +148,8 @@ class Deployer:
                                            f"{prepared.fingerprint}: nothing to do")
             return UpResult(stack.name, prepared.fingerprint, False, url)
         plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
-                      fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env)
+                      fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
+                      instance=self.settings.instance)
         previous = self._set_aside(current)
         try:
             self.docker.create(plan)
@@ -184,9 +186,13 @@ class Deployer:
         from sparkctl.adapters.compose import ComposeProject  # python-on-whales only when needed
 
         assert stack.compose is not None
-        return ComposeProject(self.settings.compose_dir / stack.compose.project, name=f"sparkctl-{stack.name}",
-                              service=stack.compose.service, variables=env, engine_env=self.settings.engine_env,
-                              gpus=self._gpus(), work_dir=self.settings.state_dir / "compose" / stack.name)
+        instance = self.settings.instance
+        return ComposeProject(self.settings.compose_dir / stack.compose.project,
+                              name=instances.container_name(stack.name, instance), service=stack.compose.service,
+                              variables=env, engine_env=self.settings.engine_env, gpus=self._gpus(),
+                              labels={LABEL_STACK: stack.name, instances.LABEL: instance,
+                                      LABEL_MEMORY: f"{stack.resources.gpu_memory_utilization:g}"},
+                              work_dir=self.settings.state_dir / "compose" / stack.name)
 
     def _sources(self, stack: Stack, prepared: Prepared) -> Sources:
         assert prepared.model is not None
@@ -214,8 +220,8 @@ class Deployer:
 
     def _restore(self, previous: list[str], stack: Stack) -> None:
         for name in previous[:1]:
-            self.docker.rename(name, container_name(stack))
-            self.docker.start(container_name(stack))
+            self.docker.rename(name, instances.container_name(stack.name, self.settings.instance))
+            self.docker.start(instances.container_name(stack.name, self.settings.instance))
             self.reporter.note(stack.name, "the previous deployment was restarted")
 
     def _recorded(self, deployment: int) -> Reporter:
@@ -253,8 +259,8 @@ class _RecordedPhases:
             self.last = phase
         self.reporter.phase(stack, phase, detail)
 
-    def progress(self, task: str, done: int, total: int) -> None:
-        self.reporter.progress(task, done, total)
+    def progress(self, stack: str, task: str, done: int, total: int) -> None:
+        self.reporter.progress(stack, task, done, total)
 
     def note(self, stack: str, text: str) -> None:
         self.reporter.note(stack, text)

@@ -15,7 +15,7 @@ from sparkctl.state.store import Phase
 class Reporter(Protocol):
     def phase(self, stack: str, phase: Phase, detail: str = "") -> None: ...
 
-    def progress(self, task: str, done: int, total: int) -> None: ...
+    def progress(self, stack: str, task: str, done: int, total: int) -> None: ...
 
     def note(self, stack: str, text: str) -> None: ...
 
@@ -31,7 +31,7 @@ class RecordingReporter:
     def phase(self, stack: str, phase: Phase, detail: str = "") -> None:
         self.phases.append((stack, phase, detail))
 
-    def progress(self, task: str, done: int, total: int) -> None:
+    def progress(self, stack: str, task: str, done: int, total: int) -> None:
         self.progressed[task] = (done, total)
 
     def note(self, stack: str, text: str) -> None:

@@ -6,11 +6,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.render import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_STACK
 from sparkctl.state.store import Store
+
+
+def other_instances(docker: DockerEngine) -> dict[str, list[str]]:
+    """Other sparkctl instances on this engine and their stacks: mentioned, never touched."""
+    others: dict[str, list[str]] = {}
+    for c in docker.others():
+        others.setdefault(c["Labels"].get(instances.LABEL, instances.DEFAULT), []).append(c["Labels"][LABEL_STACK])
+    return {name: sorted(stacks) for name, stacks in sorted(others.items())}
 
 
 def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ class FetchedWeights:
 
 
 def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, reporter: Reporter,
-          label: str) -> FetchedWeights:
+          stack: str, label: str) -> FetchedWeights:
     if weights.path is not None:
         path = Path(weights.path)
         if not path.is_dir():
@@ -51,7 +51,7 @@ def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, repo
                 f"not enough disk for {weights.repo}: {_gib(missing)} to download (+{_gib(HEADROOM)} headroom), "
                 f"{_gib(free)} free at {hub.cache_dir}; free space or point SPARKCTL_HF_CACHE_DIR elsewhere")
     path = hub.download(snapshot, revision=weights.revision,
-                        progress=lambda done, total: reporter.progress(f"{label} {weights.repo}", done, total))
+                        progress=lambda done, total: reporter.progress(stack, f"{label} {weights.repo}", done, total))
     store.record_resolved(key, snapshot.commit)
     return FetchedWeights(path, snapshot.commit, folder, path.relative_to(folder).as_posix())
 

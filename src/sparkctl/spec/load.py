@@ -43,16 +43,17 @@ class Catalog:
         return [s for _, s in sorted(self.stacks.items()) if not s.abstract]
 
 
-def load_catalog(stacks_dir: Path, patches_dir: Path | None = None) -> Catalog:
-    """Load every `*.yaml` stack under `stacks_dir` and patch set under `patches_dir`."""
+def load_catalog(stacks_dir: Path, patches_dir: Path | None = None, *, port_offset: int = 0) -> Catalog:
+    """Load every `*.yaml` stack under `stacks_dir` and patch set under `patches_dir`; every
+    engine port is shifted by `port_offset` (an instance beside another's live stacks)."""
     patch_sets = load_patch_sets(patches_dir) if patches_dir and patches_dir.is_dir() else {}
     files = sorted(p for p in stacks_dir.glob("*.yaml") if p.name != POLICY_FILE)
-    return load_stacks(files, patch_sets=patch_sets)
+    return load_stacks(files, patch_sets=patch_sets, port_offset=port_offset)
 
 
-def load_stacks(files: Iterable[Path], *, patch_sets: Mapping[str, PatchSet] = {}) -> Catalog:
+def load_stacks(files: Iterable[Path], *, patch_sets: Mapping[str, PatchSet] = {}, port_offset: int = 0) -> Catalog:
     raw, origin = _read_named(files, kind="stack")
-    stacks = {name: _build(name, raw, origin, patch_sets) for name in raw}
+    stacks = {name: _build(name, raw, origin, patch_sets, port_offset) for name in raw}
     return Catalog(stacks=stacks, patch_sets=dict(patch_sets), files=origin)
 
 
@@ -102,9 +103,9 @@ def _read_named(files: Iterable[Path], *, kind: str) -> tuple[dict[str, dict], d
 
 
 def _build(
-    name: str, raw: dict[str, dict], origin: dict[str, Path], patch_sets: Mapping[str, PatchSet]
+    name: str, raw: dict[str, dict], origin: dict[str, Path], patch_sets: Mapping[str, PatchSet], port_offset: int
 ) -> Stack:
-    data = _resolve_extends(name, raw, origin, chain=())
+    data = _shifted(_resolve_extends(name, raw, origin, chain=()), port_offset)
     stack = _validate(Stack, data, origin[name])
     unknown = [p for p in stack.patches if p not in patch_sets]
     if unknown:
@@ -130,6 +131,15 @@ def _resolve_extends(
     base = _resolve_extends(base_name, raw, origin, (*chain, name))
     base.pop("abstract", None)
     return deep_merge(base, data)
+
+
+def _shifted(data: dict[str, Any], offset: int) -> dict[str, Any]:
+    """The stack with its engine port moved by `offset` (SPARKCTL_PORT_OFFSET)."""
+    for section in ("vllm", "compose"):
+        body = data.get(section)
+        if offset and isinstance(body, dict) and isinstance(body.get("port"), int):
+            data = {**data, section: {**body, "port": body["port"] + offset}}
+    return data
 
 
 def _validate(model: type[M], data: dict, path: Path) -> M:

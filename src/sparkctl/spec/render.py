@@ -13,6 +13,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sparkctl import instance as instances
 from sparkctl.spec.models import Kind, Stack
 
 MODEL_DIR = "/model"
@@ -102,24 +103,20 @@ def spec_hash(stack: Stack) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def container_name(stack: Stack) -> str:
-    return f"sparkctl-{stack.name}"
-
-
 def render(
     stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None,
-    gpus: bool = True, env: dict[str, str] | None = None,
+    gpus: bool = True, env: dict[str, str] | None = None, instance: str = instances.DEFAULT,
 ) -> ContainerPlan:
     """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest)."""
     if stack.kind is not Kind.VLLM or stack.vllm is None:
         raise ValueError(f"stack {stack.name} is a {stack.kind} stack; only vllm stacks render to a container")
-    labels = {LABEL_STACK: stack.name, LABEL_SPEC_HASH: spec_hash(stack),
+    labels = {LABEL_STACK: stack.name, instances.LABEL: instance, LABEL_SPEC_HASH: spec_hash(stack),
               LABEL_MEMORY: f"{stack.resources.gpu_memory_utilization:g}"}
     if fingerprint:
         labels[LABEL_FINGERPRINT] = fingerprint
     c = stack.container
     return ContainerPlan(
-        name=container_name(stack),
+        name=instances.container_name(stack.name, instance),
         image=image or stack.image.ref,
         entrypoint=c.entrypoint,
         command=("serve", _inside(MODEL_DIR, sources.model_subpath), *vllm_args(stack, sources.draft_subpath)),
