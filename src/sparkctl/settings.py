@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     port_offset: int = Field(default=0, ge=-8000, le=50000)
     # Optional keys agents must send to the gateway (`Authorization: Bearer <key>`), comma-separated.
     gateway_api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    gateway_metrics_key: bool = False  # also require a key on the gateway's /metrics
+    # Names the gateway answers to in `Host` (besides its host, localhost, 127.0.0.1 and [::1]).
+    gateway_hostnames: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    gateway_max_connections: int = Field(default=4096, ge=16)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)
     # "auto": give engines the GPU when Docker has the NVIDIA runtime (a Spark), else run without.
     gpus: Literal["auto", "all", "none"] = "auto"
@@ -96,7 +100,7 @@ class Settings(BaseSettings):
             return {**data, "instance": instances.derived(Path(state), default_state_dir())}
         return data
 
-    @field_validator("gateway_api_keys", mode="before")
+    @field_validator("gateway_api_keys", "gateway_hostnames", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         return [k.strip() for k in value.split(",") if k.strip()] if isinstance(value, str) else value
@@ -115,6 +119,12 @@ class Settings(BaseSettings):
     @property
     def images_file(self) -> Path:
         return self.stacks_dir / "images.yaml"
+
+    @property
+    def gateway_names(self) -> list[str]:
+        """Every name the gateway accepts in `Host`."""
+        host = f"[{self.gateway_host}]" if ":" in self.gateway_host else self.gateway_host
+        return sorted({host, "localhost", "127.0.0.1", "[::1]", *self.gateway_hostnames})
 
     @property
     def overlays_dir(self) -> Path:

@@ -94,6 +94,24 @@ def test_compose_stack_comes_up_and_down(world, cli, engine, monkeypatch) -> Non
     assert code == 0 and not ours(engine)
 
 
+def test_a_compose_file_cannot_hand_the_token_to_its_container(world, cli, engine, monkeypatch) -> None:
+    """The compose file asks for the token by every name; sparkctl runs compose with a clean
+    environment, so nothing in `docker inspect` of the container holds it."""
+    for var in ("SPARKCTL_HF_TOKEN", "HF_TOKEN"):
+        monkeypatch.setenv(var, "hf_test_token_123")
+    compose = world / "compose" / "diffusiongemma" / "compose.yml"
+    compose.write_text(compose.read_text().replace(
+        "      VLLM_USE_V2_MODEL_RUNNER: \"1\"\n",
+        "      VLLM_USE_V2_MODEL_RUNNER: \"1\"\n"
+        "      LEAK_A: ${HF_TOKEN:-none}\n      LEAK_B: ${SPARKCTL_HF_TOKEN:-none}\n"))
+    code, out, err = cli("up", "diffusiongemma")
+    assert code == 0, err + out
+    [container] = ours(engine)
+    info = engine.inspect(container["Id"])
+    assert "LEAK_A=none" in info["Config"]["Env"] and "LEAK_B=none" in info["Config"]["Env"]
+    assert "hf_test_token_123" not in json.dumps(info)
+
+
 # --- failures: one clear message, nothing half-done ------------------------------------------
 
 def up_ok_then(cli, engine) -> str:

@@ -4,12 +4,16 @@ A compose stack runs as a project named for its instance and stack (`sparkctl-<s
 default instance) from its directory under the compose dir, with variables from an env file
 sparkctl writes (never holding the HF token) and an override file adding sparkctl's labels
 (stack, instance, memory share) and engine environment and, on machines without an NVIDIA
-runtime, dropping the GPU reservation.
+runtime, dropping the GPU reservation. `docker compose` runs with a clean environment (PATH,
+HOME and the Docker endpoint only): python-on-whales would hand it the caller's whole
+environment, and a compose file's `${VAR}` could then carry a daemon's secret (its HF token)
+into a container.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from python_on_whales import DockerClient
@@ -20,7 +24,8 @@ from sparkctl.errors import DockerError
 
 class ComposeProject:
     def __init__(self, project_dir: Path, *, name: str, service: str, variables: dict[str, str],
-                 engine_env: dict[str, str], labels: dict[str, str], work_dir: Path, gpus: bool = True) -> None:
+                 engine_env: dict[str, str], labels: dict[str, str], work_dir: Path, gpus: bool = True,
+                 docker_host: str | None = None) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         env_file = work_dir / "sparkctl.env"
         env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(variables.items())))
@@ -28,7 +33,8 @@ class ComposeProject:
         override.write_text(_override(service, engine_env, labels, gpus))
         self.name, self.service = name, service
         self.client = DockerClient(compose_files=[project_dir / "compose.yml", override], compose_project_name=name,
-                                   compose_env_files=[env_file], compose_project_directory=project_dir)
+                                   compose_env_files=[env_file], compose_project_directory=project_dir,
+                                   client_call=clean_call(docker_host))
 
     def up(self) -> None:
         """Build if needed and start in the background."""
@@ -42,6 +48,14 @@ class ComposeProject:
     def container_ids(self) -> list[str]:
         with _translated(f"compose ps {self.name}"):
             return [c.id for c in self.client.compose.ps(all=True)]
+
+
+def clean_call(docker_host: str | None) -> list[str]:
+    """`docker`, run through `env -i` with only what the Docker CLI needs."""
+    keep = {name: os.environ[name] for name in ("PATH", "HOME", "DOCKER_CONFIG") if name in os.environ}
+    if docker_host or os.environ.get("DOCKER_HOST"):
+        keep["DOCKER_HOST"] = docker_host or os.environ["DOCKER_HOST"]
+    return ["env", "-i", *(f"{name}={value}" for name, value in sorted(keep.items())), "docker"]
 
 
 def _override(service: str, engine_env: dict[str, str], labels: dict[str, str], gpus: bool) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
 import socket
@@ -10,6 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import SparkctlError
+
+
+def lock_path(state_dir: Path) -> Path:
+    """The file a daemon holds an exclusive lock on while it runs on `state_dir`."""
+    return state_dir / "daemon.lock"
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -28,13 +34,24 @@ class DaemonClient:
         self.path, self.timeout = path, timeout
 
     def available(self) -> bool:
-        """Whether a daemon answers on the socket (a stale socket file does not count)."""
-        if not self.path.exists():
+        """Whether a daemon runs on this state dir: it holds the dir's lock file for its lifetime,
+        and its socket accepts connections. Neither depends on the daemon's event loop, so a busy
+        daemon (or one whose desired.yaml is broken) is never mistaken for none."""
+        try:
+            with open(lock_path(self.path.parent)) as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                return False  # nobody holds it: no daemon (a socket file left behind is stale)
+        except BlockingIOError:
+            pass
+        except FileNotFoundError:
             return False
         try:
-            self.get("/v1/desired", timeout=2)
-        except (OSError, SparkctlError):
-            return False
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(5)
+                probe.connect(str(self.path))
+        except OSError:
+            return False  # starting: it holds the lock but does not listen yet
         return True
 
     def get(self, path: str, *, timeout: float | None = None) -> Any:

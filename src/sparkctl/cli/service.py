@@ -23,8 +23,11 @@ Wants=docker.service
 ExecStart={exe} daemon
 Restart=on-failure
 RestartSec=2
+Environment=SPARKCTL_INSTANCE={instance}
 Environment=SPARKCTL_STATE_DIR={state_dir}
 Environment=MALLOC_ARENA_MAX=2
+# The gateway holds a file per client connection (capped by SPARKCTL_GATEWAY_MAX_CONNECTIONS).
+LimitNOFILE=65536
 # Engines are separate containers: stopping the daemon leaves them running.
 KillMode=process
 
@@ -58,7 +61,7 @@ def install(ctx: typer.Context,
     path = _unit_path(user)
     exe = shutil.which("sparkctl") or f"{sys.executable} -m sparkctl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(UNIT.format(exe=exe, state_dir=rt.settings.state_dir,
+    path.write_text(UNIT.format(exe=exe, instance=rt.settings.instance, state_dir=rt.settings.state_dir,
                                 target="default.target" if user else "multi-user.target"))
     flag = " --user" if user else ""
     rt.console.print(f"wrote {path}\nenable it: systemctl{flag} daemon-reload && systemctl{flag} enable --now sparkctl")

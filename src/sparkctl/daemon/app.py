@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import fcntl
 import gc
 import os
+import resource
 import signal
 import threading
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import structlog
 from aiohttp import web
@@ -25,6 +27,7 @@ from sparkctl.adapters.hub import HubClient
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
+from sparkctl.cli.client import lock_path
 from sparkctl.daemon import api, planner
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.machine import DockerMachine
@@ -37,6 +40,7 @@ from sparkctl.deploy.status import other_instances, status_rows
 from sparkctl.errors import ImageRefused, SparkctlError
 from sparkctl.gateway.proxy import Gateway, LoopControl
 from sparkctl.gateway.routes import RouteTable, build_table
+from sparkctl.gateway.server import Limits
 from sparkctl.policy.switch import plan_switch
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
@@ -55,6 +59,37 @@ def _give_back_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def _open_files() -> int:
+    """Raise the soft limit on open files to the hard one; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def _exclusive(path: Path) -> IO[str]:
+    """Take the state dir's daemon lock (or say who has it); the open file holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")  # noqa: SIM115 - held for the daemon's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise SparkctlError(f"a sparkctl daemon (pid {owner}) already runs on {path.parent}; stop it first, "
+                            "or give this one its own SPARKCTL_STATE_DIR") from None
+    handle.truncate(0)
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
 
 
 def socket_path(settings: Settings) -> Path:
@@ -288,12 +323,25 @@ class Daemon:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
         s = self.settings
         keys = [k.get_secret_value() for k in s.gateway_api_keys]
-        gateway = Gateway(lambda: self.routes, api_keys=keys)
+        limits = Limits(connections=min(s.gateway_max_connections, _open_files() - 128))
+        gateway = Gateway(lambda: self.routes, api_keys=keys, hosts=s.gateway_names, metrics_key=s.gateway_metrics_key,
+                          limits=limits)
         self.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                    hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
         server = await gateway.serve(s.gateway_host, s.gateway_port)
-        log.info("gateway_listening", address=f"{s.gateway_host}:{s.gateway_port}")
+        log.info("gateway_listening", address=f"{s.gateway_host}:{s.gateway_port}", max_connections=limits.connections)
+        asyncio.get_running_loop().create_task(self._report_refusals(limits))
         return gateway, server
+
+    async def _report_refusals(self, limits: Limits) -> None:
+        """Connections or bodies the gateway refused, logged at most once per interval (a flood
+        must not flood the log too)."""
+        while True:
+            await asyncio.sleep(10)
+            refused = limits.report_due()
+            if refused:
+                log.warning("gateway_refused", count=refused, open=limits.open, max_connections=limits.connections,
+                            hint="raise SPARKCTL_GATEWAY_MAX_CONNECTIONS (and LimitNOFILE) if this is real load")
 
     async def _serve_tcp(self) -> web.AppRunner | None:
         """The optional loopback TCP listener: only with SPARKCTL_API_TCP and SPARKCTL_API_TOKEN."""
@@ -310,15 +358,14 @@ class Daemon:
         return runner
 
     async def serve(self) -> None:
+        lock = _exclusive(lock_path(self.settings.state_dir))  # held until the process ends
         for interrupted in self.store.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
         for settled in recover(self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
         self._adopt_unlabelled()
         path = socket_path(self.settings)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            path.unlink()
+        path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = await self._serve_gateway()  # before the API: a switch needs it
         runner = web.AppRunner(api.build(self), access_log=None)
         await runner.setup()
@@ -351,4 +398,5 @@ class Daemon:
             await tcp.cleanup()
         self.reconciler.close()
         path.unlink(missing_ok=True)
+        lock.close()
         log.info("daemon_stopped")

@@ -192,7 +192,8 @@ class Deployer:
                               variables=env, engine_env=self.settings.engine_env, gpus=self._gpus(),
                               labels={LABEL_STACK: stack.name, instances.LABEL: instance,
                                       LABEL_MEMORY: f"{stack.resources.gpu_memory_utilization:g}"},
-                              work_dir=self.settings.state_dir / "compose" / stack.name)
+                              work_dir=self.settings.state_dir / "compose" / stack.name,
+                              docker_host=self.settings.docker_host)
 
     def _sources(self, stack: Stack, prepared: Prepared) -> Sources:
         assert prepared.model is not None

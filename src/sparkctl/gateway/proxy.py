@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Sequence
 
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.routes import RouteTable, Upstream
-from sparkctl.gateway.server import Connection, Request, serve
+from sparkctl.gateway.server import Answer, Connection, Limits, Request, serve
 from sparkctl.gateway.upstream import Call, UpstreamError, Upstreams
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -31,9 +31,14 @@ PROXIED = ("/v1/chat/completions", "/v1/completions")
 
 
 class Gateway:
-    def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None) -> None:
+    def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None,
+                 hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None) -> None:
         self.routes = routes
         self.api_keys = [k.encode() for k in api_keys or []]
+        # The names clients may reach it by (DNS-rebinding protection for a loopback service); None: any.
+        self.hosts = {h.lower() for h in hosts} if hosts is not None else None
+        self.keyed = ("/v1/", "/metrics") if metrics_key else ("/v1/",)
+        self.limits = limits or Limits()
         self.caps: dict[str, _Cap] = {}
         self.in_flight: defaultdict[str, int] = defaultdict(int)  # forwarded upstream now
         self.accepted: defaultdict[str, int] = defaultdict(int)  # routed and not finished (incl. queued at a cap)
@@ -44,15 +49,23 @@ class Gateway:
         self.pages = {"/v1/models": self.models, "/health": self.health, "/metrics": self.metrics}
 
     async def serve(self, host: str, port: int) -> asyncio.Server:
-        return await serve(self.handle, host, port)
+        return await serve(self.handle, host, port, admit=self.admit, limits=self.limits)
 
     def close(self) -> None:
         self.upstreams.close()
 
+    def admit(self, request: Request) -> Answer | None:
+        """Checked when a request's head is complete, before any of its body is read."""
+        host = request.headers.get("host")
+        if self.hosts is not None and host is not None and _hostname(host) not in self.hosts:
+            return lambda conn: error(conn, 421, f"Host {host[:60]!r} is not one of this gateway's names "
+                                      "(SPARKCTL_GATEWAY_HOSTNAMES)", "misdirected_request")
+        if self.api_keys and request.path.startswith(self.keyed) and not self._authorized(request):
+            return lambda conn: error(conn, 401, "missing or wrong API key", "invalid_api_key")
+        return None
+
     def handle(self, request: Request, conn: Connection) -> None:
-        if self.api_keys and request.path.startswith("/v1/") and not self._authorized(request):
-            error(conn, 401, "missing or wrong API key", "invalid_api_key")
-        elif request.path in PROXIED and request.method == "POST":
+        if request.path in PROXIED and request.method == "POST":
             self.proxy(request, conn)
         elif request.path in self.pages and request.method == "GET":
             self.pages[request.path](conn)
@@ -182,8 +195,11 @@ class Gateway:
         self.accepted[stack] -= 1
 
     def _authorized(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
-        return any(hmac.compare_digest(given, key) for key in self.api_keys)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        secret = given.strip().encode("latin-1")
+        return any(hmac.compare_digest(secret, key) for key in self.api_keys)
 
 
 class _Exchange:
@@ -277,6 +293,14 @@ class _Cap:
                 slot.set_result(None)
                 return
         self.free += 1
+
+
+def _hostname(host: str) -> str:
+    """The name in a Host header, without its port (`[::1]:8000` -> `[::1]`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def error(conn: Connection, status: int, message: str, code: str, *, headers: Sequence[tuple[str, str]] = ()) -> None:

@@ -1,28 +1,40 @@
 """The gateway's listening side: a small HTTP/1.1 server made for proxying streams.
 
+Framing is llhttp's (through httptools), which refuses what a front proxy could read another
+way: conflicting Content-Lengths, Transfer-Encodings other than chunked, loose chunk sizes,
+control characters in header values. On top of it this server requires Host on HTTP/1.1,
+allows one Host, and asks `admit` about each request as soon as its head is complete, so a
+request without a valid API key is refused before any of its body is read.
+
 A request is handed to its handler from the socket's own callback the moment its last byte
 arrives, and a handler answers by writing to the connection directly, so a proxied request
 reaches its engine, and each token its client, without waiting in the event loop's queue behind
 the other streams (which is what a task per request costs a busy general-purpose server).
 Handlers that must wait (a held alias, a full concurrency cap) start a task of their own.
 
-Keep-alive and pipelining are supported: requests on one connection are answered in order.
-Bodies come with Content-Length or chunked. A client that goes away, or stops reading, reaches
-the handler's exchange through `cancel`, `pause` and `resume`.
+Keep-alive and pipelining are supported: requests on one connection are answered in order. A
+client that goes away, or stops reading, reaches the handler's exchange through `cancel`,
+`pause` and `resume`. Connections are capped (`Limits`), and so are the bytes of request bodies
+held at once across all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from sparkctl.gateway.http1 import Dechunker, Malformed, chunk, fields, response_head, split_head
+import httptools
+
+from sparkctl.gateway.http1 import chunk, response_head
 
 MAX_BODY = 32 * 1024 * 1024
 KEEP_ALIVE = 75.0  # seconds an idle client connection is kept open
+PIPELINED = 16  # complete requests waiting behind the one being answered, before reading pauses
 
 
 @dataclass(slots=True)
@@ -44,22 +56,52 @@ class Exchange(Protocol):
 
 
 Handler = Callable[[Request, "Connection"], None]
+Answer = Callable[["Connection"], None]  # writes one response
+# Asked once a request's head is complete: an answer refuses it before its body is read.
+Admit = Callable[[Request], Answer | None]
+
+
+@dataclass
+class Limits:
+    """What all connections of one server share: how many may be open, and how many bytes of
+    request bodies may be held at once. A refusal is counted, and `refused` reports it (the
+    gateway logs it at most once per interval)."""
+
+    connections: int = 4096
+    body_bytes: int = 256 * 1024 * 1024
+    open: int = 0
+    held: int = 0
+    refused: int = 0
+    last_report: float = field(default=0.0)
+
+    def report_due(self, every: float = 10.0) -> int:
+        """Refusals since the last report, when one is due (else 0)."""
+        now = time.monotonic()
+        if not self.refused or now - self.last_report < every:
+            return 0
+        count, self.refused, self.last_report = self.refused, 0, now
+        return count
 
 
 class Connection(asyncio.Protocol):
     """One client connection: requests parsed as bytes arrive and answered one at a time."""
 
-    def __init__(self, handle: Handler) -> None:
-        self.handle = handle
+    def __init__(self, handle: Handler, admit: Admit | None = None, limits: Limits | None = None) -> None:
+        self.handle, self.admit, self.limits = handle, admit, limits or Limits()
+        self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.wanted = 0  # bytes the buffer must hold before the request in it can be complete
-        self.continued = False  # sent "100 Continue" for the request in the buffer
+        self.queue: deque[Request] = deque()  # complete requests waiting for their turn
+        self.refusal: Answer | None = None  # the last answer on this connection, once the queue is done
         self.request: Request | None = None  # being answered
         self.exchange: Exchange | None = None  # the handler's, while it answers
-        self.closed = self.paused = self.keep_alive = self.chunked = False
+        self.closed = self.paused = self.keep_alive = self.chunked = self.dispatching = False
         self.pending_head = b""  # a streamed response's head, sent with its first piece
         self.timer: asyncio.TimerHandle | None = None
+        self.incoming: Request | None = None  # being parsed
+        self.pieces: list[bytes] = []  # its body so far
+        self.size = 0
+        self.keeps: deque[bool] = deque()  # keep-alive of each queued request
+        self.counted = False
 
     # --- the handler's side --------------------------------------------------------------------
     def reply(self, status: int, body: bytes, content_type: str, headers: Sequence[tuple[str, str]] = ()) -> None:
@@ -98,20 +140,35 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._release()
         if self.transport is not None:
             self.transport.close()
 
     # --- asyncio's side -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.limits.open >= self.limits.connections:
+            self.limits.refused += 1
+            transport.write(response_head(503, [("Content-Length", "0"), ("Connection", "close")]))
+            self.closed = True
+            transport.close()
+            return
+        self.limits.open += 1
+        self.counted = True
         self._idle()
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if self.request is None and len(self.buffer) >= self.wanted:
-            self._next()
-        elif len(self.buffer) > MAX_BODY:  # pipelined far ahead of the answers
-            self.transport.pause_reading()
+        if self.closed or self.refusal is not None:
+            return
+        try:
+            self.parser.feed_data(data)
+        except _Refused:
+            pass
+        except httptools.HttpParserUpgrade:
+            self._refuse(_text(400, "protocol upgrades are not supported\n"))
+        except httptools.HttpParserError as e:
+            if self.refusal is None:
+                self._refuse(_text(400, f"malformed request: {e}\n"))
 
     def eof_received(self) -> bool:
         self._gone()
@@ -130,80 +187,119 @@ class Connection(asyncio.Protocol):
         if self.exchange is not None:
             self.exchange.resume()
 
+    # --- llhttp's callbacks, from inside feed_data ------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.incoming, self.pieces, self.size = Request("", "", {}, b""), [], 0
+        self._url = b""
+        self._names: list[tuple[str, str]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._names.append((name.decode("latin-1").lower(), value.decode("latin-1").strip()))
+
+    def on_headers_complete(self) -> None:
+        request = self.incoming
+        version, target = self.parser.get_http_version(), self._url.decode("latin-1")
+        request.method, request.path = self.parser.get_method().decode("latin-1"), target.partition("?")[0]
+        request.headers = dict(self._names)
+        names = [n for n, _ in self._names]
+        problem = _problem(version, target, request.headers, names)
+        if problem:
+            self._halt(_text(400, problem + "\n"))
+        length = request.headers.get("content-length", "0")
+        if int(length) > MAX_BODY:
+            self._halt(_text(413, f"request body over {MAX_BODY >> 20} MiB\n"))
+        refusal = self.admit(request) if self.admit is not None else None
+        if refusal is not None:
+            self._halt(refusal)
+        self.keeps.append(self.parser.should_keep_alive())
+        if request.headers.get("expect", "").lower() == "100-continue" and self._idle_now():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the client waits for it to send the body
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        self.limits.held += len(body)
+        self.pieces.append(body)
+        if self.size > MAX_BODY:
+            self._halt(_text(413, f"request body over {MAX_BODY >> 20} MiB\n"))
+        if self.limits.held > self.limits.body_bytes:
+            self.limits.refused += 1
+            self._halt(_text(503, "the gateway holds too many request bodies at once; retry shortly\n",
+                               [("Retry-After", "1")]))
+
+    def on_message_complete(self) -> None:
+        request, self.incoming = self.incoming, None
+        request.body = b"".join(self.pieces)
+        self._release()
+        self.queue.append(request)
+        if len(self.queue) > PIPELINED:
+            self.transport.pause_reading()
+        self._dispatch()
+
     # --- requests -------------------------------------------------------------------------------
-    def _next(self) -> None:
-        """Hand on the next complete request in the buffer, if there is one."""
+    def _dispatch(self) -> None:
+        """Answer what is queued, in order; a loop, not recursion, since handlers often answer at once."""
+        if self.dispatching:
+            return
+        self.dispatching = True
         try:
-            request = self._parse()
-        except Malformed as e:
-            self._refuse(400, f"{e}\n")
-            return
-        except _TooLarge:
-            self._refuse(413, f"request body over {MAX_BODY >> 20} MiB\n")
-            return
-        if request is None:
-            return
-        if self.timer is not None:
-            self.timer.cancel()
-        self.request = request
-        self.handle(request, self)
+            while self.request is None and not self.closed:
+                if self.queue:
+                    if self.timer is not None:
+                        self.timer.cancel()
+                    self.request = self.queue.popleft()
+                    self.keep_alive = self.keeps.popleft()
+                    self.handle(self.request, self)
+                elif self.refusal is not None:
+                    self.keep_alive, self.request = False, Request("", "", {}, b"")
+                    self.refusal(self)
+                else:
+                    break
+        finally:
+            self.dispatching = False
 
-    def _parse(self) -> Request | None:
-        split = split_head(self.buffer)
-        if split is None:
-            return None
-        lines, start = split
-        method, target, version = (lines[0].split(" ") + ["", ""])[:3]
-        if not version.startswith("HTTP/1.") or not target.startswith("/"):
-            raise Malformed(f"request line {lines[0][:60]!r}")
-        headers = {name.lower(): value for name, value in fields(lines[1:])}
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            if "content-length" in headers:
-                raise Malformed("both Content-Length and Transfer-Encoding")
-            dechunker = Dechunker()
-            body = dechunker.feed(bytes(self.buffer[start:]))
-            end = len(self.buffer) - len(dechunker.rest)
-            complete = dechunker.ended
-        else:
-            length = headers.get("content-length", "0")
-            if not length.isdigit():
-                raise Malformed(f"Content-Length {length[:20]!r}")
-            end = start + int(length)
-            complete = len(self.buffer) >= end
-            body = bytes(self.buffer[start:end]) if complete else b""
-        if end - start > MAX_BODY:
-            raise _TooLarge
-        if not complete:
-            self.wanted = end if "content-length" in headers else len(self.buffer) + 1
-            if headers.get("expect", "").lower() == "100-continue" and not self.continued:
-                self.continued = True  # the client waits for this before it sends the body
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            return None
-        del self.buffer[:end]
-        self.wanted = 0
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-        return Request(method, target.partition("?")[0], headers, body)
+    def _refuse(self, answer: Answer) -> None:
+        """Stop reading this connection: `answer` is its last response, after those queued."""
+        self.refusal = answer
+        self._release()
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._dispatch()
 
-    def _refuse(self, status: int, why: str) -> None:
-        self.keep_alive = False
-        self.reply(status, why.encode(), "text/plain")
+    def _halt(self, answer: Answer) -> None:
+        """`_refuse` from inside a parser callback: parsing stops here."""
+        self._refuse(answer)
+        raise _Refused
 
     def _done(self) -> None:
         """The response has been written: on to the next request, or close."""
-        self.request, self.exchange, self.chunked, self.continued = None, None, False, False
+        self.request, self.exchange, self.chunked = None, None, False
         if not self.keep_alive:
             self.close()
             return
-        self.transport.resume_reading()
+        if len(self.queue) <= PIPELINED and self.refusal is None:
+            self.transport.resume_reading()
         self._idle()
-        if self.buffer:
-            self._next()
+        self._dispatch()
+
+    def _idle_now(self) -> bool:
+        return self.request is None and not self.queue
+
+    def _release(self) -> None:
+        """The bytes of a body being read no longer count against the shared budget."""
+        self.limits.held -= self.size
+        self.size = 0
 
     def _gone(self) -> None:
+        if self.counted:
+            self.limits.open -= 1
+            self.counted = False
         if self.closed and self.exchange is None:
             return
         self.closed = True
+        self._release()
         if self.timer is not None:
             self.timer.cancel()
         exchange, self.exchange = self.exchange, None
@@ -213,16 +309,36 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
     def _idle(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         self.timer = asyncio.get_running_loop().call_later(KEEP_ALIVE, self.close)
 
     def _connection(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return headers if self.keep_alive else [*headers, ("Connection", "close")]
 
 
-class _TooLarge(Exception):
-    pass
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a connection that has been refused."""
 
 
-async def serve(handle: Handler, host: str, port: int) -> asyncio.Server:
-    """Listen on host:port, handing each request to `handle`."""
-    return await asyncio.get_running_loop().create_server(lambda: Connection(handle), host, port)
+def _problem(version: str, target: str, headers: dict[str, str], names: list[str]) -> str:
+    """What is wrong with a request head that llhttp lets through, or ""."""
+    if version not in ("1.0", "1.1") or not target.startswith("/"):
+        return f"request line: HTTP/{version} {target[:60]!r} (origin-form HTTP/1.x only)"
+    if names.count("host") > 1 or (version == "1.1" and "host" not in headers):
+        return "an HTTP/1.1 request needs exactly one Host header"
+    te = headers.get("transfer-encoding")
+    if te is not None and (te.lower() != "chunked" or names.count("transfer-encoding") > 1):
+        return f"Transfer-Encoding {te[:40]!r}: only chunked is supported"
+    return ""
+
+
+def _text(status: int, text: str, headers: Sequence[tuple[str, str]] = ()) -> Answer:
+    return lambda conn: conn.reply(status, text.encode(), "text/plain", headers)
+
+
+async def serve(handle: Handler, host: str, port: int, *, admit: Admit | None = None,
+                limits: Limits | None = None) -> asyncio.Server:
+    """Listen on host:port, handing each request to `handle` (after `admit`, if given)."""
+    shared = limits or Limits()
+    return await asyncio.get_running_loop().create_server(lambda: Connection(handle, admit, shared), host, port)

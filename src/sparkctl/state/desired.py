@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from sparkctl.errors import SpecError
 
@@ -30,19 +31,31 @@ class Desired:
 
 
 def load(path: Path) -> Desired:
+    """The desired state; a file that is not what `save` writes names the file, line and key."""
     if not path.exists():
         return Desired()
-    data = YAML(typ="safe").load(path.read_text()) or {}
+    try:
+        data = YAML(typ="safe").load(path.read_text()) or {}
+    except YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise SpecError(str(path), f"line {mark.line + 1}" if mark else "",
+                        f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(data, dict) or set(data) - {"stacks", "aliases", "fallbacks"}:
         raise SpecError(str(path), "", "expected a mapping with `stacks`, `aliases`, `fallbacks`")
-    return Desired(tuple(data.get("stacks") or ()), dict(data.get("aliases") or {}),
-                   dict(data.get("fallbacks") or {}))
+    stacks = data.get("stacks") or []
+    if not isinstance(stacks, list) or not all(isinstance(s, str) for s in stacks):
+        raise SpecError(str(path), "stacks", f"expected a list of stack names, got {stacks!r:.60}")
+    for key in ("aliases", "fallbacks"):
+        table = data.get(key) or {}
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in [*table, *table.values()]):
+            raise SpecError(str(path), key, f"expected a mapping of alias to stack name, got {table!r:.60}")
+    return Desired(tuple(stacks), dict(data.get("aliases") or {}), dict(data.get("fallbacks") or {}))
 
 
 def save(path: Path, desired: Desired) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as out:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         YAML().dump({"stacks": list(desired.stacks), "aliases": dict(desired.aliases),
                      "fallbacks": dict(desired.fallbacks)}, out)
         out.flush()

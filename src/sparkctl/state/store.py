@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from sparkctl.errors import SparkctlError, TransientError
+
 MIGRATIONS = (
     """
     CREATE TABLE deployments (
@@ -132,14 +134,20 @@ class BenchRun:
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, timeout: float = 30) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)  # private (older versions made it 0644): it names stacks, digests and history
         # The daemon shares one store between its threads: one connection, one lock.
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
         self.lock = threading.RLock()
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise SparkctlError(f"{path}: the state database is unreadable ({e}); move it aside and sparkctl "
+                                "starts a new one (deployment and benchmark history are then lost)") from None
 
     def close(self) -> None:
         self.db.close()
@@ -302,7 +310,12 @@ class _Transaction:
 
     def __enter__(self) -> sqlite3.Connection:
         self.lock.acquire()
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:  # another process held the write lock past the timeout
+            self.lock.release()
+            raise TransientError(f"the state database is locked by another process ({e}); is another sparkctl "
+                            "writing to the same state dir? Retry, or stop it", delay=1.0) from None
         return self.db
 
     def __exit__(self, kind: object, *_: object) -> None:
