@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,3 +55,27 @@ def test_mutated_real_stack(tmp_path: Path, drop: set, extra: dict) -> None:
            "model": {"repo": "a/b"}, "vllm": {"port": 8001}}
     doc = {k: v for k, v in doc.items() if k not in drop} | extra
     _load(tmp_path, json.dumps(doc, default=str))
+
+
+@pytest.mark.parametrize("depth", [10, 2_000, 30_000])
+@pytest.mark.parametrize(("opener", "closer"), [("[", "]"), ("{a: ", "}"), ("- ", "")])
+def test_nesting_of_any_depth_is_a_spec_error_or_loads(tmp_path: Path, depth: int, opener: str,
+                                                       closer: str) -> None:
+    """~30,000 nested `[` crashed the C parser (and with it the daemon); it is an error now."""
+    _load(tmp_path, f"name: fuzz\nextends: qwen36-base\nx: {opener * depth}1{closer * depth}\n")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(levels=st.integers(1, 12), width=st.integers(1, 12))
+def test_alias_expansion_is_bounded(tmp_path: Path, levels: int, width: int) -> None:
+    """A 600-byte file of aliases once took minutes to show and gigabytes to render."""
+    lines = ["name: fuzz", "extends: qwen36-base", f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    target = tmp_path / "fuzz.yaml"
+    target.write_text("\n".join(lines) + "\n")
+    try:
+        load_stacks([ROOT / "stacks" / "qwen36-base.yaml", target])
+    except SpecError as e:
+        assert str(e).startswith(str(target)), e
+        if width ** levels > 100_000:
+            assert "YAML aliases" in str(e)

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
 from sparkctl.errors import SpecError
+from sparkctl.spec import yamlfile
 from sparkctl.spec.models import PatchSet, Stack
 
 POLICY_FILE = "images.yaml"
@@ -64,15 +63,7 @@ def load_patch_sets(patches_dir: Path) -> dict[str, PatchSet]:
 
 def read_yaml(path: Path) -> Any:
     """Parse one YAML file; syntax errors name the file and the line."""
-    try:
-        return YAML(typ="safe").load(path.read_text(encoding="utf-8"))
-    except YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError(str(path), line, f"invalid YAML: {problem}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), "", f"cannot read: {e}") from None
+    return yamlfile.read(path)
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
 from sparkctl.errors import SpecError
+from sparkctl.spec import yamlfile
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,7 @@ def load(path: Path) -> Desired:
     """The desired state; a file that is not what `save` writes names the file, line and key."""
     if not path.exists():
         return Desired()
-    try:
-        data = YAML(typ="safe").load(path.read_text()) or {}
-    except YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise SpecError(str(path), f"line {mark.line + 1}" if mark else "",
-                        f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    data = yamlfile.read(path) or {}
     if not isinstance(data, dict) or set(data) - {"stacks", "aliases", "fallbacks"}:
         raise SpecError(str(path), "", "expected a mapping with `stacks`, `aliases`, `fallbacks`")
     stacks = data.get("stacks") or []
