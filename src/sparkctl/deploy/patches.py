@@ -24,7 +24,7 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.deploy import diffs
 from sparkctl.deploy.shim import apply_shim
 from sparkctl.errors import SparkctlError
-from sparkctl.spec.models import Overlay, PatchSet, Shim
+from sparkctl.spec.models import Overlay, PatchSet, Shim, inside
 
 FIND_VLLM = ("import importlib.util as u; s = u.find_spec('vllm'); "
              "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
@@ -96,11 +96,16 @@ def _steps(patch_sets: list[PatchSet], patches_dir: Path) -> dict[str, list[Acti
         for overlay in patch_set.overlays:
             steps.setdefault(overlay.target, []).append(overlay)
         for name in patch_set.diffs:
-            path = patches_dir / name
+            path = within(patches_dir, name)
             if not path.is_file():
                 raise PatchError(f"patch set {patch_set.name}: diff file {path} does not exist")
             for file_diff in diffs.parse(path.read_text(), source=str(path)):
-                steps.setdefault(_relative(file_diff.path), []).append(_Diff(path, file_diff))
+                rel = _relative(file_diff.path)
+                try:
+                    inside(rel)
+                except ValueError as e:
+                    raise PatchError(f"{path}: {e}") from None
+                steps.setdefault(rel, []).append(_Diff(path, file_diff))
         for shim in patch_set.shims:
             steps.setdefault(shim.file, []).append(shim)
     return steps
@@ -110,11 +115,11 @@ def _apply(action: Action, text: str | None, *, rel: str, sources: Mapping[str, 
     if isinstance(action, Overlay):
         origin, _, path = action.source.partition(":")
         source = sources.get(origin)
-        if source is None or not (source / path).is_file():
+        if source is None or not within(source, path).is_file():
             where = source or f"no {origin} snapshot"
             raise PatchError(f"overlay source {action.source} is missing (looked in {where}); "
                              f"the {origin} repo does not carry it at this revision")
-        return (source / path).read_text()
+        return within(source, path).read_text()
     if text is None:
         raise PatchError(f"patch target {vllm_dir}/{rel} is missing from the image: the image's vLLM "
                          "is not the one this patch set was written for")
@@ -140,9 +145,10 @@ def _write(folder: Path, files: dict[str, str]) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     for rel, text in files.items():
-        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
-        (scratch / rel).write_text(text)
-        (scratch / rel).chmod(0o444)
+        target = within(scratch, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        target.chmod(0o444)
     scratch.chmod(0o755)
     try:
         os.rename(scratch, folder)
@@ -155,6 +161,17 @@ def _diff(path: str, original: bytes | None, patched: str) -> str:
     before = original.decode().splitlines(keepends=True) if original is not None else []
     return "".join(difflib.unified_diff(before, patched.splitlines(keepends=True),
                                         fromfile=f"image:{path}", tofile=f"patched:{path}"))
+
+
+def within(base: Path, rel: str) -> Path:
+    """`base / rel`, refused if it resolves outside `base` (a `..`, an absolute path, a symlink
+    out). The HF cache's snapshots are symlinks into the repo's blobs/, so a snapshot path may
+    resolve into its repo folder, one level up, and no further."""
+    path = base / rel
+    allowed = (base.resolve(), base.resolve().parent.parent) if base.parent.name == "snapshots" else (base.resolve(),)
+    if not any(path.resolve().is_relative_to(root) for root in allowed):
+        raise PatchError(f"{rel!r} leads outside {base}: refused")
+    return path
 
 
 def _relative(path: str) -> str:

@@ -11,8 +11,20 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+
+def inside(value: str) -> str:
+    """A path that stays inside the folder it is relative to: not absolute, no `..` part."""
+    parts = value.split("/")
+    if value.startswith("/") or ".." in parts or "" in parts[:-1] or "\\" in value:
+        raise ValueError(f"{value!r} must be a relative path inside its folder (no leading /, no ..)")
+    return value
+
+
+RelativePath = Annotated[str, Field(min_length=1), AfterValidator(inside)]
+# A branch, tag or `refs/...` name, or a commit hash: what the Hub accepts as a revision.
+Revision = Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z0-9_][\w.+/-]*$"), AfterValidator(inside)]
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(gt=0, le=86_400)]
@@ -47,7 +59,7 @@ class Weights(Spec):
     """A Hugging Face repo at a revision, or a directory already on this machine."""
 
     repo: str | None = Field(default=None, pattern=r"^[\w.-]+/[\w.-]+$")
-    revision: str = "main"
+    revision: Revision = "main"
     path: str | None = None
 
     @model_validator(mode="after")
@@ -232,13 +244,19 @@ class Overlay(Spec):
     """A whole file from the draft snapshot, laid over a path in vLLM's package dir."""
 
     source: str = Field(pattern=r"^(draft|model):.+")
-    target: str = Field(pattern=r"^[\w./-]+\.py$")
+    target: Annotated[RelativePath, Field(pattern=r"^[\w./-]+\.py$")]
+
+    @field_validator("source")
+    @classmethod
+    def _source_inside(cls, value: str) -> str:
+        inside(value.partition(":")[2])
+        return value
 
 
 class Shim(Spec):
     """Class-level attribute defaults inserted into a class of a vLLM source file."""
 
-    file: str = Field(pattern=r"^[\w./-]+\.py$")
+    file: Annotated[RelativePath, Field(pattern=r"^[\w./-]+\.py$")]
     class_name: str = Field(alias="class", pattern=r"^[A-Za-z_]\w*$")
     attributes: dict[str, str] = Field(min_length=1)
 
@@ -248,4 +266,4 @@ class PatchSet(Spec):
     description: str = ""
     overlays: tuple[Overlay, ...] = ()
     shims: tuple[Shim, ...] = ()
-    diffs: tuple[str, ...] = ()  # unified diff files, relative to the patches dir
+    diffs: tuple[RelativePath, ...] = ()  # unified diff files, relative to the patches dir
