@@ -6,6 +6,7 @@ formatted, so a token inside a traceback or an error message is masked too.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterable
@@ -20,7 +21,9 @@ class Redactor:
     """A structlog processor that replaces every secret value wherever it appears."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        # Each secret also as it appears escaped: in a repr, in JSON, in an error quoting a header.
+        forms = {form for s in secrets if s for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
+        self.secrets = sorted(forms, key=len, reverse=True)
 
     def __call__(self, _logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         return {key: self.scrub(value) for key, value in event_dict.items()}
@@ -39,6 +42,14 @@ class Redactor:
         return value
 
 
+_active = Redactor(())
+
+
+def redact(text: str) -> str:
+    """`text` with the configured secrets masked: for error lines and API answers, not only logs."""
+    return _active.scrub(text)
+
+
 def configure(
     *, secrets: Iterable[str] = (), json: bool | None = None, stream: TextIO | None = None,
     level: int = logging.INFO,
@@ -47,6 +58,8 @@ def configure(
     stream = stream or sys.stderr
     if json is None:
         json = not stream.isatty()
+    global _active
+    _active = Redactor(secrets)
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[
@@ -54,7 +67,7 @@ def configure(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            Redactor(secrets),
+            _active,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -100,6 +100,18 @@ class Settings(BaseSettings):
             return {**data, "instance": instances.derived(Path(state), default_state_dir())}
         return data
 
+    @field_validator("hf_token", "api_token", mode="before")
+    @classmethod
+    def _clean_secret(cls, value: Any) -> Any:
+        """Tokens read from a file often end in a newline (or CRLF): strip it. Whitespace or control
+        characters inside are refused; the message never repeats the value."""
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        if any(c.isspace() or not c.isprintable() for c in value):
+            raise ValueError("holds whitespace or control characters inside; check how the token was pasted")
+        return value or None
+
     @field_validator("gateway_api_keys", "gateway_hostnames", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:

@@ -44,3 +44,12 @@ def test_settings_token_reaches_the_redactor(monkeypatch) -> None:
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     assert Settings().secrets() == [TOKEN]
     assert TOKEN not in repr(Settings()) and TOKEN not in json.dumps(Settings().masked())
+
+
+def test_escaped_forms_of_a_secret_are_masked_too() -> None:
+    from sparkctl.log import MASK, Redactor
+
+    secret = 'hf_abc"def\\ghi'
+    line = f"Invalid header value {('Bearer ' + secret)!r}; json: {json.dumps(secret)}; plain {secret}"
+    scrubbed = Redactor([secret]).scrub(line)
+    assert "abc" not in scrubbed and scrubbed.count(MASK) == 3

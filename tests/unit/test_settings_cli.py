@@ -78,3 +78,21 @@ def test_the_api_tcp_listener_is_loopback_only(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("SPARKCTL_API_TCP", address)
     with pytest.raises(ValidationError):
         Settings()
+
+
+@pytest.mark.parametrize("raw", ["hf_abcdefghijklmnop\r\n", "  hf_abcdefghijklmnop ", "hf_abcdefghijklmnop\n"])
+def test_a_token_read_from_a_file_is_stripped(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("SPARKCTL_HF_TOKEN", raw)
+    assert Settings().hf_token.get_secret_value() == "hf_abcdefghijklmnop"
+
+
+def test_a_token_with_whitespace_inside_is_refused_without_repeating_it(workspace, cli, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKCTL_HF_TOKEN", "hf_abcdefgh\rijklmnop")
+    code, out, err = cli("stacks", "list")
+    assert code == 1 and "SPARKCTL_HF_TOKEN is invalid" in err and "abcdefgh" not in out + err
+
+
+def test_the_cli_error_line_never_shows_a_token(workspace, cli, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKCTL_HF_TOKEN", "hf_abcdefghijklmnop")
+    code, _, err = cli("stacks", "show", "hf_abcdefghijklmnop")  # an error message that quotes its input
+    assert code == 1 and "hf_abcdefghijklmnop" not in err and "**********" in err

@@ -77,4 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(err: Console, line: str) -> None:
     if _runtime.debug:
         traceback.print_exc(file=sys.stderr)
+    settings = _runtime.__dict__.get("settings")  # once loaded: its secrets never reach the screen
+    if settings is not None:
+        from sparkctl.log import Redactor
+
+        line = Redactor(settings.secrets()).scrub(line)
     err.print(f"[red]{escape(line)}[/]", soft_wrap=True)

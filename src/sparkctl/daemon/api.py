@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from sparkctl.errors import SparkctlError
+from sparkctl.log import redact
 
 if TYPE_CHECKING:
     from sparkctl.daemon.app import Daemon
@@ -125,7 +126,7 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
     error = task.exception()
     outcome: dict[str, Any] = {"kind": "outcome", "stack": stack, "ok": error is None, "time": time.time()}
     if error is not None:
-        outcome["error"] = str(error) if isinstance(error, SparkctlError) else f"internal error: {error!r}"
+        outcome["error"] = redact(str(error) if isinstance(error, SparkctlError) else f"internal error: {error!r}")
     else:
         outcome["result"] = task.result()
     await response.write(json.dumps(outcome).encode() + b"\n")
