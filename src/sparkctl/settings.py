@@ -128,6 +128,15 @@ class Settings(BaseSettings):
             raise ValueError("expected KEY=VALUE[,KEY=VALUE...]")
         return {key.strip(): mirror.strip() for key, mirror in pairs}
 
+    @field_validator("engine_env")
+    @classmethod
+    def _no_token(cls, env: dict[str, str]) -> dict[str, str]:
+        """It reaches every engine container and the fingerprint: never a token."""
+        if {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"} & env.keys():
+            raise ValueError("must not hold a Hugging Face token: engines run offline and sparkctl keeps the "
+                             "token (SPARKCTL_HF_TOKEN)")
+        return env
+
     @property
     def images_file(self) -> Path:
         return self.stacks_dir / "images.yaml"

@@ -4,11 +4,13 @@ Each test asserts convergence and that nothing is lost."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.cli.client import DaemonClient
+from sparkctl.errors import SparkctlError
 from sparkctl.state.store import Store
 from tests.conftest import instance, name
 from tests.integration.conftest import SMALL, containers, wait_for
@@ -227,3 +230,40 @@ def test_the_gateway_routes_an_alias_to_the_daemons_stack(start_daemon, world) -
     with pytest.raises(openai.NotFoundError) as e:
         agent.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
     assert e.value.body["source"] == "sparkctl"
+
+
+def test_bad_api_input_is_a_4xx_never_a_500(start_daemon, monkeypatch) -> None:
+    from tests.conftest import free_port
+
+    port = free_port()
+    monkeypatch.setenv("SPARKCTL_API_TCP", f"127.0.0.1:{port}")
+    monkeypatch.setenv("SPARKCTL_API_TOKEN", "tok-0123456789abcdef")
+    start_daemon()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.putrequest("GET", "/v1/status")
+    conn.putheader("Authorization", "Bearer t\xe9st".encode("latin-1"))
+    conn.endheaders()
+    assert conn.getresponse().status == 401
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/events?since=abc",
+                                     headers={"Authorization": "Bearer tok-0123456789abcdef"})
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(request, timeout=5)
+    assert bad.value.code == 400 and "`since`" in bad.value.read().decode()
+
+
+def test_one_daemon_per_state_dir_and_a_broken_desired_file_does_not_hide_it(start_daemon, world, cli) -> None:
+    """The audit's case: a corrupt desired.yaml made the CLI think no daemon ran, and a second
+    daemon deleted the live one's socket. The second now stops at the CLI's check, or at the
+    state dir's lock if it gets past it, and the socket stays."""
+    first = start_daemon()
+    assert first.client.get("/v1/status")["pid"] == first.proc.pid
+    (world / "state" / "desired.yaml").write_text("stacks: [unclosed\n")
+    second = subprocess.run([sys.executable, "-m", "sparkctl", "daemon"], capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1 and "a daemon already answers on" in second.stderr
+    from sparkctl.daemon.app import _exclusive
+
+    with pytest.raises(SparkctlError, match=f"a sparkctl daemon \\(pid {first.proc.pid}\\) already runs on"):
+        _exclusive(world / "state" / "daemon.lock")
+    assert first.client.available() and (world / "state" / "sparkctl.sock").exists()  # the socket is kept
+    code, out, err = cli("up", "qwen36-dflash")
+    assert code == 1 and "desired.yaml: line 2: invalid YAML" in err  # from the daemon, not a second deploy

@@ -96,3 +96,9 @@ def test_the_cli_error_line_never_shows_a_token(workspace, cli, monkeypatch) -> 
     monkeypatch.setenv("SPARKCTL_HF_TOKEN", "hf_abcdefghijklmnop")
     code, _, err = cli("stacks", "show", "hf_abcdefghijklmnop")  # an error message that quotes its input
     assert code == 1 and "hf_abcdefghijklmnop" not in err and "**********" in err
+
+
+def test_engine_env_may_not_carry_a_token(workspace, cli, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "VLLM_LOGGING_LEVEL=DEBUG,HF_TOKEN=hf_abcdefghijklmnop")
+    code, out, err = cli("stacks", "list")
+    assert code == 1 and "SPARKCTL_ENGINE_ENV is invalid" in err and "hf_abcdefghijklmnop" not in out + err

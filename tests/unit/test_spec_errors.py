@@ -13,10 +13,11 @@ vllm:
   port: 8199
 """
 
+BASE = "name: a\nextends: qwen36-nvfp4-stock\n"
 # (case id, files to write {name: text}, expected key in the message, expected words)
 CASES = [
     ("unknown-key", {"a.yaml": "name: a\nextends: qwen36-nvfp4-stock\nvlm:\n  port: 1\n"},
-     "vlm", "unknown key; allowed here: abstract, bench_profile"),
+     "vlm", "unknown key; allowed here: abstract, allow, bench_profile"),
     ("unknown-nested-key", {"a.yaml": "name: a\nextends: qwen36-nvfp4-stock\nvllm:\n  max_model_length: 4096\n"},
      "vllm.max_model_length", "allowed here:"),
     ("wrong-type", {"a.yaml": "name: a\nextends: qwen36-nvfp4-stock\nvllm:\n  max_model_len: lots\n"},
@@ -65,6 +66,24 @@ CASES = [
      "(top level)", "needs `compose`"),
     ("bad-kind", {"a.yaml": "name: a\nkind: k8s\nimage:\n  repository: x/y\n  tag: v1\n"},
      "kind", "'vllm' or 'compose'"),
+    ("mount-of-root", {"a.yaml": f"{BASE}container:\n  mounts:\n    - {{source: /, target: /host}}\n"},
+     "container.mounts.0.source", "whole host"),
+    ("docker-socket-without-opt-in",
+     {"a.yaml": f"{BASE}container:\n  mounts:\n    - {{source: /var/run/docker.sock, target: /d.sock}}\n"},
+     "(top level)", "add `allow: [docker-socket]`"),
+    ("all-interfaces-without-opt-in", {"a.yaml": f"{BASE}vllm:\n  extra_args: [--host, 0.0.0.0]\n"},
+     "(top level)", "add `allow: [all-interfaces]`"),
+    ("non-loopback-host", {"a.yaml": f"{BASE}vllm:\n  host: 0.0.0.0\n"}, "(top level)", "beyond loopback"),
+    ("remote-code-without-opt-in", {"a.yaml": f"{BASE}vllm:\n  extra_args: [--trust-remote-code]\n"},
+     "(top level)", "add `allow: [remote-code]`"),
+    ("unknown-opt-in", {"a.yaml": f"{BASE}allow: [everything]\n"}, "allow.0", "'docker-socket'"),
+    ("compose-project-escapes", {"a.yaml": "name: a\nextends: diffusiongemma\ncompose:\n  project: ../../..\n"},
+     "compose.project", "relative path inside"),
+    ("compose-project-absolute", {"a.yaml": "name: a\nextends: diffusiongemma\ncompose:\n  project: /etc\n"},
+     "compose.project", "relative path inside"),
+    ("compose-env-newline",
+     {"a.yaml": "name: a\nextends: diffusiongemma\ncompose:\n  env:\n    A: \"x\\nHF_HUB_OFFLINE=0\"\n"},
+     "compose.env", "one line"),
 ]
 
 
@@ -95,3 +114,11 @@ def test_the_shipped_stacks_are_valid(workspace: Path, cli) -> None:
     code, out, err = cli("stacks", "validate")
     assert (code, err) == (0, "")
     assert "11 stacks valid" in out
+
+
+def test_an_opted_in_risk_loads_and_says_so(workspace: Path, cli) -> None:
+    (workspace / "stacks" / "a.yaml").write_text(
+        f"{BASE}allow: [all-interfaces]\nvllm:\n  extra_args: [--host, 0.0.0.0]\n")
+    code, out, err = cli("stacks", "validate")
+    assert code == 0, err
+    assert "warning: a: vllm.host / extra_args: the engine listens beyond loopback" in out

@@ -71,6 +71,8 @@ def validate(
             check(rt.policy, stack.image.ref, allow_latest=stack.image.allow_latest)
         except ImageRefused as e:
             raise SpecError(str(catalog.files[stack.name]), "image", str(e)) from None
+        for _, why in stack.risks():  # opted into with `allow:`: still worth a look
+            rt.console.print(f"[yellow]warning[/]: {stack.name}: {why}")
     rt.console.print(f"[green]ok[/]: {len(checked)} stacks valid")
 
 

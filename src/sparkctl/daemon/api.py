@@ -84,7 +84,10 @@ async def switch(request: web.Request) -> web.StreamResponse:
 
 async def events(request: web.Request) -> web.StreamResponse:
     bus = request.app["daemon"].bus
-    since = int(request.query.get("since", bus.last))
+    try:
+        since = int(request.query.get("since", bus.last))
+    except ValueError:
+        raise _bad(400, "`since` must be an event number") from None
     response = await _ndjson(request)
     while True:
         for event in await asyncio.to_thread(bus.after, since, timeout=15):
@@ -167,7 +170,7 @@ def _bearer(token: str) -> Callable:
 
     @web.middleware
     async def check(request: web.Request, handler: Callable) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, expected):
             raise web.HTTPUnauthorized(text=json.dumps({"error": {"message": "missing or wrong API token",
                                                                   "type": "unauthorized"}}),

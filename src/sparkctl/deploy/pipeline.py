@@ -77,6 +77,8 @@ class Deployer:
         deployment = self.store.begin(name)
         try:
             check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
+            for _, why in stack.risks():  # opted into with `allow:`
+                self.reporter.note(stack.name, f"warning: {why}")
             room = self._admit(stack, replace=replace)
             prepared = self.prepare(stack, deployment, refresh=refresh)
             self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)

@@ -110,8 +110,33 @@ class Mount(Spec):
     target: str = Field(pattern=r"^/")
     read_only: bool = True
 
+    @field_validator("source", "target")
+    @classmethod
+    def _not_the_root(cls, path: str) -> str:
+        if path.rstrip("/") == "":
+            raise ValueError("mounting / hands the whole host to the engine (or hides its own filesystem)")
+        return path
+
+    @property
+    def docker_socket(self) -> bool:
+        return self.source.rstrip("/") in DOCKER_SOCKETS
+
 
 SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"})
+DOCKER_SOCKETS = frozenset({"/var/run/docker.sock", "/run/docker.sock"})
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+# What a stack must opt into by name (`allow:`): sometimes right, never by accident.
+Risk = Literal["docker-socket", "all-interfaces", "remote-code"]
+
+
+def no_secret_names(env: dict[str, str]) -> dict[str, str]:
+    leaked = SECRET_ENV & env.keys()
+    if leaked:
+        raise ValueError(
+            f"{sorted(leaked)[0]} must not be set here: engines run offline (HF_HUB_OFFLINE=1) and "
+            "the token stays in sparkctl's settings (SPARKCTL_HF_TOKEN)"
+        )
+    return env
 
 
 class Container(Spec):
@@ -124,16 +149,7 @@ class Container(Spec):
     mounts: tuple[Mount, ...] = ()
     compile_cache: str | None = Field(default=None, pattern=r"^/")
 
-    @field_validator("env")
-    @classmethod
-    def _no_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        leaked = SECRET_ENV & env.keys()
-        if leaked:
-            raise ValueError(
-                f"{sorted(leaked)[0]} must not be set here: engines run offline (HF_HUB_OFFLINE=1) and "
-                "the token stays in sparkctl's settings (SPARKCTL_HF_TOKEN)"
-            )
-        return env
+    _no_secrets = field_validator("env")(no_secret_names)
 
 
 class Resources(Spec):
@@ -177,11 +193,20 @@ class KnownIssue(Spec):
 
 
 class ComposeProject(Spec):
-    project: str = Field(min_length=1)  # a directory under the compose dir
+    project: RelativePath  # a directory under the compose dir
     service: str = Field(min_length=1)  # the service that serves the endpoint
     served_model_name: str = Field(min_length=1)
     port: Port
     env: dict[str, str] = {}
+
+    @field_validator("env")
+    @classmethod
+    def _one_line_each(cls, env: dict[str, str]) -> dict[str, str]:
+        """Each entry becomes a line of the project's env file: a newline would add lines of its own."""
+        for key, value in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or "\n" in value or "\r" in value:
+                raise ValueError(f"{key!r}: names are identifiers and values one line (no newline)")
+        return no_secret_names(env)
 
 
 class Stack(Spec):
@@ -204,6 +229,7 @@ class Stack(Spec):
     expectations: Expectations = Expectations()
     switch: SwitchOver = SwitchOver()
     known_issues: tuple[KnownIssue, ...] = ()
+    allow: tuple[Risk, ...] = ()  # opt-ins for what is sometimes right: see `risks`
 
     @model_validator(mode="after")
     def _consistent(self) -> Stack:
@@ -222,6 +248,30 @@ class Stack(Spec):
         if self.draft is not None and (self.vllm is None or self.vllm.speculative is None):
             raise ValueError("`draft` is set but `vllm.speculative` is not")
         return self
+
+    @model_validator(mode="after")
+    def _opted_in(self) -> Stack:
+        missing = [(risk, where) for risk, where in self.risks() if risk not in self.allow]
+        if missing:
+            risk, where = missing[0]
+            raise ValueError(f"{where}; add `allow: [{risk}]` to the stack if you mean it")
+        return self
+
+    def risks(self) -> list[tuple[str, str]]:
+        """What this stack does that is sometimes right and never by accident: (opt-in, why)."""
+        found = []
+        if any(m.docker_socket for m in self.container.mounts):
+            found.append(("docker-socket", "container.mounts: the Docker socket gives the engine root on the host"))
+        if self.vllm is not None:
+            args = self.vllm.extra_args
+            hosts = [self.vllm.host] + [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--host"]
+            hosts += [a.split("=", 1)[1] for a in args if a.startswith("--host=")]
+            if any(h not in LOOPBACK for h in hosts):
+                found.append(("all-interfaces", "vllm.host / extra_args: the engine listens beyond loopback, "
+                                                "where the gateway's API keys do not guard it"))
+            if "--trust-remote-code" in args:
+                found.append(("remote-code", "vllm.extra_args: --trust-remote-code runs Python from the model repo"))
+        return found
 
     @property
     def served_name(self) -> str:
