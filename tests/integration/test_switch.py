@@ -246,6 +246,25 @@ def test_kill9_at_random_points_of_switches_settles(switching, start_daemon, eng
     assert 0 < len(store.switches()) <= 10  # a kill can come before the daemon took the request
 
 
+def test_after_a_kill9_mid_swap_the_old_stack_serves_again_at_once(switching, start_daemon, engine,
+                                                                    monkeypatch) -> None:
+    """The daemon dies after a hold/swap stopped the old stack: the restarted daemon undoes the
+    switch and starts the old stack at once, not at the next resync (30 s here, as by default)."""
+    monkeypatch.setenv("SPARKCTL_RESYNC_INTERVAL", "30")
+    daemon = switching(small=False)
+    [old] = containers(engine, A)
+    worker = threading.Thread(target=switch_quietly, args=(daemon, B))
+    worker.start()
+    wait_for(lambda: engine.state(old["Id"])[0] == "exited", timeout=60, what="the old stack stopped")
+    daemon.kill9()
+    worker.join()
+    started = time.monotonic()
+    daemon = start_daemon()
+    daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+    wait_for(partial(switched_cleanly, daemon, engine), timeout=25, what="serving again", logs=daemon.logs)
+    assert routed(daemon.gateway) in (A, B) and time.monotonic() - started < 20
+
+
 @pytest.mark.parametrize("when", ["gate", "after"])
 def test_the_switch_over_benchmark_runs_as_a_gate_or_after_release(switching, world, when) -> None:
     daemon = switching(small=False)

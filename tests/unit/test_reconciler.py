@@ -201,3 +201,15 @@ def test_an_oom_kill_is_reported_as_such(workspace) -> None:
             "sparkctl.stack": "qwen36-dflash", "exitCode": "1", **other}}})
     assert len(seen) == 2
     assert [e["detail"] for e in daemon.store.events("qwen36-dflash")] == ["exit code 137", "OOM-killed"]
+
+
+def test_a_finished_action_asks_for_another_pass() -> None:
+    """A restart that fails (its container died again meanwhile) must be retried at once, not at the
+    next resync: after a kill -9 mid-switch, that wait was the 30 s an agent could not be served."""
+    machine = FakeMachine([Observed("a", "c1", "exited")], Desired(("a",)), deploy_fails=True)
+    machine.start = lambda container: (_ for _ in ()).throw(SparkctlError("exited while loading"))
+    passes: list[int] = []
+    r = Reconciler(machine, bus=EventBus(), policy=POLICY, clock=Clock(), run_async=False,
+                   settled=lambda: passes.append(r.passes))
+    r.reconcile()
+    assert passes == [1] and len(r.history["a"].failures) == 1

@@ -60,6 +60,10 @@ def switch(
         raise SparkctlError("switch needs the daemon (its gateway holds and drains requests): start "
                             "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
     result = through_daemon(rt, "/v1/switch", {"alias": alias, "stack": stack})
+    if result["mode"] == "unchanged":
+        verb = "already up, unchanged" if result["up"]["unchanged"] else "started again"
+        rt.console.print(f"[green]{alias} already names {stack}[/]: nothing to switch ({stack} {verb})")
+        return
     timings = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in result["timings"].items())
     rt.console.print(f"[green]{alias} -> {stack}[/] ({result['mode']}; {timings})")
     if result.get("held_requests"):

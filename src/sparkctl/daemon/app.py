@@ -107,7 +107,8 @@ class Daemon:
         self.machine = DockerMachine(docker=self.docker, deployer=self.deployer, catalog=self.catalog,
                                      desired_path=settings.state_dir / "desired.yaml", reporter=BusReporter(self.bus),
                                      store=lambda: self.store)
-        self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time)
+        self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
+                                     settled=lambda: self.kick())
         self.stopping = threading.Event()
         self._kick = threading.Event()
         self._oom: set[str] = set()
@@ -172,6 +173,8 @@ class Daemon:
     def switch(self, alias: str, stack: str) -> dict[str, Any]:
         """Move `alias` to `stack` (blue/green or hold/swap); rolled back on any failure."""
         spec = self.catalog().stack(stack)
+        if self.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
+            return {"alias": alias, "stack": spec.name, "mode": "unchanged", "timings": {}, "up": self.up(spec.name)}
         plan = plan_switch(alias, spec.name, fraction=spec.resources.gpu_memory_utilization,
                            aliases=self.machine.desired().aliases, running=memory_shares(self.docker),
                            ceiling=self.settings.memory_ceiling)

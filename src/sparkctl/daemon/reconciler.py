@@ -44,8 +44,10 @@ class Machine(Protocol):
 
 class Reconciler:
     def __init__(self, machine: Machine, *, bus: EventBus, policy: planner.Policy,
-                 clock: Callable[[], float], run_async: bool = True) -> None:
+                 clock: Callable[[], float], run_async: bool = True,
+                 settled: Callable[[], None] = lambda: None) -> None:
         self.machine, self.bus, self.policy, self.clock = machine, bus, policy, clock
+        self.settled = settled  # an action finished: the world changed, so the loop should pass again
         self.history: dict[str, History] = {}
         self.wake_at: float | None = None  # when a backoff ends, the loop should pass again
         self.passes = 0
@@ -140,6 +142,7 @@ class Reconciler:
             if error:
                 log.error("stack_action_failed", stack=stack, error=error.splitlines()[0])
             self.bus.publish("outcome", stack=stack, ok=error is None, error=error)
+            self.settled()  # a failed restart must not wait for the next resync to be retried
 
         if self._pool is None:
             job()
