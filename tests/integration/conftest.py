@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,12 +18,21 @@ from sparkctl.cli.client import DaemonClient
 SMALL = "resources:\n  gpu_memory_utilization: 0.4\n"  # two of these fit under the 0.9 ceiling
 
 
+# What systemd does for a socket unit: the listening socket as fd 3, LISTEN_PID and LISTEN_FDS set.
+HAND_OVER = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LISTEN_PID=str(os.getpid()), "
+             "LISTEN_FDS='1'); os.execv(sys.executable, [sys.executable, '-m', 'sparkctl', 'daemon'])")
+
+
 class DaemonProcess:
-    def __init__(self, state_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, env: dict[str, str] | None = None, *,
+                 handed: socket.socket | None = None) -> None:
         self.state_dir = state_dir
         self.log = open(state_dir.parent / "daemon.log", "a")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=env or dict(os.environ))
+        command = [sys.executable, "-m", "sparkctl", "daemon"]
+        if handed is not None:
+            command = [sys.executable, "-c", HAND_OVER, str(handed.fileno())]
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env or dict(os.environ),
+                                     pass_fds=(handed.fileno(),) if handed else ())
         self.client = DaemonClient(state_dir / "sparkctl.sock")
         deadline = time.monotonic() + 20
         while not self.client.available():
@@ -49,8 +59,8 @@ def start_daemon(world, monkeypatch):
     monkeypatch.setenv("SPARKCTL_RESYNC_INTERVAL", "2")
     started: list[DaemonProcess] = []
 
-    def start() -> DaemonProcess:
-        started.append(DaemonProcess(world / "state"))
+    def start(handed: socket.socket | None = None) -> DaemonProcess:
+        started.append(DaemonProcess(world / "state", handed=handed))
         return started[-1]
 
     yield start

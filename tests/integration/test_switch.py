@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import threading
 import time
 import urllib.request
@@ -263,6 +264,30 @@ def test_after_a_kill9_mid_swap_the_old_stack_serves_again_at_once(switching, st
     daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
     wait_for(partial(switched_cleanly, daemon, engine), timeout=25, what="serving again", logs=daemon.logs)
     assert routed(daemon.gateway) in (A, B) and time.monotonic() - started < 20
+
+
+def test_a_planned_restart_loses_no_request(world, start_daemon, monkeypatch) -> None:
+    """`systemctl restart` with the installed units: systemd holds the gateway's socket, the old
+    daemon finishes what it accepted, agents that connect meanwhile wait in the socket's queue."""
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST_LOAD)
+    amend(world / "stacks" / f"{A}.yaml", switch={"bench": "off"})
+    (world / "state").mkdir(exist_ok=True)
+    (world / "state" / "desired.yaml").write_text(f"stacks: [{A}]\naliases: {{primary: {A}}}\n")
+    with socket.create_server(("127.0.0.1", int(os.environ["SPARKCTL_GATEWAY_PORT"])), backlog=4096) as listener:
+        gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+        daemon = start_daemon(listener)
+        wait_for(lambda: routed(gateway) == A, timeout=60, what="primary routed", logs=daemon.logs)
+        with Load(gateway + "/v1", width=8) as load:
+            time.sleep(1)
+            stopped = time.time()
+            daemon.stop()  # SIGTERM, as systemd sends it; returns once the process exited
+            daemon = start_daemon(listener)
+            wait_for(lambda: routed(gateway) == A, timeout=60, what="serving again", logs=daemon.logs)
+            time.sleep(1)
+    assert load.failures() == [], load.failures()[:3]
+    waited = max(a.received - a.sent for a in load.answers if a.sent >= stopped - 0.5)
+    print(f"longest wait across the restart: {waited:.2f} s over {len(load.answers)} answers")
+    assert len(load.answers) > 100
 
 
 @pytest.mark.parametrize("when", ["gate", "after"])

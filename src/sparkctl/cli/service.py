@@ -1,4 +1,9 @@
-"""`sparkctl daemon` (foreground) and `sparkctl service install | uninstall` (a systemd unit)."""
+"""`sparkctl daemon` (foreground) and `sparkctl service install | uninstall` (systemd units).
+
+The service comes with a socket unit that holds the gateway's listening socket: systemd keeps it
+open across a restart of the daemon (an upgrade, `systemctl restart`), so an agent connecting
+meanwhile waits in its queue, and the stopping daemon finishes the requests it has accepted.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ app = typer.Typer(help="Run sparkctl's daemon as a systemd service.", no_args_is
 
 UNIT = """[Unit]
 Description=sparkctl daemon: keeps LLM serving stacks converged
-After=docker.service
+After=docker.service {name}.socket
 Wants=docker.service
+Requires={name}.socket
 
 [Service]
 ExecStart={exe} daemon
@@ -30,9 +36,23 @@ Environment=MALLOC_ARENA_MAX=2
 LimitNOFILE=65536
 # Engines are separate containers: stopping the daemon leaves them running.
 KillMode=process
+# Stopping waits for the gateway's accepted requests (SPARKCTL_SWITCH_DRAIN_TIMEOUT).
+TimeoutStopSec={stop_timeout}
 
 [Install]
 WantedBy={target}
+"""
+
+SOCKET = """[Unit]
+Description=sparkctl gateway socket, held across daemon restarts
+
+[Socket]
+ListenStream={address}
+NoDelay=true
+Backlog=4096
+
+[Install]
+WantedBy=sockets.target
 """
 
 
@@ -56,30 +76,37 @@ def daemon(ctx: typer.Context) -> None:
 @app.command()
 def install(ctx: typer.Context,
             user: bool = typer.Option(False, "--user", help="A user unit, not a system one.")) -> None:
-    """Write the systemd unit for `sparkctl daemon` and say how to enable it."""
+    """Write the systemd units for `sparkctl daemon` (service + gateway socket); say how to enable them."""
     rt = runtime(ctx)
-    path = _unit_path(user)
+    s = rt.settings
+    path = _unit_path(user, s.instance)
     exe = shutil.which("sparkctl") or f"{sys.executable} -m sparkctl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(UNIT.format(exe=exe, instance=rt.settings.instance, state_dir=rt.settings.state_dir,
+    host = f"[{s.gateway_host}]" if ":" in s.gateway_host else s.gateway_host
+    path.write_text(UNIT.format(exe=exe, name=path.stem, instance=s.instance, state_dir=s.state_dir,
+                                stop_timeout=int(s.switch_drain_timeout) + 30,
                                 target="default.target" if user else "multi-user.target"))
+    path.with_suffix(".socket").write_text(SOCKET.format(address=f"{host}:{s.gateway_port}"))
     flag = " --user" if user else ""
-    rt.console.print(f"wrote {path}\nenable it: systemctl{flag} daemon-reload && systemctl{flag} enable --now sparkctl")
+    rt.console.print(f"wrote {path} and {path.with_suffix('.socket')}\nenable them: systemctl{flag} daemon-reload && "
+                     f"systemctl{flag} enable --now {path.stem}.socket {path.stem}.service")
 
 
 @app.command()
 def uninstall(ctx: typer.Context, user: bool = typer.Option(False, "--user", help="The user unit.")) -> None:
-    """Remove the unit (stop it first: `systemctl [--user] disable --now sparkctl`)."""
+    """Remove the units (stop them first: `systemctl [--user] disable --now sparkctl.socket sparkctl`)."""
     rt = runtime(ctx)
-    path = _unit_path(user)
+    path = _unit_path(user, rt.settings.instance)
     if not path.exists():
         raise SparkctlError(f"no unit at {path}")
     path.unlink()
+    path.with_suffix(".socket").unlink(missing_ok=True)
     rt.console.print(f"removed {path}; run systemctl{' --user' if user else ''} daemon-reload")
 
 
-def _unit_path(user: bool) -> Path:
+def _unit_path(user: bool, instance: str) -> Path:
+    name = "sparkctl.service" if instance == "default" else f"sparkctl-{instance}.service"
     if user:
         base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-        return base / "systemd" / "user" / "sparkctl.service"
-    return Path("/etc/systemd/system/sparkctl.service")
+        return base / "systemd" / "user" / name
+    return Path("/etc/systemd/system") / name

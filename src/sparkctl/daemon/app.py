@@ -12,6 +12,7 @@ import gc
 import os
 import resource
 import signal
+import socket
 import threading
 import time
 from functools import cached_property
@@ -72,6 +73,14 @@ def _open_files() -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+def _handed_socket() -> socket.socket | None:
+    """The gateway's listening socket when systemd hands it over (socket activation): it outlives
+    the daemon, so clients that connect during a restart wait in its queue instead of failing."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()) or int(os.environ.get("LISTEN_FDS", "0")) < 1:
+        return None
+    return socket.socket(fileno=3)
 
 
 def _exclusive(path: Path) -> IO[str]:
@@ -331,8 +340,10 @@ class Daemon:
                           limits=limits)
         self.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                    hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
-        server = await gateway.serve(s.gateway_host, s.gateway_port)
-        log.info("gateway_listening", address=f"{s.gateway_host}:{s.gateway_port}", max_connections=limits.connections)
+        handed = _handed_socket()
+        server = await gateway.serve(s.gateway_host, s.gateway_port, sock=handed)
+        log.info("gateway_listening", address=str(handed.getsockname() if handed else (s.gateway_host, s.gateway_port)),
+                 max_connections=limits.connections, socket="handed over by systemd" if handed else "own")
         asyncio.get_running_loop().create_task(self._report_refusals(limits))
         return gateway, server
 
@@ -367,6 +378,7 @@ class Daemon:
         for settled in recover(self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
         self._adopt_unlabelled()
+        self.refresh_routes()  # before the gateway listens: a restarted daemon routes what runs at once
         path = socket_path(self.settings)
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = await self._serve_gateway()  # before the API: a switch needs it
@@ -390,12 +402,14 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("daemon_stopping", note="engine containers keep running")
+        gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
+        if not await gateway.finish(timeout=self.settings.switch_drain_timeout):
+            log.warning("gateway_requests_cut", note="in-flight requests outlived the drain timeout")
         self.stopping.set()
         self.kick()
         if self._events_stream is not None:
             self._events_stream.close()
         await runner.cleanup()
-        gateway_server.close()
         gateway.close()
         if tcp is not None:
             await tcp.cleanup()

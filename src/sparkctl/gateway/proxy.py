@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import socket
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -48,8 +49,8 @@ class Gateway:
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches
         self.pages = {"/v1/models": self.models, "/health": self.health, "/metrics": self.metrics}
 
-    async def serve(self, host: str, port: int) -> asyncio.Server:
-        return await serve(self.handle, host, port, admit=self.admit, limits=self.limits)
+    async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
+        return await serve(self.handle, host, port, admit=self.admit, limits=self.limits, sock=sock)
 
     def close(self) -> None:
         self.upstreams.close()
@@ -85,6 +86,17 @@ class Gateway:
         hold.release()
         return {"held_requests": held, "refused_requests": hold.refused,
                 "hold_s": round(time.monotonic() - hold.since, 3)}
+
+    async def finish(self, timeout: float) -> bool:
+        """A graceful stop (the listener already closed): every connection closes after its next
+        answer, and this waits until all have; False if `timeout` passed first."""
+        self.limits.finish()
+        deadline = time.monotonic() + timeout
+        while self.limits.live:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     async def drain(self, stack: str, timeout: float) -> bool:
         """Wait until the stack has no accepted request left; False if `timeout` passed first."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from sparkctl.gateway.http1 import chunk, response_head
 MAX_BODY = 32 * 1024 * 1024
 KEEP_ALIVE = 75.0  # seconds an idle client connection is kept open
 PIPELINED = 16  # complete requests waiting behind the one being answered, before reading pauses
+FINISH_GRACE = 1.0  # seconds an idle connection stays open once the server stops
 
 
 @dataclass(slots=True)
@@ -73,6 +75,13 @@ class Limits:
     held: int = 0
     refused: int = 0
     last_report: float = field(default=0.0)
+    live: set[Connection] = field(default_factory=set)  # open connections, for a graceful stop
+
+    def finish(self) -> None:
+        """A graceful stop: every connection closes once the response it is giving is complete
+        (an idle one at once), so a client's next request opens a new connection."""
+        for conn in list(self.live):
+            conn.finish()
 
     def report_due(self, every: float = 10.0) -> int:
         """Refusals since the last report, when one is due (else 0)."""
@@ -138,6 +147,17 @@ class Connection(asyncio.Protocol):
         self.exchange = None
         self.close()
 
+    def finish(self) -> None:
+        """Close after the next response: the one in progress, or, on an idle connection, the one
+        to a request sent within `FINISH_GRACE` (a client that is about to reuse the connection
+        then gets its answer instead of a reset); an idle connection closes after that."""
+        self.keeps = deque(False for _ in self.keeps)
+        self.keep_alive = False
+        if self._idle_now():
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = asyncio.get_running_loop().call_later(FINISH_GRACE, self.close)
+
     def close(self) -> None:
         self.closed = True
         self._release()
@@ -154,6 +174,7 @@ class Connection(asyncio.Protocol):
             transport.close()
             return
         self.limits.open += 1
+        self.limits.live.add(self)
         self.counted = True
         self._idle()
 
@@ -295,6 +316,7 @@ class Connection(asyncio.Protocol):
     def _gone(self) -> None:
         if self.counted:
             self.limits.open -= 1
+            self.limits.live.discard(self)
             self.counted = False
         if self.closed and self.exchange is None:
             return
@@ -338,7 +360,11 @@ def _text(status: int, text: str, headers: Sequence[tuple[str, str]] = ()) -> An
 
 
 async def serve(handle: Handler, host: str, port: int, *, admit: Admit | None = None,
-                limits: Limits | None = None) -> asyncio.Server:
-    """Listen on host:port, handing each request to `handle` (after `admit`, if given)."""
+                limits: Limits | None = None, sock: socket.socket | None = None) -> asyncio.Server:
+    """Listen on host:port (or on `sock`, a listening socket handed over), handing each request to
+    `handle` (after `admit`, if given)."""
     shared = limits or Limits()
-    return await asyncio.get_running_loop().create_server(lambda: Connection(handle, admit, shared), host, port)
+    loop = asyncio.get_running_loop()
+    if sock is not None:
+        return await loop.create_server(lambda: Connection(handle, admit, shared), sock=sock)
+    return await loop.create_server(lambda: Connection(handle, admit, shared), host, port)
