@@ -266,6 +266,14 @@ def test_after_a_kill9_mid_swap_the_old_stack_serves_again_at_once(switching, st
     assert routed(daemon.gateway) in (A, B) and time.monotonic() - started < 20
 
 
+def test_switching_to_the_stack_the_alias_names_is_a_no_op(switching, cli, engine) -> None:
+    switching(small=True)
+    [before] = containers(engine, A)
+    code, out, err = cli("switch", "primary", A)
+    assert code == 0 and f"primary already names {A}: nothing to switch ({A} already up, unchanged)" in out, err
+    assert [c["Id"] for c in containers(engine)] == [before["Id"]]
+
+
 def test_a_planned_restart_loses_no_request(world, start_daemon, monkeypatch) -> None:
     """`systemctl restart` with the installed units: systemd holds the gateway's socket, the old
     daemon finishes what it accepted, agents that connect meanwhile wait in the socket's queue."""

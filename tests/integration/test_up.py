@@ -90,6 +90,9 @@ def test_compose_stack_comes_up_and_down(world, cli, engine, monkeypatch) -> Non
     assert info["Config"]["Labels"]["com.docker.compose.project"] == name("diffusiongemma")
     assert not any("hf_test_token_123" in e for e in info["Config"]["Env"])
     assert "sim profile diffusiongemma" in engine.logs(container["Id"], tail=50)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = cli("status")
+    assert f"http://127.0.0.1:{port(8111)}/v1" in out and "0.85" in out  # whole at 80 columns; its share
     code, out, _ = cli("down", "diffusiongemma")
     assert code == 0 and not ours(engine)
 

@@ -87,6 +87,10 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         print(json.dumps(rows, indent=2))
         return
     table = Table("stack", "phase", "endpoint", "fingerprint", "uptime", "memory")
+    for column in table.columns:  # on a narrow terminal other columns fold; the endpoint stays whole
+        column.overflow = "fold"
+    table.columns[2].no_wrap = True
+    table.columns[2].min_width = max((len(row["endpoint"]) for row in rows), default=0)
     for row in rows:
         table.add_row(row["stack"], row["phase"], row["endpoint"], (row["fingerprint"] or "")[:12],
                       _duration(row["uptime_s"]), f"{row['memory']:.2f}" if row["memory"] is not None else "")
