@@ -45,6 +45,7 @@ class Request:
     path: str  # without the query string
     headers: dict[str, str]  # names in lower case
     body: bytes
+    keep_alive: bool = True  # whether the connection stays open after its answer
 
 
 class Exchange(Protocol):
@@ -71,11 +72,14 @@ class Limits:
 
     connections: int = 4096
     body_bytes: int = 256 * 1024 * 1024
-    open: int = 0
     held: int = 0
     refused: int = 0
     last_report: float = field(default=0.0)
-    live: set[Connection] = field(default_factory=set)  # open connections, for a graceful stop
+    live: set[Connection] = field(default_factory=set)  # open connections
+
+    @property
+    def open(self) -> int:
+        return len(self.live)
 
     def finish(self) -> None:
         """A graceful stop: every connection closes once the response it is giving is complete
@@ -107,10 +111,10 @@ class Connection(asyncio.Protocol):
         self.pending_head = b""  # a streamed response's head, sent with its first piece
         self.timer: asyncio.TimerHandle | None = None
         self.incoming: Request | None = None  # being parsed
+        self.url = b""  # its target so far
+        self.fields: list[tuple[str, str]] = []  # its header lines
         self.pieces: list[bytes] = []  # its body so far
         self.size = 0
-        self.keeps: deque[bool] = deque()  # keep-alive of each queued request
-        self.counted = False
 
     # --- the handler's side --------------------------------------------------------------------
     def reply(self, status: int, body: bytes, content_type: str, headers: Sequence[tuple[str, str]] = ()) -> None:
@@ -151,7 +155,8 @@ class Connection(asyncio.Protocol):
         """Close after the next response: the one in progress, or, on an idle connection, the one
         to a request sent within `FINISH_GRACE` (a client that is about to reuse the connection
         then gets its answer instead of a reset); an idle connection closes after that."""
-        self.keeps = deque(False for _ in self.keeps)
+        for request in self.queue:
+            request.keep_alive = False
         self.keep_alive = False
         if self._idle_now():
             if self.timer is not None:
@@ -173,9 +178,7 @@ class Connection(asyncio.Protocol):
             self.closed = True
             transport.close()
             return
-        self.limits.open += 1
         self.limits.live.add(self)
-        self.counted = True
         self._idle()
 
     def data_received(self, data: bytes) -> None:
@@ -210,22 +213,20 @@ class Connection(asyncio.Protocol):
 
     # --- llhttp's callbacks, from inside feed_data ------------------------------------------------
     def on_message_begin(self) -> None:
-        self.incoming, self.pieces, self.size = Request("", "", {}, b""), [], 0
-        self._url = b""
-        self._names: list[tuple[str, str]] = []
+        self.incoming, self.url, self.fields, self.pieces, self.size = Request("", "", {}, b""), b"", [], [], 0
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
+        self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._names.append((name.decode("latin-1").lower(), value.decode("latin-1").strip()))
+        self.fields.append((name.decode("latin-1").lower(), value.decode("latin-1").strip()))
 
     def on_headers_complete(self) -> None:
         request = self.incoming
-        version, target = self.parser.get_http_version(), self._url.decode("latin-1")
+        version, target = self.parser.get_http_version(), self.url.decode("latin-1")
         request.method, request.path = self.parser.get_method().decode("latin-1"), target.partition("?")[0]
-        request.headers = dict(self._names)
-        names = [n for n, _ in self._names]
+        request.headers = dict(self.fields)
+        names = [n for n, _ in self.fields]
         problem = _problem(version, target, request.headers, names)
         if problem:
             self._halt(_text(400, problem + "\n"))
@@ -235,7 +236,7 @@ class Connection(asyncio.Protocol):
         refusal = self.admit(request) if self.admit is not None else None
         if refusal is not None:
             self._halt(refusal)
-        self.keeps.append(self.parser.should_keep_alive())
+        request.keep_alive = self.parser.should_keep_alive()
         if request.headers.get("expect", "").lower() == "100-continue" and self._idle_now():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the client waits for it to send the body
 
@@ -271,7 +272,7 @@ class Connection(asyncio.Protocol):
                     if self.timer is not None:
                         self.timer.cancel()
                     self.request = self.queue.popleft()
-                    self.keep_alive = self.keeps.popleft()
+                    self.keep_alive = self.request.keep_alive
                     self.handle(self.request, self)
                 elif self.refusal is not None:
                     self.keep_alive, self.request = False, Request("", "", {}, b"")
@@ -314,10 +315,7 @@ class Connection(asyncio.Protocol):
         self.size = 0
 
     def _gone(self) -> None:
-        if self.counted:
-            self.limits.open -= 1
-            self.limits.live.discard(self)
-            self.counted = False
+        self.limits.live.discard(self)
         if self.closed and self.exchange is None:
             return
         self.closed = True
