@@ -52,7 +52,7 @@ def test_a_second_instance_never_touches_the_owners_stacks(owner, start_daemon, 
     plain = engine.client.containers.run(BASE_IMAGE, ["sleep", "infinity"], detach=True, network_mode="none",
                                          labels={TEST_LABEL: run_id})
     [live] = DockerEngine(instance=owner.instance).containers()
-    before = {c: _identity(engine, c) for c in (live["Id"], plain.id)}
+    before = {c: _identity(engine, c) for c in (live.id, plain.id)}
     load = _Load(owner.gateway)
     with load:
         for name, text in (("steady", STEADY), ("spare", SPARE), ("crashy", CRASHY)):
@@ -100,10 +100,10 @@ def test_concurrent_ups_each_see_only_their_own_progress(start_daemon, world) ->
 
 def test_containers_from_before_instances_are_adopted_by_the_default_instance(world, engine, run_id) -> None:
     old = engine.client.containers.create(BASE_IMAGE, ["true"], labels={"sparkctl.stack": "legacy", TEST_LABEL: run_id})
-    mine = {c["Id"] for c in DockerEngine().containers(**{TEST_LABEL: run_id})}
+    mine = {c.id for c in DockerEngine().containers(**{TEST_LABEL: run_id})}
     assert old.id in mine  # the default instance sees it as its own
     assert not DockerEngine(instance=instance()).containers(**{TEST_LABEL: run_id})
-    assert old.id in {c["Id"] for c in DockerEngine(instance=instance()).others()}
+    assert old.id in {c.id for c in DockerEngine(instance=instance()).others()}
 
 
 def _identity(engine, container: str) -> tuple:

@@ -105,3 +105,12 @@ def test_every_deploy_event_names_its_stack() -> None:
     reporter.note("a", "hello")
     assert [(e["kind"], e["stack"]) for e in bus.after(0, timeout=0)] == [
         ("phase", "a"), ("progress", "b"), ("note", "a")]
+
+
+def test_a_listing_becomes_a_typed_container() -> None:
+    from sparkctl.container import Container
+
+    c = Container.from_listing({"Id": "abc", "Names": ["/sparkctl-a"], "State": "running", "Created": 5,
+                                "Labels": {"sparkctl.stack": "a", "sparkctl.gpu-memory": "0.4"}})
+    assert (c.stack, c.instance, c.labelled, c.running, c.memory, c.fingerprint) == ("a", "default", False, True,
+                                                                                    0.4, None)

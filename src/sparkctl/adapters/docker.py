@@ -20,9 +20,10 @@ from docker.types import DeviceRequest, Mount
 
 from sparkctl import instance as instances
 from sparkctl.adapters.retry import transient
+from sparkctl.container import LABEL_STACK, Container
 from sparkctl.errors import DockerError, TransientError
 from sparkctl.policy.images import mirrored, parse_ref
-from sparkctl.spec.render import LABEL_STACK, ContainerPlan
+from sparkctl.spec.render import ContainerPlan
 
 
 class TransientDockerError(DockerError, TransientError):
@@ -173,18 +174,18 @@ class DockerEngine:
             raise
         return True
 
-    def containers(self, **labels: str) -> list[dict[str, Any]]:
-        """This instance's containers (any state) carrying sparkctl's stack label and all given labels."""
-        return [c for c in self._sparkctl(labels) if instances.owned(c["Labels"], self.instance)]
+    def containers(self, stack: str | None = None, **labels: str) -> list[Container]:
+        """This instance's containers (any state), of one stack if given, carrying all given labels."""
+        return [c for c in self._sparkctl(stack, labels) if c.instance == self.instance]
 
-    def others(self) -> list[dict[str, Any]]:
+    def others(self) -> list[Container]:
         """Other instances' sparkctl containers on this engine: to mention, never to touch."""
-        return [c for c in self._sparkctl({}) if not instances.owned(c["Labels"], self.instance)]
+        return [c for c in self._sparkctl(None, {}) if c.instance != self.instance]
 
-    def _sparkctl(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        wanted = [LABEL_STACK] + [f"{k}={v}" for k, v in labels.items()]
+    def _sparkctl(self, stack: str | None, labels: Mapping[str, str]) -> list[Container]:
+        wanted = [f"{LABEL_STACK}={stack}" if stack else LABEL_STACK] + [f"{k}={v}" for k, v in labels.items()]
         with _translated("list containers"):
-            return self.client.api.containers(all=True, filters={"label": wanted})
+            return [Container.from_listing(c) for c in self.client.api.containers(all=True, filters={"label": wanted})]
 
 
 def _tail(text: str, lines: int = 30) -> str:

@@ -107,13 +107,11 @@ def logs(
     tail: int = typer.Option(100, "--tail", "-n", help="Lines from the end."),
 ) -> None:
     """Print STACK's engine log."""
-    from sparkctl.spec.render import LABEL_STACK
-
     rt = runtime(ctx)
-    containers = rt.docker.containers(**{LABEL_STACK: stack})
+    containers = rt.docker.containers(stack)
     if not containers:
         raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
-    name = containers[0]["Id"]
+    name = containers[0].id
     if follow:
         for chunk in rt.docker.follow_logs(name, tail=tail):
             print(chunk, end="", flush=True)

@@ -29,6 +29,7 @@ from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
 from sparkctl.cli.client import lock_path
+from sparkctl.container import LABEL_STACK
 from sparkctl.daemon import api, planner
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.machine import DockerMachine
@@ -46,7 +47,6 @@ from sparkctl.policy.switch import plan_switch
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
 from sparkctl.spec.load import Catalog, load_catalog
-from sparkctl.spec.render import LABEL_FINGERPRINT, LABEL_STACK
 from sparkctl.state.store import Phase, Store
 
 log = structlog.get_logger()
@@ -257,8 +257,8 @@ class Daemon:
         """Point the gateway at running containers whose deployment passed its health checks (a
         failed redeploy leaves the previous, healthy one routed; one still loading is not)."""
         with self._routes_lock:  # reads and replaces as one: a rebuild from older reads must not land last
-            running = {c["Labels"][LABEL_STACK] for c in self.docker.containers() if c["State"] == "running" and
-                       c["Labels"].get(LABEL_FINGERPRINT) in self.store.healthy_fingerprints(c["Labels"][LABEL_STACK])}
+            running = {c.stack for c in self.docker.containers()
+                       if c.running and c.fingerprint in self.store.healthy_fingerprints(c.stack)}
             stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in self.catalog().deployable()}
             self.routes = build_table(aliases=self.machine.desired().aliases, stacks=stacks, running=running)
 
@@ -325,11 +325,10 @@ class Daemon:
         takes them as its own (its next deploy of each labels it). Recorded once per container."""
         adopted = {e["detail"] for e in self.store.events(limit=1000) if e["kind"] == "adopted"}
         for c in self.docker.containers():
-            if instances.LABEL not in c["Labels"] and c["Id"][:12] not in adopted:
-                stack = c["Labels"][LABEL_STACK]
-                log.info("container_adopted", stack=stack, container=c["Id"][:12],
+            if not c.labelled and c.id[:12] not in adopted:
+                log.info("container_adopted", stack=c.stack, container=c.id[:12],
                          reason="made before instances; labelled at its next deploy")
-                self.store.record_event(stack, "adopted", c["Id"][:12])
+                self.store.record_event(c.stack, "adopted", c.id[:12])
 
     async def _serve_gateway(self) -> tuple[Gateway, asyncio.Server]:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkctl.adapters.docker import DockerEngine
+from sparkctl.container import LABEL_STACK
 from sparkctl.daemon.planner import Observed
 from sparkctl.deploy import health
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.deploy.progress import Reporter
 from sparkctl.spec.load import Catalog
-from sparkctl.spec.render import LABEL_STACK
 from sparkctl.state import desired as desired_file
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
@@ -29,7 +29,7 @@ class DockerMachine:
         self._desired_lock = threading.Lock()
 
     def observe(self) -> list[Observed]:
-        return [Observed(c["Labels"][LABEL_STACK], c["Id"], c["State"]) for c in self.docker.containers()]
+        return [Observed(c.stack, c.id, c.state) for c in self.docker.containers()]
 
     def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
         with self.locks[stack]:
@@ -44,7 +44,7 @@ class DockerMachine:
     def stop(self, stack: str) -> list[str]:
         """Stop the stack's running containers but keep them (a switch may start them again)."""
         with self.locks[stack]:
-            running = [c["Id"] for c in self.docker.containers(**{LABEL_STACK: stack}) if c["State"] == "running"]
+            running = [c.id for c in self.docker.containers(stack) if c.running]
             for container in running:
                 self.docker.stop(container)
             return running

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
+from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
 from sparkctl.deploy import health, image, patches, weights
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
@@ -26,15 +27,7 @@ from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.settings import Settings
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
-from sparkctl.spec.render import (
-    LABEL_FINGERPRINT,
-    LABEL_MEMORY,
-    LABEL_SPEC_HASH,
-    LABEL_STACK,
-    Sources,
-    render,
-    spec_hash,
-)
+from sparkctl.spec.render import Sources, render, spec_hash
 from sparkctl.state.store import Phase, Store
 
 if TYPE_CHECKING:
@@ -122,7 +115,7 @@ class Deployer:
         stack = self.catalog.stack(name)
         if stack.kind is Kind.COMPOSE:
             self._compose(stack, {}).down()
-        removed = [self.docker.remove(c["Id"]) for c in self.docker.containers(**{LABEL_STACK: name})]
+        removed = [self.docker.remove(c.id) for c in self.docker.containers(name)]
         latest = self.store.latest(name)
         if latest is not None and latest.phase is Phase.RUNNING:
             self.store.advance(latest.id, Phase.STOPPED, "sparkctl down")
@@ -139,12 +132,12 @@ class Deployer:
     def _make_room(self, stack: Stack, in_the_way: tuple[str, ...]) -> None:
         for other in in_the_way:
             self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
-            for c in self.docker.containers(**{LABEL_STACK: other}):
-                self.docker.remove(c["Id"])
+            for c in self.docker.containers(other):
+                self.docker.remove(c.id)
 
     def _up_container(self, stack: Stack, prepared: Prepared, deployment: int) -> UpResult:
         url = f"http://127.0.0.1:{stack.port}"
-        current = self.docker.containers(**{LABEL_STACK: stack.name})
+        current = self.docker.containers(stack.name)
         if any(_matches(c, prepared.fingerprint, stack) for c in current):
             self.reporter.note(stack.name, f"{stack.name} is already running with fingerprint "
                                            f"{prepared.fingerprint}: nothing to do")
@@ -210,14 +203,14 @@ class Deployer:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _set_aside(self, containers: list[dict]) -> list[str]:
+    def _set_aside(self, containers: list[Container]) -> list[str]:
         """Stop the stack's current containers and move them out of the way of the new name."""
         aside = []
         for c in containers:
-            new_name = f"{c['Names'][0].lstrip('/')}-previous-{c['Id'][:8]}"
-            if c["State"] == "running":
-                self.docker.stop(c["Id"])
-            self.docker.rename(c["Id"], new_name)
+            new_name = f"{c.name}-previous-{c.id[:8]}"
+            if c.running:
+                self.docker.stop(c.id)
+            self.docker.rename(c.id, new_name)
             aside.append(new_name)
         return aside
 
@@ -271,11 +264,8 @@ class _RecordedPhases:
 
 def memory_shares(docker: DockerEngine) -> dict[str, float]:
     """The unified-memory share each running stack reserved (from its containers' labels)."""
-    return {c["Labels"][LABEL_STACK]: float(c["Labels"].get(LABEL_MEMORY) or 0)
-            for c in docker.containers() if c["State"] == "running"}
+    return {c.stack: c.memory or 0.0 for c in docker.containers() if c.running}
 
 
-def _matches(container: dict, fingerprint: str, stack: Stack) -> bool:
-    labels = container["Labels"]
-    return (container["State"] == "running" and labels.get(LABEL_FINGERPRINT) == fingerprint
-            and labels.get(LABEL_SPEC_HASH) == spec_hash(stack))
+def _matches(container: Container, fingerprint: str, stack: Stack) -> bool:
+    return container.running and container.fingerprint == fingerprint and container.spec_hash == spec_hash(stack)

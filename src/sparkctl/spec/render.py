@@ -14,14 +14,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkctl import instance as instances
+from sparkctl.container import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_SPEC_HASH, LABEL_STACK
 from sparkctl.spec.models import Kind, Stack
 
 MODEL_DIR = "/model"
 DRAFT_DIR = "/draft"
-LABEL_STACK = "sparkctl.stack"
-LABEL_SPEC_HASH = "sparkctl.spec-hash"
-LABEL_FINGERPRINT = "sparkctl.fingerprint"
-LABEL_MEMORY = "sparkctl.gpu-memory"  # the fraction reserved, for admission without the stack file
 
 
 @dataclass(frozen=True)
