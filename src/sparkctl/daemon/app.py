@@ -154,7 +154,7 @@ class Daemon:
         started = time.time()
         try:
             with self.reconciler.holding(stack):
-                self.machine.deploy(stack, refresh=refresh, replace=replace)
+                result = self.machine.deploy(stack, refresh=refresh, replace=replace)
         except ImageRefused:  # the policy refuses it: retrying cannot help, so a new stack is not kept desired
             if not was_desired:
                 self.machine.update_desired(lambda d: d.without_stack(stack))
@@ -168,9 +168,9 @@ class Daemon:
             self.kick()
         self.metrics.outcome(stack, ok=True)
         self.metrics.phase("deploy", time.time() - started)
-        latest = self.store.latest(stack)
-        return {"stack": stack, "fingerprint": latest.fingerprint if latest else None,
-                "unchanged": bool(latest and self.store.transitions(latest.id)[-1][2] == "unchanged")}
+        if result is None:
+            raise SparkctlError(f"{stack} was taken down while it was being deployed")
+        return {"stack": stack, "fingerprint": result.fingerprint, "unchanged": not result.changed}
 
     def down(self, stack: str) -> dict[str, Any]:
         self.machine.update_desired(lambda d: d.without_stack(stack))

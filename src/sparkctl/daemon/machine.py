@@ -12,7 +12,7 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.container import LABEL_STACK
 from sparkctl.daemon.planner import Observed
 from sparkctl.deploy import health
-from sparkctl.deploy.pipeline import Deployer
+from sparkctl.deploy.pipeline import Deployer, UpResult
 from sparkctl.deploy.progress import Reporter
 from sparkctl.spec.load import Catalog
 from sparkctl.state import desired as desired_file
@@ -31,11 +31,12 @@ class DockerMachine:
     def observe(self) -> list[Observed]:
         return [Observed(c.stack, c.id, c.state) for c in self.docker.containers()]
 
-    def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
+    def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> UpResult | None:
+        """Deploy (or confirm) the stack; None if a `down` got the lock first (it wins)."""
         with self.locks[stack]:
-            if stack not in self.desired().stacks:  # a `down` got the lock first: it wins
-                return
-            self._deployer().up(stack, refresh=refresh, replace=replace)
+            if stack not in self.desired().stacks:
+                return None
+            return self._deployer().up(stack, refresh=refresh, replace=replace)
 
     def down(self, stack: str) -> int:
         with self.locks[stack]:

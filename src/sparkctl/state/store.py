@@ -19,6 +19,10 @@ from pathlib import Path
 
 from sparkctl.errors import SparkctlError, TransientError
 
+# The columns each row type is read with, named: a migration that adds a column changes nothing here.
+DEPLOYMENT = "id, stack, fingerprint, parts, phase, started, finished, error"
+BENCH_RUN = "id, stack, fingerprint, parts, profile, folder, started, finished, error, verdict"
+
 MIGRATIONS = (
     """
     CREATE TABLE deployments (
@@ -174,11 +178,12 @@ class Store:
                             (fingerprint, json.dumps(parts, sort_keys=True), deployment))
 
     def latest(self, stack: str) -> Deployment | None:
-        row = self._one("SELECT * FROM deployments WHERE stack = ? ORDER BY id DESC LIMIT 1", (stack,))
+        row = self._one(f"SELECT {DEPLOYMENT} FROM deployments WHERE stack = ? ORDER BY id DESC LIMIT 1", (stack,))
         return _deployment(row) if row else None
 
     def history(self, stack: str | None = None, *, limit: int = 50) -> list[Deployment]:
-        query = "SELECT * FROM deployments" + (" WHERE stack = ?" if stack else "") + " ORDER BY id DESC LIMIT ?"
+        query = f"SELECT {DEPLOYMENT} FROM deployments" + (" WHERE stack = ?" if stack else "") + \
+            " ORDER BY id DESC LIMIT ?"
         return [_deployment(r) for r in self._all(query, (stack, limit) if stack else (limit,))]
 
     def healthy_fingerprints(self, stack: str) -> set[str]:
@@ -248,11 +253,12 @@ class Store:
             self.db.execute("UPDATE bench_runs SET verdict = ? WHERE id = ?", (verdict, run))
 
     def bench_runs(self, stack: str | None = None, *, limit: int = 100) -> list[BenchRun]:
-        query = "SELECT * FROM bench_runs" + (" WHERE stack = ?" if stack else "") + " ORDER BY id DESC LIMIT ?"
+        query = f"SELECT {BENCH_RUN} FROM bench_runs" + (" WHERE stack = ?" if stack else "") + \
+            " ORDER BY id DESC LIMIT ?"
         return [self._bench_run(r) for r in self._all(query, (stack, limit) if stack else (limit,))]
 
     def bench_run(self, run: int) -> BenchRun | None:
-        row = self._one("SELECT * FROM bench_runs WHERE id = ?", (run,))
+        row = self._one(f"SELECT {BENCH_RUN} FROM bench_runs WHERE id = ?", (run,))
         return self._bench_run(row) if row else None
 
     def mark_known_good(self, stack: str, run: int, image: str) -> None:
