@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sparkctl import instance as instances
+
+if TYPE_CHECKING:
+    from sparkctl.spec.load import Catalog
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -146,6 +149,21 @@ class Settings(BaseSettings):
         """Every name the gateway accepts in `Host`."""
         host = f"[{self.gateway_host}]" if ":" in self.gateway_host else self.gateway_host
         return sorted({host, "localhost", "127.0.0.1", "[::1]", *self.gateway_hostnames})
+
+    @property
+    def socket_path(self) -> Path:
+        """The daemon's API socket."""
+        return self.state_dir / "sparkctl.sock"
+
+    @property
+    def store_path(self) -> Path:
+        return self.state_dir / "sparkctl.db"
+
+    def catalog(self) -> Catalog:
+        """The stacks and patch sets as this instance sees them (ports shifted by its offset)."""
+        from sparkctl.spec.load import load_catalog
+
+        return load_catalog(self.stacks_dir, self.patches_dir, port_offset=self.port_offset)
 
     @property
     def overlays_dir(self) -> Path:

@@ -39,11 +39,7 @@ def pin(
     rt = runtime(ctx)
     name = parse_ref(ref)
     if digest is None:
-        from sparkctl.adapters.docker import DockerEngine
-
-        digest = DockerEngine(rt.settings.docker_host).registry_digest(
-            str(name), mirrors=rt.settings.registry_mirrors
-        )
+        digest = rt.docker.registry_digest(str(name), mirrors=rt.settings.registry_mirrors)
     check_ref(rt.policy, ref, digest=digest, allow_latest=True)
     imagefile.pin(rt.settings.images_file, ref, digest=digest, provenance=provenance)
     rt.console.print(f"pinned {name.tagged} -> {digest}")

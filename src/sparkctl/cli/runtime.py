@@ -57,10 +57,7 @@ class Runtime:
 
     @cached_property
     def catalog(self) -> Catalog:
-        from sparkctl.spec.load import load_catalog
-
-        return load_catalog(self.settings.stacks_dir, self.settings.patches_dir,
-                            port_offset=self.settings.port_offset)
+        return self.settings.catalog()
 
     @cached_property
     def docker(self) -> DockerEngine:
@@ -72,22 +69,19 @@ class Runtime:
     def daemon(self) -> DaemonClient:
         from sparkctl.cli.client import DaemonClient
 
-        return DaemonClient(self.settings.state_dir / "sparkctl.sock")
+        return DaemonClient(self.settings.socket_path)
 
     @cached_property
     def store(self) -> Store:
         from sparkctl.state.store import Store
 
-        return Store(self.settings.state_dir / "sparkctl.db")
+        return Store(self.settings.store_path)
 
     def deployer(self, reporter: Reporter) -> Deployer:
-        from sparkctl.adapters.hub import HubClient
         from sparkctl.deploy.pipeline import Deployer
 
-        s = self.settings
-        token = s.hf_token.get_secret_value() if s.hf_token else None
-        hub = HubClient(cache_dir=s.hf_cache_dir, token=token, endpoint=s.hf_endpoint)
-        return Deployer(s, self.catalog, self.policy, self.docker, hub, self.store, reporter)
+        return Deployer.build(self.settings, catalog=self.catalog, policy=self.policy, docker=self.docker,
+                              store=self.store, reporter=reporter)
 
     @cached_property
     def policy(self) -> ImagePolicy:

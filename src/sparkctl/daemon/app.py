@@ -24,7 +24,6 @@ from aiohttp import web
 
 from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
-from sparkctl.adapters.hub import HubClient
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
@@ -46,7 +45,7 @@ from sparkctl.gateway.server import Limits
 from sparkctl.policy.switch import plan_switch
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
-from sparkctl.spec.load import Catalog, load_catalog
+from sparkctl.spec.load import Catalog
 from sparkctl.state.store import Phase, Store
 
 log = structlog.get_logger()
@@ -101,10 +100,6 @@ def _exclusive(path: Path) -> IO[str]:
     return handle
 
 
-def socket_path(settings: Settings) -> Path:
-    return settings.state_dir / "sparkctl.sock"
-
-
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings, self.resync = settings, settings.resync_interval
@@ -129,19 +124,15 @@ class Daemon:
     # --- wiring ---------------------------------------------------------------------------
     def catalog(self) -> Catalog:
         """Stack files are read afresh for each action, so edits apply without a restart."""
-        return load_catalog(self.settings.stacks_dir, self.settings.patches_dir,
-                            port_offset=self.settings.port_offset)
+        return self.settings.catalog()
 
     def deployer(self) -> Deployer:
-        s = self.settings
-        hub = HubClient(cache_dir=s.hf_cache_dir, token=s.hf_token.get_secret_value() if s.hf_token else None,
-                        endpoint=s.hf_endpoint)
-        return Deployer(s, self.catalog(), load_policy(s.images_file), self.docker, hub, self.store,
-                        BusReporter(self.bus))
+        return Deployer.build(self.settings, catalog=self.catalog(), policy=load_policy(self.settings.images_file),
+                              docker=self.docker, store=self.store, reporter=BusReporter(self.bus))
 
     @cached_property
     def store(self) -> Store:
-        return Store(self.settings.state_dir / "sparkctl.db")
+        return Store(self.settings.store_path)
 
     # --- what the API calls -------------------------------------------------------------------
     def check_stack(self, name: str) -> str:
@@ -378,7 +369,7 @@ class Daemon:
             log.warning("switch_interrupted", outcome=settled)
         self._adopt_unlabelled()
         self.refresh_routes()  # before the gateway listens: a restarted daemon routes what runs at once
-        path = socket_path(self.settings)
+        path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = await self._serve_gateway()  # before the API: a switch needs it
         runner = web.AppRunner(api.build(self), access_log=None)

@@ -65,6 +65,14 @@ class Deployer:
     store: Store
     reporter: Reporter
 
+    @classmethod
+    def build(cls, settings: Settings, *, catalog: Catalog, policy: ImagePolicy, docker: DockerEngine, store: Store,
+              reporter: Reporter) -> Deployer:
+        """The pipeline on these adapters, with a Hub client from the settings (CLI and daemon alike)."""
+        token = settings.hf_token.get_secret_value() if settings.hf_token else None
+        hub = HubClient(cache_dir=settings.hf_cache_dir, token=token, endpoint=settings.hf_endpoint)
+        return cls(settings, catalog, policy, docker, hub, store, reporter)
+
     def up(self, name: str, *, refresh: bool = False, replace: bool = False) -> UpResult:
         stack = self.catalog.stack(name)
         deployment = self.store.begin(name)
