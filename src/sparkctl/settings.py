@@ -10,15 +10,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sparkctl import instance as instances
-
-if TYPE_CHECKING:
-    from sparkctl.spec.load import Catalog
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -31,6 +28,9 @@ def _data_dir(name: str) -> Path:
 
 def _xdg(var: str, fallback: str) -> Path:
     return Path(os.environ.get(var) or Path.home() / fallback)
+
+
+LOCK_FILE = "daemon.lock"
 
 
 def default_state_dir(name: str = instances.DEFAULT) -> Path:
@@ -159,11 +159,10 @@ class Settings(BaseSettings):
     def store_path(self) -> Path:
         return self.state_dir / "sparkctl.db"
 
-    def catalog(self) -> Catalog:
-        """The stacks and patch sets as this instance sees them (ports shifted by its offset)."""
-        from sparkctl.spec.load import load_catalog
-
-        return load_catalog(self.stacks_dir, self.patches_dir, port_offset=self.port_offset)
+    @property
+    def lock_path(self) -> Path:
+        """The file a daemon holds an exclusive lock on while it runs on this state dir."""
+        return self.state_dir / LOCK_FILE
 
     @property
     def overlays_dir(self) -> Path:

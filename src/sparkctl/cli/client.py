@@ -1,4 +1,4 @@
-"""The CLI's client for the daemon's unix-socket API (stdlib only, so it starts fast)."""
+"""The CLI's client for the daemon's unix-socket API (stdlib and settings only, so it starts fast)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import SparkctlError
-
-
-def lock_path(state_dir: Path) -> Path:
-    """The file a daemon holds an exclusive lock on while it runs on `state_dir`."""
-    return state_dir / "daemon.lock"
+from sparkctl.settings import LOCK_FILE
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -38,7 +34,7 @@ class DaemonClient:
         and its socket accepts connections. Neither depends on the daemon's event loop, so a busy
         daemon (or one whose desired.yaml is broken) is never mistaken for none."""
         try:
-            with open(lock_path(self.path.parent)) as lock:
+            with open(self.path.with_name(LOCK_FILE)) as lock:
                 fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 fcntl.flock(lock, fcntl.LOCK_UN)
                 return False  # nobody holds it: no daemon (a socket file left behind is stale)

@@ -57,7 +57,9 @@ class Runtime:
 
     @cached_property
     def catalog(self) -> Catalog:
-        return self.settings.catalog()
+        from sparkctl.spec.load import catalog_for
+
+        return catalog_for(self.settings)
 
     @cached_property
     def docker(self) -> DockerEngine:

@@ -27,7 +27,6 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
-from sparkctl.cli.client import lock_path
 from sparkctl.container import LABEL_STACK
 from sparkctl.daemon import api, planner
 from sparkctl.daemon.events import BusReporter, EventBus
@@ -45,7 +44,7 @@ from sparkctl.gateway.server import Limits
 from sparkctl.policy.switch import plan_switch
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
-from sparkctl.spec.load import Catalog
+from sparkctl.spec.load import Catalog, catalog_for
 from sparkctl.state.store import Phase, Store
 
 log = structlog.get_logger()
@@ -124,7 +123,7 @@ class Daemon:
     # --- wiring ---------------------------------------------------------------------------
     def catalog(self) -> Catalog:
         """Stack files are read afresh for each action, so edits apply without a restart."""
-        return self.settings.catalog()
+        return catalog_for(self.settings)
 
     def deployer(self) -> Deployer:
         return Deployer.build(self.settings, catalog=self.catalog(), policy=load_policy(self.settings.images_file),
@@ -362,7 +361,7 @@ class Daemon:
         return runner
 
     async def serve(self) -> None:
-        lock = _exclusive(lock_path(self.settings.state_dir))  # held until the process ends
+        lock = _exclusive(self.settings.lock_path)  # held until the process ends
         for interrupted in self.store.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
         for settled in recover(self.machine, self.store):

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from sparkctl.errors import SpecError
+from sparkctl.settings import Settings
 from sparkctl.spec import yamlfile
 from sparkctl.spec.models import PatchSet, Stack
 
@@ -48,6 +49,11 @@ def load_catalog(stacks_dir: Path, patches_dir: Path | None = None, *, port_offs
     patch_sets = load_patch_sets(patches_dir) if patches_dir and patches_dir.is_dir() else {}
     files = sorted(p for p in stacks_dir.glob("*.yaml") if p.name != POLICY_FILE)
     return load_stacks(files, patch_sets=patch_sets, port_offset=port_offset)
+
+
+def catalog_for(settings: Settings) -> Catalog:
+    """The stacks and patch sets as this instance sees them (ports shifted by its offset)."""
+    return load_catalog(settings.stacks_dir, settings.patches_dir, port_offset=settings.port_offset)
 
 
 def load_stacks(files: Iterable[Path], *, patch_sets: Mapping[str, PatchSet] = {}, port_offset: int = 0) -> Catalog:
