@@ -266,10 +266,10 @@ def test_one_daemon_per_state_dir_and_a_broken_desired_file_does_not_hide_it(sta
     (world / "state" / "desired.yaml").write_text("stacks: [unclosed\n")
     second = subprocess.run([sys.executable, "-m", "sparkctl", "daemon"], capture_output=True, text=True, timeout=60)
     assert second.returncode == 1 and "a daemon already answers on" in second.stderr
-    from sparkctl.daemon.app import _exclusive
+    from sparkctl.daemon.process import exclusive
 
     with pytest.raises(SparkctlError, match=f"a sparkctl daemon \\(pid {first.proc.pid}\\) already runs on"):
-        _exclusive(world / "state" / "daemon.lock")
+        exclusive(world / "state" / "daemon.lock")
     assert first.client.available() and (world / "state" / "sparkctl.sock").exists()  # the socket is kept
     code, out, err = cli("up", "qwen36-dflash")
     assert code == 1 and "desired.yaml: line 2: invalid YAML" in err  # from the daemon, not a second deploy

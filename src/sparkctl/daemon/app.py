@@ -6,35 +6,26 @@ containers keep running when it stops: a restarted daemon adopts them by label.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import fcntl
-import gc
 import os
-import resource
 import signal
-import socket
 import threading
 import time
 from functools import cached_property
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import structlog
 from aiohttp import web
 
 from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
-from sparkctl.bench import stack as bench_stack
-from sparkctl.bench.gate import GateFailed
-from sparkctl.bench.profiles import PROFILES
 from sparkctl.container import LABEL_STACK
-from sparkctl.daemon import api, planner
+from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.switch import Switcher, recover
-from sparkctl.deploy.health import HealthError
+from sparkctl.daemon.verdicts import Verdicts
 from sparkctl.deploy.pipeline import Deployer, memory_shares
 from sparkctl.deploy.status import other_instances, status_rows
 from sparkctl.errors import ImageRefused, SparkctlError
@@ -45,58 +36,9 @@ from sparkctl.policy.switch import plan_switch
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import load_policy
 from sparkctl.spec.load import Catalog, catalog_for
-from sparkctl.state.store import Phase, Store
+from sparkctl.state.store import Store
 
 log = structlog.get_logger()
-
-
-def _give_back_memory() -> None:
-    """Return freed heap to the OS after work: deploys allocate a lot, briefly, and a daemon
-    that runs for weeks should not keep the high-water mark."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-def _open_files() -> int:
-    """Raise the soft limit on open files to the hard one; the limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return soft
-
-
-def _handed_socket() -> socket.socket | None:
-    """The gateway's listening socket when systemd hands it over (socket activation): it outlives
-    the daemon, so clients that connect during a restart wait in its queue instead of failing."""
-    if os.environ.get("LISTEN_PID") != str(os.getpid()) or int(os.environ.get("LISTEN_FDS", "0")) < 1:
-        return None
-    return socket.socket(fileno=3)
-
-
-def _exclusive(path: Path) -> IO[str]:
-    """Take the state dir's daemon lock (or say who has it); the open file holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+")  # noqa: SIM115 - held for the daemon's lifetime
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "unknown"
-        handle.close()
-        raise SparkctlError(f"a sparkctl daemon (pid {owner}) already runs on {path.parent}; stop it first, "
-                            "or give this one its own SPARKCTL_STATE_DIR") from None
-    handle.truncate(0)
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
 
 
 class Daemon:
@@ -132,6 +74,10 @@ class Daemon:
     @cached_property
     def store(self) -> Store:
         return Store(self.settings.store_path)
+
+    @cached_property
+    def verdicts(self) -> Verdicts:
+        return Verdicts(self.settings, self.store, self.bus, lambda name: self.catalog().stack(name))
 
     # --- what the API calls -------------------------------------------------------------------
     def check_stack(self, name: str) -> str:
@@ -181,41 +127,12 @@ class Daemon:
         self.reconciler.forget(spec.name)
         switcher = Switcher(machine=self.machine, reconciler=self.reconciler, gateway=self.gateway,
                             refresh_routes=self.refresh_routes, store=self.store, reporter=BusReporter(self.bus),
-                            bench=self.bench_switch_over, bench_mode=lambda s: self.catalog().stack(s).switch.bench,
-                            blame=self.blame)
+                            bench=self.verdicts.bench, bench_mode=lambda s: self.catalog().stack(s).switch.bench,
+                            blame=self.verdicts.blame)
         try:
             return switcher.run(plan)
         finally:
             self.kick()
-
-    def bench_switch_over(self, name: str) -> dict[str, Any]:
-        """The new primary's `quick` benchmark through the gateway, judged by its gate."""
-        stack = self.catalog().stack(name)
-        self.bus.publish("note", stack=name, text=f"switch-over benchmark of {name} (quick profile)")
-        run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
-                                    profile=PROFILES["quick"])
-        verdict = bench_stack.gate(stack, run, settings=self.settings, store=self.store)
-        if not verdict.passed:
-            raise GateFailed(verdict)
-        decode = ", ".join(f"{r['tg_tps']:.1f} tok/s at depth {r['depth']}" for r in run.rows)
-        return {"run": run.id, "verdict": verdict.describe(), "summary": f"run {run.id}: {decode}; passed its gate"}
-
-    def blame(self, name: str, cause: SparkctlError) -> str | None:
-        """A switch to `name` failed on a measurement (its benchmark gate, or the canary's acceptance
-        floor): if the image digest it ran never passed, blacklist that digest with the reason."""
-        latest = self.store.latest(name)
-        if isinstance(cause, GateFailed):
-            reason = cause.verdict.describe().removeprefix("fail: ")
-        elif isinstance(cause, HealthError) and cause.phase is Phase.CANARY and latest is not None:
-            reason = f"{str(cause).splitlines()[0]} (deployment {latest.id})"
-        else:
-            return None
-        digest = latest.parts.get("image", "") if latest else ""
-        if not bench_stack.blacklist_if_new(self.catalog().stack(name), digest, reason, settings=self.settings,
-                                            store=self.store):
-            return None
-        self.store.record_event(name, "blacklisted", f"{digest}: {reason}")
-        return f"blacklisted image {digest} ({reason}); `sparkctl image unblacklist {digest}` undoes it"
 
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
@@ -271,7 +188,7 @@ class Daemon:
                 log.error("reconcile_failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
                 self.stopping.wait(1.0)
                 self.kick()  # try again: the resync must not wait a whole interval after a failure
-            _give_back_memory()
+            process.give_back_memory()
 
     def watch_events(self) -> None:
         """Docker events (die, oom, start, destroy) of our containers; reconnects with backoff."""
@@ -324,12 +241,12 @@ class Daemon:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
         s = self.settings
         keys = [k.get_secret_value() for k in s.gateway_api_keys]
-        limits = Limits(connections=min(s.gateway_max_connections, _open_files() - 128))
+        limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
         gateway = Gateway(lambda: self.routes, api_keys=keys, hosts=s.gateway_names, metrics_key=s.gateway_metrics_key,
                           limits=limits)
         self.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                    hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
-        handed = _handed_socket()
+        handed = process.handed_socket()
         server = await gateway.serve(s.gateway_host, s.gateway_port, sock=handed)
         log.info("gateway_listening", address=str(handed.getsockname() if handed else (s.gateway_host, s.gateway_port)),
                  max_connections=limits.connections, socket="handed over by systemd" if handed else "own")
@@ -361,7 +278,7 @@ class Daemon:
         return runner
 
     async def serve(self) -> None:
-        lock = _exclusive(self.settings.lock_path)  # held until the process ends
+        lock = process.exclusive(self.settings.lock_path)  # held until the process ends
         for interrupted in self.store.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
         for settled in recover(self.machine, self.store):

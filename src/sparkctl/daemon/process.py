@@ -1,0 +1,65 @@
+"""What the daemon needs from its process and host: the state dir's exclusive lock, a higher
+limit on open files, a listening socket systemd hands over, and giving freed memory back.
+Called by `daemon/app.py` at start and after work."""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import gc
+import os
+import resource
+import socket
+from pathlib import Path
+from typing import IO
+
+from sparkctl.errors import SparkctlError
+
+
+def give_back_memory() -> None:
+    """Return freed heap to the OS after work: deploys allocate a lot, briefly, and a daemon
+    that runs for weeks should not keep the high-water mark."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def open_files() -> int:
+    """Raise the soft limit on open files to the hard one; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def handed_socket() -> socket.socket | None:
+    """The gateway's listening socket when systemd hands it over (socket activation): it outlives
+    the daemon, so clients that connect during a restart wait in its queue instead of failing."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()) or int(os.environ.get("LISTEN_FDS", "0")) < 1:
+        return None
+    return socket.socket(fileno=3)
+
+
+def exclusive(path: Path) -> IO[str]:
+    """Take the state dir's daemon lock (or say who has it); the open file holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")  # noqa: SIM115 - held for the daemon's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise SparkctlError(f"a sparkctl daemon (pid {owner}) already runs on {path.parent}; stop it first, "
+                            "or give this one its own SPARKCTL_STATE_DIR") from None
+    handle.truncate(0)
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle

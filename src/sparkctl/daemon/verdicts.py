@@ -1,0 +1,56 @@
+"""What a switch learns from measuring its new stack: the switch-over benchmark judged by the
+stack's gate, and, when a measurement fails on an image digest that never passed, that digest
+blacklisted with the reason. The daemon hands these to the Switcher."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sparkctl.bench import stack as bench_stack
+from sparkctl.bench.gate import GateFailed
+from sparkctl.bench.profiles import PROFILES
+from sparkctl.daemon.events import EventBus
+from sparkctl.deploy.health import HealthError
+from sparkctl.errors import SparkctlError
+from sparkctl.settings import Settings
+from sparkctl.spec.models import Stack
+from sparkctl.state.store import Phase, Store
+
+
+@dataclass
+class Verdicts:
+    settings: Settings
+    store: Store
+    bus: EventBus
+    stack: Callable[[str], Stack]  # a stack by name, from the current catalog
+
+    def bench(self, name: str) -> dict[str, Any]:
+        """The new primary's `quick` benchmark through the gateway, judged by its gate."""
+        stack = self.stack(name)
+        self.bus.publish("note", stack=name, text=f"switch-over benchmark of {name} (quick profile)")
+        run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
+                                    profile=PROFILES["quick"])
+        verdict = bench_stack.gate(stack, run, settings=self.settings, store=self.store)
+        if not verdict.passed:
+            raise GateFailed(verdict)
+        decode = ", ".join(f"{r['tg_tps']:.1f} tok/s at depth {r['depth']}" for r in run.rows)
+        return {"run": run.id, "verdict": verdict.describe(), "summary": f"run {run.id}: {decode}; passed its gate"}
+
+    def blame(self, name: str, cause: SparkctlError) -> str | None:
+        """A switch to `name` failed on a measurement (its benchmark gate, or the canary's acceptance
+        floor): if the image digest it ran never passed, blacklist that digest with the reason."""
+        latest = self.store.latest(name)
+        if isinstance(cause, GateFailed):
+            reason = cause.verdict.describe().removeprefix("fail: ")
+        elif isinstance(cause, HealthError) and cause.phase is Phase.CANARY and latest is not None:
+            reason = f"{str(cause).splitlines()[0]} (deployment {latest.id})"
+        else:
+            return None
+        digest = latest.parts.get("image", "") if latest else ""
+        if not bench_stack.blacklist_if_new(self.stack(name), digest, reason, settings=self.settings,
+                                            store=self.store):
+            return None
+        self.store.record_event(name, "blacklisted", f"{digest}: {reason}")
+        return f"blacklisted image {digest} ({reason}); `sparkctl image unblacklist {digest}` undoes it"
