@@ -47,6 +47,7 @@ class Gateway:
         self.served: defaultdict[tuple[str, int], int] = defaultdict(int)  # (stack, status) -> count
         self.upstreams = Upstreams()  # keep-alive connections to the engines
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches
+        self.drained: dict[str, asyncio.Event] = {}  # stack -> set when its last accepted request finishes
         self.pages = {"/v1/models": self.models, "/health": self.health, "/metrics": self.metrics}
 
     async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
@@ -100,11 +101,13 @@ class Gateway:
 
     async def drain(self, stack: str, timeout: float) -> bool:
         """Wait until the stack has no accepted request left; False if `timeout` passed first."""
-        deadline = time.monotonic() + timeout
-        while self.accepted[stack] > 0:
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.005)
+        if not self.accepted[stack]:
+            return True
+        drained = self.drained.setdefault(stack, asyncio.Event())  # set by the last one to finish
+        try:
+            await asyncio.wait_for(drained.wait(), timeout)
+        except TimeoutError:
+            return False
         return True
 
     # --- pages -------------------------------------------------------------------------------
@@ -205,6 +208,8 @@ class Gateway:
             if (cap := self.caps.get(stack)) is not None:
                 cap.give()
         self.accepted[stack] -= 1
+        if not self.accepted[stack] and (drained := self.drained.pop(stack, None)) is not None:
+            drained.set()
 
     def _authorized(self, request: Request) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
