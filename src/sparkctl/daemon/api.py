@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sparkctl.daemon.events import STREAMED, Finished
 from sparkctl.errors import SparkctlError
 from sparkctl.log import redact
 
@@ -115,14 +116,14 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
         try:
             return work()
         finally:
-            bus.publish("finished", stack=stack)  # wakes the wait below at once
+            bus.publish(Finished(stack))  # wakes the wait below at once
 
     task = asyncio.ensure_future(asyncio.to_thread(run))
     while True:
         done = task.done()
         for event in await asyncio.to_thread(bus.after, since, timeout=0 if done else 15):
             since = event["seq"]
-            if event.get("stack") in names and event["kind"] in ("phase", "progress", "note"):
+            if event.get("stack") in names and event["kind"] in STREAMED:
                 await response.write(json.dumps(event).encode() + b"\n")
         if done:
             break

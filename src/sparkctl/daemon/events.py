@@ -1,12 +1,97 @@
 """The daemon's event log: what happened, in order, for the API's streaming endpoint and the
-CLI's progress. Thread-safe; readers wait for events after a sequence number."""
+CLI's progress. Events are a small union of typed records; each names the stack (or alias) it
+is about, so a stream shows only what its request started. Thread-safe; readers wait for
+events after a sequence number and get them in their wire form (a dict with seq, time, kind)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class PhaseChanged:
+    kind: ClassVar[str] = "phase"
+    stack: str
+    phase: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    kind: ClassVar[str] = "progress"
+    stack: str
+    task: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Note:
+    kind: ClassVar[str] = "note"
+    stack: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Died:
+    kind: ClassVar[str] = "died"
+    stack: str
+    cause: str
+    oom: bool
+
+
+@dataclass(frozen=True)
+class Removed:
+    kind: ClassVar[str] = "removed"
+    container: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restarting:
+    kind: ClassVar[str] = "restarting"
+    stack: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    kind: ClassVar[str] = "failed"
+    stack: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Realiased:
+    kind: ClassVar[str] = "realiased"
+    alias: str
+    stack: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A reconciler action on a stack ended (`error` None: it succeeded)."""
+
+    kind: ClassVar[str] = "outcome"
+    stack: str
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An API action ended: wakes its stream at once."""
+
+    kind: ClassVar[str] = "finished"
+    stack: str
+
+
+Event = PhaseChanged | Progress | Note | Died | Removed | Restarting | Failed | Realiased | Settled | Finished
+STREAMED = ("phase", "progress", "note")  # what an action's stream passes on to its client
 
 
 class EventBus:
@@ -15,13 +100,13 @@ class EventBus:
         self._seq = 0
         self._changed = threading.Condition()
 
-    def publish(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def publish(self, event: Event) -> dict[str, Any]:
         with self._changed:
             self._seq += 1
-            event = {"seq": self._seq, "time": time.time(), "kind": kind, **fields}
-            self._events.append(event)
+            record = {"seq": self._seq, "time": time.time(), "kind": event.kind, **asdict(event)}
+            self._events.append(record)
             self._changed.notify_all()
-        return event
+        return record
 
     @property
     def last(self) -> int:
@@ -42,14 +127,14 @@ class BusReporter:
         self._last_progress: dict[tuple[str, str], float] = {}
 
     def phase(self, stack: str, phase: Any, detail: str = "") -> None:
-        self.bus.publish("phase", stack=stack, phase=str(phase), detail=detail)
+        self.bus.publish(PhaseChanged(stack, str(phase), detail))
 
     def progress(self, stack: str, task: str, done: int, total: int) -> None:
         now = time.monotonic()
         if done < total and now - self._last_progress.get((stack, task), 0.0) < 0.5:
             return
         self._last_progress[(stack, task)] = now
-        self.bus.publish("progress", stack=stack, task=task, done=done, total=total)
+        self.bus.publish(Progress(stack, task, done, total))
 
     def note(self, stack: str, text: str) -> None:
-        self.bus.publish("note", stack=stack, text=text)
+        self.bus.publish(Note(stack, text))

@@ -18,7 +18,7 @@ from typing import Protocol
 import structlog
 
 from sparkctl.daemon import planner
-from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.events import Died, EventBus, Failed, Realiased, Removed, Restarting, Settled
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
@@ -77,7 +77,7 @@ class Reconciler:
             self.history[stack] = replace(h, failures=(*h.failures, self.clock()))
         cause = "OOM-killed" if oom else f"exited with code {exit_code}"
         log.warning("engine_died", stack=stack, cause=cause)
-        self.bus.publish("died", stack=stack, cause=cause, oom=oom)
+        self.bus.publish(Died(stack, cause, oom))
         return True
 
     @contextmanager
@@ -104,11 +104,11 @@ class Reconciler:
         if isinstance(action, Remove):
             log.info("container_removed", container=action.container[:12], reason=action.reason)
             self.machine.remove(action.container)
-            self.bus.publish("removed", container=action.container, reason=action.reason)
+            self.bus.publish(Removed(action.container, action.reason))
         elif isinstance(action, Restart):
             self.restarts += 1
             log.info("container_restarted", stack=action.stack, container=action.container[:12])
-            self.bus.publish("restarting", stack=action.stack)
+            self.bus.publish(Restarting(action.stack))
             self._run(action.stack, lambda: self.machine.start(action.container))
         elif isinstance(action, Deploy):
             log.info("stack_deploying", stack=action.stack)
@@ -116,12 +116,12 @@ class Reconciler:
         elif isinstance(action, GiveUp):
             self.history[action.stack] = replace(self.history.get(action.stack, History()), failed=action.reason)
             log.error("stack_failed", stack=action.stack, reason=action.reason)
-            self.bus.publish("failed", stack=action.stack, reason=action.reason)
+            self.bus.publish(Failed(action.stack, action.reason))
         elif isinstance(action, Realias):
             alias, stack = action.alias, action.stack
             self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, alias: stack}))
             log.warning("alias_fell_back", alias=action.alias, stack=action.stack, reason=action.reason)
-            self.bus.publish("realiased", alias=action.alias, stack=action.stack, reason=action.reason)
+            self.bus.publish(Realiased(action.alias, action.stack, action.reason))
 
     def _run(self, stack: str, work: Callable[[], None]) -> None:
         self.history[stack] = replace(self.history.get(stack, History()), busy=True)
@@ -141,7 +141,7 @@ class Reconciler:
                 self.history[stack] = h
             if error:
                 log.error("stack_action_failed", stack=stack, error=error.splitlines()[0])
-            self.bus.publish("outcome", stack=stack, ok=error is None, error=error)
+            self.bus.publish(Settled(stack, error is None, error))
             self.settled()  # a failed restart must not wait for the next resync to be retried
 
         if self._pool is None:

@@ -11,7 +11,7 @@ from typing import Any
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
-from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.events import EventBus, Note
 from sparkctl.deploy.health import HealthError
 from sparkctl.errors import SparkctlError
 from sparkctl.settings import Settings
@@ -29,7 +29,7 @@ class Verdicts:
     def bench(self, name: str) -> dict[str, Any]:
         """The new primary's `quick` benchmark through the gateway, judged by its gate."""
         stack = self.stack(name)
-        self.bus.publish("note", stack=name, text=f"switch-over benchmark of {name} (quick profile)")
+        self.bus.publish(Note(name, f"switch-over benchmark of {name} (quick profile)"))
         run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
                                     profile=PROFILES["quick"])
         verdict = bench_stack.gate(stack, run, settings=self.settings, store=self.store)
