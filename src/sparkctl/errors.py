@@ -32,6 +32,10 @@ class SpecError(SparkctlError):
         super().__init__(f"{where}: {problem}")
 
 
+class NoSuchStack(SpecError):
+    """A stack name that no stack file defines (the API's 404)."""
+
+
 class ImageRefused(SparkctlError):
     """The image policy refuses a ref or digest (blacklisted, or an unpinned `latest`)."""
 

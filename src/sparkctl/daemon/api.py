@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from sparkctl.daemon.events import STREAMED, Finished
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import NoSuchStack, SparkctlError
 from sparkctl.log import redact
 
 if TYPE_CHECKING:
@@ -155,15 +155,10 @@ async def _body(request: web.Request, *, required: tuple[str, ...]) -> dict[str,
 
 
 def _bad(status: int, message: str, kind: str = "bad_request") -> web.HTTPException:
-    return _http(status, json.dumps({"error": {"message": message, "type": kind}}))
-
-
-def _http(status: int, payload: str) -> web.HTTPException:
-    cls = {400: web.HTTPBadRequest, 404: web.HTTPNotFound, 413: web.HTTPRequestEntityTooLarge}.get(
-        status, web.HTTPInternalServerError)
-    if cls is web.HTTPRequestEntityTooLarge:
-        return cls(max_size=MAX_BODY, actual_size=0, text=payload, content_type="application/json")
-    return cls(text=payload, content_type="application/json")
+    """The one error envelope: `{"error": {"message", "type"}}` with its status."""
+    cls = {400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 404: web.HTTPNotFound}.get(status,
+                                                                                        web.HTTPInternalServerError)
+    return cls(text=json.dumps({"error": {"message": message, "type": kind}}), content_type="application/json")
 
 
 def _bearer(token: str) -> Callable:
@@ -173,9 +168,7 @@ def _bearer(token: str) -> Callable:
     async def check(request: web.Request, handler: Callable) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, expected):
-            raise web.HTTPUnauthorized(text=json.dumps({"error": {"message": "missing or wrong API token",
-                                                                  "type": "unauthorized"}}),
-                                       content_type="application/json")
+            raise _bad(401, "missing or wrong API token", "unauthorized")
         return await handler(request)
 
     return check
@@ -183,11 +176,14 @@ def _bearer(token: str) -> Callable:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Errors to HTTP, by type, in one place."""
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
-        raise _http(413, json.dumps({"error": {"message": f"request body over {MAX_BODY} bytes",
-                                               "type": "too_large"}})) from None
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=0, content_type="application/json",
+                                            text=json.dumps({"error": {"message": f"request body over {MAX_BODY} "
+                                                                       "bytes", "type": "too_large"}})) from None
+    except NoSuchStack as e:
+        raise _bad(404, str(e), "sparkctl_error") from None
     except SparkctlError as e:
-        raise _http(404 if "no such stack" in str(e) else 400,
-                    json.dumps({"error": {"message": str(e), "type": "sparkctl_error"}})) from None
+        raise _bad(400, str(e), "sparkctl_error") from None

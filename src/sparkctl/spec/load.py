@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from sparkctl.errors import SpecError
+from sparkctl.errors import NoSuchStack, SpecError
 from sparkctl.settings import Settings
 from sparkctl.spec import yamlfile
 from sparkctl.spec.models import PatchSet, Stack
@@ -36,7 +36,7 @@ class Catalog:
         found = self.stacks.get(name)
         if found is None or found.abstract:
             known = ", ".join(n for n, s in sorted(self.stacks.items()) if not s.abstract)
-            raise SpecError(name, "", f"no such stack; known stacks: {known or 'none'}")
+            raise NoSuchStack(name, "", f"no such stack; known stacks: {known or 'none'}")
         return found
 
     def deployable(self) -> list[Stack]:
