@@ -31,7 +31,7 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
     if deployment is None or deployment.phase is not Phase.RUNNING:
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
     profile = profile or PROFILES[stack.bench_profile]
-    engine = f"http://127.0.0.1:{stack.port}"
+    engine = stack.url
     gateway = f"http://{_connectable(settings.gateway_host)}:{settings.gateway_port}"
     keys = [k.get_secret_value() for k in settings.gateway_api_keys]
     target = runner.Target(base_url=f"{gateway if via_gateway else engine}/v1", model=stack.served_name,

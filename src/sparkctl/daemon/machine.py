@@ -59,7 +59,7 @@ class DockerMachine:
             stack = self._catalog().stack(stack_name)
             engine = health.Engine(state=lambda: self.docker.state(container),
                                    logs=lambda n: self.docker.logs(container, tail=n))
-            health.wait_healthy(stack, f"http://127.0.0.1:{stack.port}", engine, reporter=self.reporter)
+            health.wait_healthy(stack, stack.url, engine, reporter=self.reporter)
 
     def remove(self, container: str) -> None:
         self.docker.remove(container)

@@ -144,7 +144,7 @@ class Deployer:
                 self.docker.remove(c.id)
 
     def _up_container(self, stack: Stack, prepared: Prepared, deployment: int) -> UpResult:
-        url = f"http://127.0.0.1:{stack.port}"
+        url = stack.url
         current = self.docker.containers(stack.name)
         if any(_matches(c, prepared.fingerprint, stack) for c in current):
             self.reporter.note(stack.name, f"{stack.name} is already running with fingerprint "
@@ -168,7 +168,7 @@ class Deployer:
 
     def _up_compose(self, stack: Stack, prepared: Prepared, deployment: int) -> UpResult:
         assert stack.compose is not None
-        url = f"http://127.0.0.1:{stack.port}"
+        url = stack.url
         env = {"BASE_IMAGE": prepared.image.run_ref, "IMAGE": f"sparkctl/{stack.name}:{prepared.fingerprint}",
                "FINGERPRINT": prepared.fingerprint, "PORT": str(stack.port), "HF_HUB_OFFLINE": "1",
                "SERVED_MODEL_NAME": stack.served_name, "HF_HUB_CACHE_DIR": str(self.settings.hf_cache_dir),

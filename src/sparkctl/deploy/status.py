@@ -27,7 +27,7 @@ def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[di
         name = c.stack
         latest = store.latest(name)
         try:
-            endpoint = f"http://127.0.0.1:{catalog.stack(name).port}/v1"
+            endpoint = f"{catalog.stack(name).url}/v1"
         except SparkctlError:
             endpoint = ""
         rows.append({"stack": name, "phase": latest.phase.value if latest and c.running else c.state,

@@ -285,6 +285,11 @@ class Stack(Spec):
         return self.compose.port if self.compose else self.vllm.port  # type: ignore[union-attr]
 
     @property
+    def url(self) -> str:
+        """Where sparkctl reaches the engine (it listens on loopback; the gateway is what agents use)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
     def max_concurrency(self) -> int | None:
         caps = [i.max_concurrency for i in self.known_issues if i.max_concurrency]
         return min(caps) if caps else None
