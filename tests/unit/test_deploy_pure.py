@@ -12,8 +12,9 @@ from sparkctl.bench.metrics import between
 from sparkctl.deploy import diffs
 from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.shim import ShimError, apply_shim
+from sparkctl.phase import Phase
 from sparkctl.policy.admission import admit
-from sparkctl.state.store import Phase, Store
+from sparkctl.state.store import Store
 
 SHIM = {"_draft_kv_cache_group_ids": "()", "_draft_layer_to_kv_cache_gid": "{}"}
 PLAIN = "import x\n\n\nclass DFlashProposer(Base):\n    def __init__(self):\n        pass\n"

@@ -96,7 +96,7 @@ def test_default_state_dir_names_the_instance(clean_env) -> None:
 
 def test_every_deploy_event_names_its_stack() -> None:
     from sparkctl.daemon.events import BusReporter, EventBus
-    from sparkctl.state.store import Phase
+    from sparkctl.phase import Phase
 
     bus = EventBus()
     reporter = BusReporter(bus)

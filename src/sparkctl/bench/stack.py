@@ -17,10 +17,11 @@ from sparkctl.bench import runner
 from sparkctl.bench.gate import Verdict, judge
 from sparkctl.bench.profiles import PROFILES, Profile
 from sparkctl.errors import SparkctlError
+from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
-from sparkctl.state.store import BenchRun, Phase, Store
+from sparkctl.state.store import BenchRun, Store
 
 
 def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool = False,

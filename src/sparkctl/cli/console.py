@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from sparkctl.state.store import Phase
+from sparkctl.phase import Phase
 
 STYLE = {Phase.FAILED: "red", Phase.RUNNING: "green", Phase.STOPPED: "yellow"}
 

@@ -138,7 +138,7 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
 
 def through_daemon(rt, path: str, body: dict) -> dict:
     """Ask the daemon, printing its progress events; returns the outcome's result."""
-    from sparkctl.state.store import Phase
+    from sparkctl.phase import Phase
 
     with ConsoleReporter(rt.console) as reporter:
         for event in rt.daemon.stream(path, body):

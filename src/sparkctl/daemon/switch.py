@@ -23,9 +23,10 @@ import structlog
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.phase import Phase
 from sparkctl.policy.switch import Mode, SwitchPlan
 from sparkctl.state.desired import Desired
-from sparkctl.state.store import Phase, Store
+from sparkctl.state.store import Store
 
 log = structlog.get_logger()
 

@@ -14,9 +14,10 @@ from sparkctl.bench.profiles import PROFILES
 from sparkctl.daemon.events import EventBus, Note
 from sparkctl.deploy.health import HealthError
 from sparkctl.errors import SparkctlError
+from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Stack
-from sparkctl.state.store import Phase, Store
+from sparkctl.state.store import Store
 
 
 @dataclass

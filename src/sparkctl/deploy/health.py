@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from sparkctl.bench.metrics import between, parse
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.phase import Phase
 from sparkctl.spec.models import Stack
-from sparkctl.state.store import Phase
 
 HINTS = (
     (re.compile(r"has no attribute '_draft_(kv_cache_group_ids|layer_to_kv_cache_gid)'"),

@@ -22,13 +22,14 @@ from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
 from sparkctl.deploy import health, image, patches, weights
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.phase import Phase
 from sparkctl.policy.admission import admit
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.settings import Settings
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.spec.render import Sources, render, spec_hash
-from sparkctl.state.store import Phase, Store
+from sparkctl.state.store import Store
 
 if TYPE_CHECKING:
     from sparkctl.adapters.compose import ComposeProject

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sparkctl.state.store import Phase
+from sparkctl.phase import Phase
 
 
 class Reporter(Protocol):

@@ -14,10 +14,10 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError, TransientError
+from sparkctl.phase import Phase
 
 # The columns each row type is read with, named: a migration that adds a column changes nothing here.
 DEPLOYMENT = "id, stack, fingerprint, parts, phase, started, finished, error"
@@ -91,23 +91,6 @@ MIGRATIONS = (
     );
     """,
 )
-
-
-class Phase(StrEnum):
-    RESOLVING = "resolving"
-    PULLING = "pulling"
-    FETCHING = "fetching"
-    PATCHING = "patching"
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    CANARY = "canary"
-    RUNNING = "running"  # terminal success: healthy and serving
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    def is_terminal(self) -> bool:
-        return self in (Phase.RUNNING, Phase.FAILED, Phase.STOPPED)
 
 
 @dataclass(frozen=True)
