@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.gateway.upstream import Call, UpstreamError, Upstreams, _Connection
+from sparkctl.gateway.upstream import Call, EngineConnection, EnginePool, UpstreamError
 from tests.unit.wire import Transport, split
 
 
@@ -56,10 +56,10 @@ def chunked(parts: list[bytes], extension: bool, trailer: bool) -> bytes:
     return body + b"0\r\n" + (b"X-Trailer: yes\r\n" if trailer else b"") + b"\r\n"
 
 
-def feed(segments: list[bytes], *, close: bool = False) -> tuple[Collect, _Connection]:
+def feed(segments: list[bytes], *, close: bool = False) -> tuple[Collect, EngineConnection]:
     """`segments` delivered to a connection as its engine's answer, one callback each."""
-    pool, address, sink = Upstreams(), ("127.0.0.1", 1), Collect()
-    conn = _Connection(pool, address)
+    pool, address, sink = EnginePool(), ("127.0.0.1", 1), Collect()
+    conn = EngineConnection(pool, address)
     conn.connection_made(Transport())  # type: ignore[arg-type]
     conn.send(Call(pool, address, b"POST / HTTP/1.1\r\n\r\n", sink))
     for segment in segments:
@@ -105,7 +105,7 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(length)
 
 
-def serve(script: Script, test: Callable[[Upstreams, str, list[int]], Awaitable[None]], **pool: float) -> list[int]:
+def serve(script: Script, test: Callable[[EnginePool, str, list[int]], Awaitable[None]], **pool: float) -> list[int]:
     """Run `test` against a server answering each connection with `script`; returns its connection ids."""
     connections: list[int] = []
 
@@ -121,7 +121,7 @@ def serve(script: Script, test: Callable[[Upstreams, str, list[int]], Awaitable[
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        upstreams = Upstreams(**pool)
+        upstreams = EnginePool(**pool)
         try:
             await test(upstreams, f"http://127.0.0.1:{port}", connections)
         finally:
@@ -132,7 +132,7 @@ def serve(script: Script, test: Callable[[Upstreams, str, list[int]], Awaitable[
     return connections
 
 
-async def text(upstreams: Upstreams, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
+async def text(upstreams: EnginePool, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
     sink = Collect()
     upstreams.post(url, "/v1/completions", body, sink)
     return await sink.result()
@@ -146,7 +146,7 @@ async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 def test_requests_reuse_one_connection_and_bodies_arrive_intact() -> None:
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         for i in range(5):
             assert await text(upstreams, url, b'{"n": %d}' % i) == (200, b'{"n": %d}' % i)
 
@@ -154,7 +154,7 @@ def test_requests_reuse_one_connection_and_bodies_arrive_intact() -> None:
 
 
 def test_an_idle_connection_past_the_timeout_is_not_reused() -> None:
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         await text(upstreams, url)
         await asyncio.sleep(0.1)
         await text(upstreams, url)
@@ -170,7 +170,7 @@ def test_a_reused_connection_the_engine_closed_unanswered_is_retried_once_on_a_f
         if n == 0:
             await read_request(reader)  # the second request on this connection: dropped unanswered
 
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         assert await text(upstreams, url) == (200, b"ok")
         assert await text(upstreams, url) == (200, b"ok")
 
@@ -181,7 +181,7 @@ def test_a_fresh_connection_closed_unanswered_is_an_error_not_a_retry() -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
 
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         with pytest.raises(UpstreamError, match="closed the connection before answering"):
             await text(upstreams, url)
 
@@ -196,7 +196,7 @@ def test_an_engine_dying_mid_stream_is_an_error_and_its_connection_is_not_pooled
         if n:
             await read_request(reader)
 
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         with pytest.raises(UpstreamError, match="mid-response"):
             await text(upstreams, url)
         assert await text(upstreams, url) == (200, b"ok")
@@ -214,7 +214,7 @@ def test_a_cancelled_call_closes_its_connection_and_hears_nothing_more() -> None
         await reader.read()  # until the gateway closes the connection
         closed.set()
 
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         sink = Collect(on_piece=lambda s: s.call.cancel() if s.pieces[-1] else None)
         sink.call = upstreams.post(url, "/", b"{}", sink)
         await asyncio.wait_for(closed.wait(), 5)
@@ -228,7 +228,7 @@ def test_a_body_framed_by_the_connection_end_and_a_bodyless_204() -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 204 No Content\r\n\r\n" if n == 0 else b"HTTP/1.0 200 OK\r\n\r\nuntil the end")
 
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         assert await text(upstreams, url) == (204, b"")
         assert await text(upstreams, url) == (200, b"until the end")
 
@@ -240,7 +240,7 @@ def test_refused_and_malformed_answers_are_upstream_errors() -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 abc\r\n\r\n")
 
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         with pytest.raises(UpstreamError, match="bad response from the engine"):
             await text(upstreams, url)
 
@@ -248,7 +248,7 @@ def test_refused_and_malformed_answers_are_upstream_errors() -> None:
 
     async def refused() -> None:
         with pytest.raises(UpstreamError, match="cannot connect to 127.0.0.1:9"):
-            await text(Upstreams(), "http://127.0.0.1:9")
+            await text(EnginePool(), "http://127.0.0.1:9")
 
     asyncio.run(refused())
 
@@ -271,7 +271,7 @@ def test_a_large_stream_to_a_client_that_stalls_pauses_the_engine_and_arrives_wh
         reading.append(sink.call.conn.transport.is_reading())
         sink.call.resume()
 
-    async def test(upstreams: Upstreams, url: str, connections: list[int]) -> None:
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
         sink = Collect(on_piece=stall)
         sink.call = upstreams.post(url, "/", b"{}", sink)
         assert await sink.result() == (200, b"".join(parts))

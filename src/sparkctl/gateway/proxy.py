@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.routes import RouteTable, Upstream
 from sparkctl.gateway.server import Answer, Connection, Limits, Request, serve
-from sparkctl.gateway.upstream import Call, UpstreamError, Upstreams
+from sparkctl.gateway.upstream import Call, EnginePool, UpstreamError
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias switches
@@ -45,7 +45,7 @@ class Gateway:
         self.accepted: defaultdict[str, int] = defaultdict(int)  # routed and not finished (incl. queued at a cap)
         self.peak: defaultdict[str, int] = defaultdict(int)  # most requests ever in flight at once
         self.served: defaultdict[tuple[str, int], int] = defaultdict(int)  # (stack, status) -> count
-        self.upstreams = Upstreams()  # keep-alive connections to the engines
+        self.upstreams = EnginePool()  # keep-alive connections to the engines
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches
         self.drained: dict[str, asyncio.Event] = {}  # stack -> set when its last accepted request finishes
         self.pages = {"/v1/models": self.models, "/health": self.health, "/metrics": self.metrics}
@@ -148,14 +148,14 @@ class Gateway:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             error(conn, 400, "request body must be a JSON object with a string `model`", "invalid_request_error")
             return
-        exchange = conn.exchange = _Exchange(self, conn, request.path, body)
+        exchange = conn.exchange = _Proxied(self, conn, request.path, body)
         hold = self.holds.get(body["model"])
         if hold is not None:
             exchange.wait(self._after_hold(exchange, hold))
         else:
             self._route(exchange)
 
-    async def _after_hold(self, exchange: _Exchange, hold: Hold) -> None:
+    async def _after_hold(self, exchange: _Proxied, hold: Hold) -> None:
         refused = await hold.wait()
         if refused is not None:
             error(exchange.conn, 503, f"{refused}; retry shortly", "switch_in_progress",
@@ -163,7 +163,7 @@ class Gateway:
         else:
             self._route(exchange)
 
-    def _route(self, exchange: _Exchange) -> None:
+    def _route(self, exchange: _Proxied) -> None:
         model = exchange.payload["model"]
         upstream = self.routes().resolve(model)
         if upstream is None:
@@ -179,11 +179,11 @@ class Gateway:
         else:
             exchange.wait(self._after_cap(exchange, cap))
 
-    async def _after_cap(self, exchange: _Exchange, cap: _Cap) -> None:
+    async def _after_cap(self, exchange: _Proxied, cap: _Cap) -> None:
         await cap.wait()
         self._forward(exchange)
 
-    def _forward(self, exchange: _Exchange) -> None:
+    def _forward(self, exchange: _Proxied) -> None:
         stack = exchange.upstream.stack
         self.in_flight[stack] += 1
         self.peak[stack] = max(self.peak[stack], self.in_flight[stack])
@@ -201,7 +201,7 @@ class Gateway:
             cap = self.caps[upstream.stack] = _Cap(upstream.max_concurrency)
         return cap
 
-    def _finished(self, exchange: _Exchange) -> None:
+    def _finished(self, exchange: _Proxied) -> None:
         stack = exchange.upstream.stack
         if exchange.forwarded:
             self.in_flight[stack] -= 1
@@ -219,7 +219,7 @@ class Gateway:
         return any(hmac.compare_digest(secret, key) for key in self.api_keys)
 
 
-class _Exchange:
+class _Proxied:
     """One proxied request, from routing until its answer has been passed on, failed or been
     abandoned by its client. It is the upstream call's sink and the client connection's exchange."""
 

@@ -44,9 +44,9 @@ class Sink(Protocol):
 class Call:
     """One request to an engine, from sending until its answer ends, fails or is cancelled."""
 
-    def __init__(self, pool: Upstreams, address: tuple[str, int], message: bytes, sink: Sink) -> None:
+    def __init__(self, pool: EnginePool, address: tuple[str, int], message: bytes, sink: Sink) -> None:
         self.pool, self.address, self.message, self.sink = pool, address, message, sink
-        self.conn: _Connection | None = None
+        self.conn: EngineConnection | None = None
         self.task: asyncio.Task[None] | None = None  # making a fresh connection, when one was needed
         self.paused = self.retried = False
 
@@ -72,7 +72,7 @@ class Call:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self.pool, self.address), *self.address),
+                loop.create_connection(lambda: EngineConnection(self.pool, self.address), *self.address),
                 self.pool.connect_timeout)
         except (OSError, TimeoutError) as e:
             host, port = self.address
@@ -81,12 +81,12 @@ class Call:
         conn.send(self)
 
 
-class Upstreams:
+class EnginePool:
     """Pooled connections per engine address."""
 
     def __init__(self, *, connect_timeout: float = 5.0, idle_timeout: float = 4.0) -> None:
         self.connect_timeout, self.idle_timeout = connect_timeout, idle_timeout
-        self.idle: dict[tuple[str, int], list[_Connection]] = {}
+        self.idle: dict[tuple[str, int], list[EngineConnection]] = {}
         self.addresses: dict[str, tuple[str, int]] = {}
 
     def post(self, url: str, path: str, body: bytes, sink: Sink) -> Call:
@@ -115,7 +115,7 @@ class Upstreams:
             address = self.addresses[url] = (parts.hostname or "127.0.0.1", parts.port or 80)
         return address
 
-    def _take(self, address: tuple[str, int]) -> _Connection | None:
+    def _take(self, address: tuple[str, int]) -> EngineConnection | None:
         conns = self.idle.get(address)
         horizon = time.monotonic() - self.idle_timeout
         while conns:
@@ -125,15 +125,15 @@ class Upstreams:
             conn.close()
         return None
 
-    def _give_back(self, conn: _Connection) -> None:
+    def _give_back(self, conn: EngineConnection) -> None:
         conn.idle_since = time.monotonic()
         self.idle.setdefault(conn.address, []).append(conn)
 
 
-class _Connection(asyncio.Protocol):
+class EngineConnection(asyncio.Protocol):
     """One keep-alive connection; parses one response at a time and hands it to its call's sink."""
 
-    def __init__(self, pool: Upstreams, address: tuple[str, int]) -> None:
+    def __init__(self, pool: EnginePool, address: tuple[str, int]) -> None:
         self.pool, self.address = pool, address
         self.transport: asyncio.Transport | None = None
         self.call: Call | None = None
