@@ -94,19 +94,6 @@ def test_default_state_dir_names_the_instance(clean_env) -> None:
     assert default_state_dir("x").name == "sparkctl-x" and default_state_dir().name == "sparkctl"
 
 
-def test_every_deploy_event_names_its_stack() -> None:
-    from sparkctl.daemon.events import BusReporter, EventBus
-    from sparkctl.phase import Phase
-
-    bus = EventBus()
-    reporter = BusReporter(bus)
-    reporter.phase("a", Phase.PULLING)
-    reporter.progress("b", "layer 1", 1, 10)
-    reporter.note("a", "hello")
-    assert [(e["kind"], e["stack"]) for e in bus.after(0, timeout=0)] == [
-        ("phase", "a"), ("progress", "b"), ("note", "a")]
-
-
 def test_a_listing_becomes_a_typed_container() -> None:
     from sparkctl.container import Container
 

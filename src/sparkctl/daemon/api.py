@@ -91,7 +91,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         raise _bad(400, "`since` must be an event number") from None
     response = await _ndjson(request)
     while True:
-        for event in await asyncio.to_thread(bus.after, since, timeout=15):
+        for event in await bus.wait_after(since, timeout=15):
             since = event["seq"]
             await response.write(json.dumps(event).encode() + b"\n")
 
@@ -121,7 +121,7 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
     task = asyncio.ensure_future(asyncio.to_thread(run))
     while True:
         done = task.done()
-        for event in await asyncio.to_thread(bus.after, since, timeout=0 if done else 15):
+        for event in await bus.wait_after(since, timeout=0 if done else 15):
             since = event["seq"]
             if event.get("stack") in names and event["kind"] in STREAMED:
                 await response.write(json.dumps(event).encode() + b"\n")

@@ -5,9 +5,12 @@ events after a sequence number and get them in their wire form (a dict with seq,
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -95,10 +98,14 @@ STREAMED = ("phase", "progress", "note")  # what an action's stream passes on to
 
 
 class EventBus:
+    """Published to from any thread; read by threads (`after`) or by coroutines (`wait_after`,
+    which parks no thread while it waits)."""
+
     def __init__(self, keep: int = 2000) -> None:
         self._events: deque[dict[str, Any]] = deque(maxlen=keep)
         self._seq = 0
         self._changed = threading.Condition()
+        self._waiters: set[Callable[[], None]] = set()  # coroutines' wake-ups
 
     def publish(self, event: Event) -> dict[str, Any]:
         with self._changed:
@@ -106,6 +113,8 @@ class EventBus:
             record = {"seq": self._seq, "time": time.time(), "kind": event.kind, **asdict(event)}
             self._events.append(record)
             self._changed.notify_all()
+            for wake in self._waiters:
+                wake()
         return record
 
     @property
@@ -117,6 +126,26 @@ class EventBus:
         with self._changed:
             self._changed.wait_for(lambda: self._seq > seq, timeout=timeout)
             return [e for e in self._events if e["seq"] > seq]
+
+    async def wait_after(self, seq: int, *, timeout: float) -> list[dict[str, Any]]:
+        """`after`, for a coroutine on an event loop."""
+        loop, woken = asyncio.get_running_loop(), asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(woken.set)
+
+        with self._changed:
+            if self._seq > seq or timeout <= 0:
+                return [e for e in self._events if e["seq"] > seq]
+            self._waiters.add(wake)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), timeout)
+        finally:
+            with self._changed:
+                self._waiters.discard(wake)
+        return self.after(seq, timeout=0)
 
 
 class BusReporter:
