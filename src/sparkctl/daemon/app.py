@@ -16,11 +16,10 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
-from sparkctl.container import LABEL_STACK
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.events import BusReporter, EventBus
+from sparkctl.daemon.loops import Loops
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
@@ -43,7 +42,7 @@ log = structlog.get_logger()
 
 class Daemon:
     def __init__(self, settings: Settings) -> None:
-        self.settings, self.resync = settings, settings.resync_interval
+        self.settings = settings
         policy = planner.Policy(crash_loop=settings.crash_loop, window=settings.crash_window,
                                 backoff_base=settings.restart_backoff_base, backoff_max=settings.restart_backoff_max)
         self.bus = EventBus()
@@ -54,10 +53,8 @@ class Daemon:
                                      store=lambda: self.store)
         self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
                                      settled=lambda: self.kick())
-        self.stopping = threading.Event()
-        self._kick = threading.Event()
-        self._oom: set[str] = set()
-        self._events_stream: Any = None  # the open Docker event stream, closed on shutdown
+        self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=lambda: self.store,
+                           instance=settings.instance, resync=settings.resync_interval, after_pass=self.refresh_routes)
         self.routes = RouteTable()  # what the gateway routes to; rebuilt after every pass
         self._routes_lock = threading.Lock()  # one rebuild at a time: a stale one must not win
         self.gateway: LoopControl | None = None  # set once the gateway listens
@@ -169,63 +166,9 @@ class Daemon:
             stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in self.catalog().deployable()}
             self.routes = build_table(aliases=self.machine.desired().aliases, stacks=stacks, running=running)
 
-    # --- the loops ------------------------------------------------------------------------
     def kick(self) -> None:
-        self._kick.set()
-
-    def reconcile_forever(self) -> None:
-        while not self.stopping.is_set():
-            wake = self.reconciler.wake_at
-            timeout = self.resync if wake is None else max(0.0, min(self.resync, wake - time.time()))
-            self._kick.wait(timeout)
-            self._kick.clear()
-            if self.stopping.is_set():
-                return
-            try:
-                self.reconciler.reconcile()
-                self.refresh_routes()
-            except Exception as e:  # noqa: BLE001 - the loop must outlive any one bad pass
-                log.error("reconcile_failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
-                self.stopping.wait(1.0)
-                self.kick()  # try again: the resync must not wait a whole interval after a failure
-            process.give_back_memory()
-
-    def watch_events(self) -> None:
-        """Docker events (die, oom, start, destroy) of our containers; reconnects with backoff."""
-        delay = 0.5
-        while not self.stopping.is_set():
-            try:
-                stream = self.docker.client.events(decode=True, filters={"type": "container", "label": LABEL_STACK})
-                self._events_stream = stream
-                log.info("docker_events_connected")
-                delay = 0.5
-                self.kick()  # resync: events may have been missed while disconnected
-                for event in stream:
-                    self._on_event(event)
-            except Exception as e:  # noqa: BLE001 - the engine went away: back off and reconnect
-                if self.stopping.is_set():
-                    return
-                log.warning("docker_events_lost", error=f"{type(e).__name__}: {e}"[:200], retry_in=delay)
-                self.stopping.wait(delay)
-                delay = min(delay * 2, 10.0)
-
-    def _on_event(self, event: dict[str, Any]) -> None:
-        action = event.get("Action", "")
-        attributes = event.get("Actor", {}).get("Attributes", {})
-        if not instances.owned(attributes, self.settings.instance):
-            return  # another instance's container: its own daemon handles it
-        stack, container = attributes.get(LABEL_STACK), event.get("id", "")
-        if action == "oom":
-            self._oom.add(container)
-        elif action == "die" and stack:
-            code = attributes.get("exitCode")
-            oom = container in self._oom
-            self._oom.discard(container)
-            if self.reconciler.died(stack, oom=oom, exit_code=int(code) if code else None):
-                self.store.record_event(stack, "died", "OOM-killed" if oom else f"exit code {code}")
-            self.kick()
-        elif action in ("destroy", "stop"):
-            self.kick()
+        """Ask for a reconcile pass now."""
+        self.loops.kick()
 
     def _adopt_unlabelled(self) -> None:
         """Containers made before instances existed carry no instance label; the default instance
@@ -298,10 +241,7 @@ class Daemon:
         os.chmod(path, 0o600)
         log.info("daemon_listening", socket=str(path), pid=os.getpid())
         tcp = await self._serve_tcp()
-        threads = [threading.Thread(target=self.watch_events, name="events", daemon=True),
-                   threading.Thread(target=self.reconcile_forever, name="reconcile", daemon=True)]
-        for thread in threads:
-            thread.start()
+        self.loops.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -311,10 +251,7 @@ class Daemon:
         gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
         if not await gateway.finish(timeout=self.settings.switch_drain_timeout):
             log.warning("gateway_requests_cut", note="in-flight requests outlived the drain timeout")
-        self.stopping.set()
-        self.kick()
-        if self._events_stream is not None:
-            self._events_stream.close()
+        self.loops.stop()
         await runner.cleanup()
         gateway.close()
         if tcp is not None:
