@@ -15,7 +15,8 @@ calibrate the figures: a control measures the direct connection again in its own
 judged: a cold burst, every client sending one request in the same millisecond. The gateway and
 nginx each run as one process (nginx: one worker).
 
-Run with `make perf` (or `.venv/bin/python tests/perf/bench_gateway.py`).
+Run with `make perf` (or `.venv/bin/python tests/perf/bench_gateway.py`; `BENCH_GATEWAY_LEVELS=1`
+for one level).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from sparkctl.deploy.health import http_status  # noqa: E402
 from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
-TOKENS, ROUNDS, REQUESTS = 256, 5, {1: 2, 16: 2, 64: 2}  # concurrency -> requests per client per round
+TOKENS, ROUNDS, REQUESTS = 256, 5, {1: 6, 16: 2, 64: 2}  # concurrency -> requests per client per round
+# BENCH_GATEWAY_LEVELS=1 (say) measures only those levels.
+LEVELS = [int(c) for c in os.environ.get("BENCH_GATEWAY_LEVELS", ",".join(map(str, REQUESTS))).split(",")]
 SCALE = "1"  # the Gemma profile as measured: 81 tok/s per stream
 RESPONSE_S = TOKENS / 81  # one response's time at that speed
 Row = tuple[float, float]  # (TTFT in s, decode tok/s) of one request
@@ -195,7 +198,8 @@ def main() -> None:
         print(f"proxy overhead, {TOKENS}-token streamed completions, sim engine (Gemma profile x{1 / float(SCALE):g})")
         print(f"{'conc':>4} {'proxy':>9} {'added TTFT p50':>15} {'p99':>9} {'decode ratio':>13}  goals: p50 <= 1 ms, "
               "p99 <= 5 ms, ratio >= 0.97")
-        for concurrency, requests in REQUESTS.items():
+        for concurrency in LEVELS:
+            requests = REQUESTS[concurrency]
             results: dict[str, list[Row]] = {name: [] for name in targets}
             bursts: dict[str, list[Row]] = {name: [] for name in targets}
             asyncio.run(level(engine, "tiny", concurrency, 1))  # warms the engine at this load, not measured
