@@ -86,14 +86,16 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("stack", "phase", "endpoint", "fingerprint", "uptime", "memory")
-    for column in table.columns:  # on a narrow terminal other columns fold; the endpoint stays whole
+    wide = rt.console.width >= 100  # a narrow terminal drops the fingerprint (`--json` has it) before folding
+    table = Table("stack", "phase", "endpoint", *(["fingerprint"] if wide else []), "uptime", "memory")
+    for column in table.columns:
         column.overflow = "fold"
-    table.columns[2].no_wrap = True
+    table.columns[2].no_wrap = True  # an endpoint is copied from here: it stays whole
     table.columns[2].min_width = max((len(row["endpoint"]) for row in rows), default=0)
     for row in rows:
-        table.add_row(row["stack"], row["phase"], row["endpoint"], (row["fingerprint"] or "")[:12],
-                      _duration(row["uptime_s"]), f"{row['memory']:.2f}" if row["memory"] is not None else "")
+        fingerprint = [(row["fingerprint"] or "")[:12]] if wide else []
+        table.add_row(row["stack"], row["phase"], row["endpoint"], *fingerprint, _duration(row["uptime_s"]),
+                      f"{row['memory']:.2f}" if row["memory"] is not None else "")
     rt.console.print(table if rows else f"no stacks are deployed (instance {rt.settings.instance})")
     if others:
         listed = "; ".join(f"{name}: {', '.join(stacks)}" for name, stacks in others.items())
