@@ -36,8 +36,9 @@ def owner(world, tmp_path_factory):
     (root / "stacks" / "steady.yaml").write_text(STEADY)
     (root / "state").mkdir()
     (root / "state" / "desired.yaml").write_text("stacks: [steady]\naliases: {primary: steady}\n")
-    env = {**os.environ, **sandbox.environment("live"), "SPARKCTL_STATE_DIR": str(root / "state"),
-           "SPARKCTL_STACKS_DIR": str(root / "stacks"), "SPARKCTL_HF_CACHE_DIR": str(root / "hf")}
+    env = {**os.environ, **sandbox.environment("live", beside=dict(os.environ)),
+           "SPARKCTL_STATE_DIR": str(root / "state"), "SPARKCTL_STACKS_DIR": str(root / "stacks"),
+           "SPARKCTL_HF_CACHE_DIR": str(root / "hf")}
     daemon = DaemonProcess(root / "state", env)
     daemon.gateway = f"http://127.0.0.1:{env['SPARKCTL_GATEWAY_PORT']}/v1"
     daemon.instance = env["SPARKCTL_INSTANCE"]

@@ -20,10 +20,14 @@ STACK_PORTS = range(8000, 8200)
 OFFSETS = range(2000, 21800, 200)
 
 
-def environment(prefix: str) -> dict[str, str]:
-    """`SPARKCTL_*` settings for a fresh instance named `<prefix>-<random>`."""
-    return {"SPARKCTL_INSTANCE": f"{prefix}-{uuid.uuid4().hex[:8]}", "SPARKCTL_PORT_OFFSET": str(free_offset()),
-            "SPARKCTL_GATEWAY_PORT": str(free_port())}
+def environment(prefix: str, *, beside: dict[str, str] | None = None) -> dict[str, str]:
+    """`SPARKCTL_*` settings for a fresh instance named `<prefix>-<random>`; `beside`: another
+    sandbox's settings whose ports (chosen, maybe not yet bound) must not be reused."""
+    beside = beside or {}
+    offset = free_offset(avoid=int(beside["SPARKCTL_PORT_OFFSET"]) if "SPARKCTL_PORT_OFFSET" in beside else None)
+    gateway = next(p for p in iter(free_port, None) if str(p) != beside.get("SPARKCTL_GATEWAY_PORT"))
+    return {"SPARKCTL_INSTANCE": f"{prefix}-{uuid.uuid4().hex[:8]}", "SPARKCTL_PORT_OFFSET": str(offset),
+            "SPARKCTL_GATEWAY_PORT": str(gateway)}
 
 
 def free_port() -> int:
@@ -32,10 +36,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_offset() -> int:
+def free_offset(*, avoid: int | None = None) -> int:
     """An offset that moves every port of the stack window onto free ports."""
     for offset in random.sample(OFFSETS, len(OFFSETS)):
-        if all(_free(port + offset) for port in STACK_PORTS):
+        if offset != avoid and all(_free(port + offset) for port in STACK_PORTS):
             return offset
     raise RuntimeError(f"no free window of {len(STACK_PORTS)} ports between 10000 and 30000 on 127.0.0.1")
 
