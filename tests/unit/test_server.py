@@ -298,3 +298,22 @@ def test_bodies_held_at_once_are_bounded_across_connections() -> None:
 
     first, second, limits = asyncio.run(run())
     assert first == b"" and second.startswith(b"HTTP/1.1 503 ") and limits.held == 600
+
+
+def test_a_graceful_stop_closes_every_connection_after_its_next_answer() -> None:
+    async def run() -> tuple[list[Transport], Limits]:
+        limits = Limits()
+        (busy, tb), (idle, ti) = [(Connection(echo, limits=limits), Transport()) for _ in range(2)]
+        busy.connection_made(tb)  # type: ignore[arg-type]
+        idle.connection_made(ti)  # type: ignore[arg-type]
+        limits.finish()
+        late, tl = Connection(echo, limits=limits), Transport()
+        late.connection_made(tl)  # type: ignore[arg-type]  # accepted as the listener closed
+        for conn in (busy, late):
+            conn.data_received(request("GET", "/x", b"", False))
+        await asyncio.sleep(1.2)  # past the grace an idle connection gets
+        return [tb, ti, tl], limits
+
+    transports, limits = asyncio.run(run())
+    assert [t.closed for t in transports] == [True, True, True] and limits.finishing
+    assert all(b"Connection: close" in t.written for t in (transports[0], transports[2]))

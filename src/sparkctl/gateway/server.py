@@ -76,6 +76,7 @@ class Limits:
     refused: int = 0
     last_report: float = field(default=0.0)
     live: set[Connection] = field(default_factory=set)  # open connections
+    finishing: bool = False  # a graceful stop began: connections close after their next answer
 
     @property
     def open(self) -> int:
@@ -84,6 +85,7 @@ class Limits:
     def finish(self) -> None:
         """A graceful stop: every connection closes once the response it is giving is complete
         (an idle one at once), so a client's next request opens a new connection."""
+        self.finishing = True
         for conn in list(self.live):
             conn.finish()
 
@@ -155,8 +157,6 @@ class Connection(asyncio.Protocol):
         """Close after the next response: the one in progress, or, on an idle connection, the one
         to a request sent within `FINISH_GRACE` (a client that is about to reuse the connection
         then gets its answer instead of a reset); an idle connection closes after that."""
-        for request in self.queue:
-            request.keep_alive = False
         self.keep_alive = False
         if self._idle_now():
             if self.timer is not None:
@@ -180,6 +180,8 @@ class Connection(asyncio.Protocol):
             return
         self.limits.live.add(self)
         self._idle()
+        if self.limits.finishing:  # accepted just before the listener closed
+            self.finish()
 
     def data_received(self, data: bytes) -> None:
         if self.closed or self.refusal is not None:
@@ -272,7 +274,7 @@ class Connection(asyncio.Protocol):
                     if self.timer is not None:
                         self.timer.cancel()
                     self.request = self.queue.popleft()
-                    self.keep_alive = self.request.keep_alive
+                    self.keep_alive = self.request.keep_alive and not self.limits.finishing
                     self.handle(self.request, self)
                 elif self.refusal is not None:
                     self.keep_alive, self.request = False, Request("", "", {}, b"")
