@@ -151,3 +151,16 @@ class _Load:
                 self.failed += 1
                 self.errors.append(repr(e))
             self.stop.wait(0.05)
+
+
+def test_scratch_containers_carry_the_instance_and_a_daemon_removes_its_leftovers(world, engine, run_id) -> None:
+    """A daemon killed while it read files out of an image left an unlabelled container behind for
+    good; now it is the instance's, and the next daemon removes it."""
+    mine = DockerEngine(instance=instance())
+    mine.read_files(BASE_IMAGE, ["/etc/hostname"])  # creates and removes one
+    left = engine.client.containers.create(BASE_IMAGE, ["true"], labels=mine._scratch)  # as a kill would leave it
+    others = engine.client.containers.create(BASE_IMAGE, ["true"], labels={**DockerEngine(instance="x")._scratch,
+                                                                            TEST_LABEL: run_id})
+    assert mine.remove_scratch() == 1
+    assert left.id not in {c.id for c in engine.client.containers.list(all=True)}
+    assert others.id in {c.id for c in engine.client.containers.list(all=True)}

@@ -37,6 +37,12 @@ class DockerEngine:
     def __init__(self, base_url: str | None = None, *, instance: str = instances.DEFAULT, timeout: int = 120) -> None:
         self.base_url, self.instance, self.timeout = base_url, instance, timeout
 
+    @property
+    def _scratch(self) -> dict[str, str]:
+        """Labels of a throwaway container (a file read, a probe): the instance's cleanup finds it
+        even if the process that made it was killed before removing it."""
+        return {instances.LABEL: self.instance, "sparkctl.scratch": "1"}
+
     @cached_property
     def client(self) -> docker.DockerClient:
         """Connected on first use, so a daemon can start while the engine is still coming up."""
@@ -94,7 +100,8 @@ class DockerEngine:
     def run_once(self, image: str, entrypoint: list[str], command: list[str]) -> str:
         """Run a throwaway container (no network) and return its stdout; fails with its output."""
         with _translated(f"run {' '.join(entrypoint)} in {image}"):
-            container = self.client.containers.create(image, command, entrypoint=entrypoint, network_mode="none")
+            container = self.client.containers.create(image, command, entrypoint=entrypoint, network_mode="none",
+                                                      labels=self._scratch)
             try:
                 container.start()
                 status = container.wait(timeout=120)["StatusCode"]
@@ -110,7 +117,8 @@ class DockerEngine:
         """Copy files out of an image through a created, never-started container (None: absent)."""
         found: dict[str, bytes | None] = {}
         with _translated(f"read files from {image}"):
-            container = self.client.containers.create(image, ["true"], entrypoint=["true"], network_mode="none")
+            container = self.client.containers.create(image, ["true"], entrypoint=["true"], network_mode="none",
+                                                      labels=self._scratch)
         try:
             for path in paths:
                 try:
@@ -177,6 +185,13 @@ class DockerEngine:
     def containers(self, stack: str | None = None, **labels: str) -> list[Container]:
         """This instance's containers (any state), of one stack if given, carrying all given labels."""
         return [c for c in self._sparkctl(stack, labels) if c.instance == self.instance]
+
+    def remove_scratch(self) -> int:
+        """Remove throwaway containers this instance left behind (its process was killed); how many."""
+        wanted = [f"{key}={value}" for key, value in self._scratch.items()]
+        with _translated("list scratch containers"):
+            found = self.client.api.containers(all=True, filters={"label": wanted})
+        return sum(self.remove(c["Id"]) for c in found)
 
     def others(self) -> list[Container]:
         """Other instances' sparkctl containers on this engine: to mention, never to touch."""

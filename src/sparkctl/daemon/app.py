@@ -227,6 +227,8 @@ class Daemon:
         for settled in recover(self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
         self._adopt_unlabelled()
+        if removed := self.docker.remove_scratch():
+            log.info("scratch_containers_removed", count=removed, reason="left by a daemon that was killed")
         self.refresh_routes()  # before the gateway listens: a restarted daemon routes what runs at once
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
