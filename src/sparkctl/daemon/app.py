@@ -99,10 +99,10 @@ class Daemon:
         finally:
             self.refresh_routes()
             self.kick()
-        self.metrics.outcome(stack, ok=True)
-        self.metrics.phase("deploy", time.time() - started)
         if result is None:
             raise SparkctlError(f"{stack} was taken down while it was being deployed")
+        self.metrics.outcome(stack, ok=True)
+        self.metrics.phase("deploy", time.time() - started)
         return {"stack": stack, "fingerprint": result.fingerprint, "unchanged": not result.changed}
 
     def down(self, stack: str) -> dict[str, Any]:
