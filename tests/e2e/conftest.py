@@ -50,13 +50,14 @@ def book_url() -> Iterator[str]:
     server.shutdown()
 
 
-def assert_measured(runs: list[dict], kind: str) -> None:
-    """Each test answered 16 tokens and its prefill was timed. Decode is timed on the sim (paced);
-    the tiny random model on vLLM CPU can send all 16 tokens in one network read, and then
-    llama-benchy has no two timestamps to time decode with (it reports None, not a wrong rate)."""
+def assert_measured(runs: list[dict]) -> None:
+    """Each test answered 16 tokens and its prefill was timed; a decode rate, where llama-benchy
+    could time one, is positive. Both engines here answer 16 tokens in a few ms, often in one
+    network read, and then llama-benchy has no two timestamps to time decode with (it reports
+    None, not a wrong rate). Decode rates at an engine's real speed are checked by
+    tests/integration/test_bench.py."""
     assert all(b["response_size"] == 16 and b["pp_throughput"]["mean"] > 0 for b in runs)
-    timed = [b["tg_throughput"]["mean"] for b in runs if b["tg_throughput"]]
-    assert all(rate > 0 for rate in timed) and (len(timed) == len(runs) or kind == "vllm-cpu")
+    assert all(b["tg_throughput"]["mean"] > 0 for b in runs if b["tg_throughput"])
 
 
 def llama_benchy(base_url: str, model: str, tokenizer: Path, book_url: str, out: Path) -> list[dict]:

@@ -88,4 +88,4 @@ def test_unknown_model_is_a_404_in_the_error_envelope(served) -> None:
 def test_llama_benchy_runs_offline(served, tiny_model_dir: Path, book_url: str, tmp_path: Path) -> None:
     runs = llama_benchy(served.url + "/v1", "tiny", tiny_model_dir, book_url, tmp_path / "bench.json")
     assert {b["context_size"] for b in runs} == {0, 128}
-    assert_measured(runs, served.kind)
+    assert_measured(runs)

@@ -43,5 +43,5 @@ def test_llama_benchy_through_the_gateway(served, gateway, tiny_model_dir: Path,
                                           tmp_path: Path) -> None:
     runs = llama_benchy(gateway.url + "/v1", "primary", tiny_model_dir, book_url, tmp_path / "bench.json")
     assert {b["context_size"] for b in runs} == {0, 128}
-    assert_measured(runs, served.kind)
+    assert_measured(runs)
     assert gateway.gateway.served[("stack", 200)] >= len(runs)
