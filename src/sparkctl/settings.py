@@ -31,6 +31,8 @@ def _xdg(var: str, fallback: str) -> Path:
 
 
 LOCK_FILE = "daemon.lock"
+# The names a Hugging Face token goes by in an environment: never handed to an engine.
+SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"})
 
 
 def default_state_dir(name: str = instances.DEFAULT) -> Path:
@@ -135,7 +137,7 @@ class Settings(BaseSettings):
     @classmethod
     def _no_token(cls, env: dict[str, str]) -> dict[str, str]:
         """It reaches every engine container and the fingerprint: never a token."""
-        if {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"} & env.keys():
+        if SECRET_ENV & env.keys():
             raise ValueError("must not hold a Hugging Face token: engines run offline and sparkctl keeps the "
                              "token (SPARKCTL_HF_TOKEN)")
         return env

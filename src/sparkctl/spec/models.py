@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sparkctl.settings import SECRET_ENV
+
 
 def inside(value: str) -> str:
     """A path that stays inside the folder it is relative to: not absolute, no `..` part."""
@@ -122,7 +124,6 @@ class Mount(Spec):
         return self.source.rstrip("/") in DOCKER_SOCKETS
 
 
-SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"})
 DOCKER_SOCKETS = frozenset({"/var/run/docker.sock", "/run/docker.sock"})
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 # What a stack must opt into by name (`allow:`): sometimes right, never by accident.
