@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkctl.bench import metrics
+from sparkctl.bench import metrics, runner
 from sparkctl.bench.gate import judge
 from sparkctl.bench.profiles import PROFILES
 from sparkctl.spec.models import Expectations
@@ -39,6 +39,20 @@ def test_profiles_keep_the_depths_that_fit_the_window() -> None:
     assert PROFILES["quick"].within(600).depths == (0,)
 
 
+def test_a_test_fails_on_a_failed_request_not_on_a_rate_it_could_not_time() -> None:
+    """llama-benchy reports decode 0 when every token came in one network read (a fast engine):
+    that is an untimed rate; a request that ended with an error is the failure."""
+    progress = runner.Progress()
+    for line in ('{"type": "request_start", "context_size": 0, "concurrency": 1}',
+                 '{"type": "request_end", "total_tokens": 128, "decode_seconds": 0, "error": ""}',
+                 '{"type": "request_start", "context_size": 0, "concurrency": 16}',
+                 '{"type": "request_end", "total_tokens": 0, "decode_seconds": 0, "error": "Connection reset"}'):
+        runner._follow(line, progress, None)
+    tests = [{"context_size": 0, "concurrency": c, "tg_throughput": {"mean": tg}} for c, tg in ((1, 0.0), (16, 9.0))]
+    rows = runner._rows({"benchmarks": tests}, PROFILES["quick"], [], errored=progress.errored)
+    assert [(r.concurrency, r.failed) for r in rows] == [(1, False), (16, True)]
+
+
 def run(rows: list[dict], id_: int = 2) -> BenchRun:
     return BenchRun(id_, "s", "f", {"image": "sha256:" + "a" * 64}, "quick", "", 0, 1, None, None, rows)
 
@@ -50,6 +64,7 @@ def row(depth: int = 0, tg: float = 20.0, acceptance: float | None = 0.6, concur
 @pytest.mark.parametrize(("rows", "expect", "baseline", "reason"), [
     ([row()], Expectations(min_decode_tps=18), None, None),
     ([row(tg=10)], Expectations(min_decode_tps=18), None, "decode 10.0 tok/s < 18 floor at depth 0"),
+    ([row(tg=0.0)], Expectations(min_decode_tps=18), None, None),  # untimed, not slow
     ([row(acceptance=0.1)], Expectations(min_acceptance=0.4), None, "acceptance 0.10 < 0.40 floor"),
     ([row(tg=15)], Expectations(max_drop=0.1), run([row(tg=20)], 1), "25% under known-good run 1"),
     ([row(tg=19)], Expectations(max_drop=0.1), run([row(tg=20)], 1), None),

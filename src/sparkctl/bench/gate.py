@@ -35,7 +35,7 @@ class GateFailed(SparkctlError):
 def judge(run: BenchRun, expect: Expectations, *, baseline: BenchRun | None = None) -> Verdict:
     rows = [r for r in run.rows if r["concurrency"] == 1]
     reasons = []
-    decode = next((r["tg_tps"] for r in rows if r["depth"] == 0), None)
+    decode = next((r["tg_tps"] for r in rows if r["depth"] == 0), None) or None  # 0: llama-benchy could not time it
     if expect.min_decode_tps and decode is not None and decode < expect.min_decode_tps:
         reasons.append(f"decode {decode:.1f} tok/s < {expect.min_decode_tps:g} floor at depth 0")
     before = next((r["tg_tps"] for r in baseline.rows if r["depth"] == 0 and r["concurrency"] == 1), None) \

@@ -56,6 +56,7 @@ class Progress:
     done: int = 0  # requests finished in this run
     total: int = 0
     tok_s: list[float] = field(default_factory=list)  # per finished request of the current test
+    errored: set[tuple[int, int]] = field(default_factory=set)  # (depth, concurrency) of tests with a failed request
 
 
 def run(target: Target, profile: Profile, *, folder: Path, on_progress: Callable[[Progress], None] | None = None,
@@ -77,14 +78,15 @@ def run(target: Target, profile: Profile, *, folder: Path, on_progress: Callable
                                                       target.metrics_url, str(readings)])]
         shown = shlex.join(command).replace(target.api_key, "**********") if target.api_key else shlex.join(command)
         (folder / "command.txt").write_text(shown + "\n")
-        _run_benchy(command, folder, profile, on_progress, timeout)
-    rows = _rows(json.loads((folder / "llama-benchy.json").read_text()), profile, _readings(readings))
+        progress = _run_benchy(command, folder, profile, on_progress, timeout)
+    rows = _rows(json.loads((folder / "llama-benchy.json").read_text()), profile, _readings(readings),
+                 errored=progress.errored)
     _write_csv(folder / "rows.csv", rows)
     return rows
 
 
 def _run_benchy(command: list[str], folder: Path, profile: Profile, on_progress: Callable | None,
-                timeout: float) -> None:
+                timeout: float) -> Progress:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKCTL_HF_TOKEN")}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # the tokenizer is a local directory
     progress = Progress(total=sum(c for _, c in profile.tests()) * profile.runs)
@@ -101,6 +103,7 @@ def _run_benchy(command: list[str], folder: Path, profile: Profile, on_progress:
     if code != 0 or not (folder / "llama-benchy.json").exists():
         tail = (folder / "llama-benchy.log").read_text().strip().splitlines()[-5:]
         raise SparkctlError(f"llama-benchy exited with code {code}: " + " | ".join(tail))
+    return progress
 
 
 def _follow(line: str, progress: Progress, on_progress: Callable | None) -> None:
@@ -115,6 +118,8 @@ def _follow(line: str, progress: Progress, on_progress: Callable | None) -> None
         progress.depth, progress.concurrency, progress.tok_s = *test, []
     elif kind == "request_end":
         progress.done += 1
+        if event.get("error"):
+            progress.errored.add((progress.depth, progress.concurrency))
         if event.get("decode_seconds"):
             progress.tok_s.append(event["total_tokens"] / event["decode_seconds"])
     else:
@@ -123,8 +128,11 @@ def _follow(line: str, progress: Progress, on_progress: Callable | None) -> None
         on_progress(progress)
 
 
-def _rows(result: dict, profile: Profile, readings: list[dict[str, float] | None]) -> list[Row]:
-    """One row per (depth, concurrency); counters from the readings around its measured runs."""
+def _rows(result: dict, profile: Profile, readings: list[dict[str, float] | None], *,
+          errored: set[tuple[int, int]]) -> list[Row]:
+    """One row per (depth, concurrency); counters from the readings around its measured runs. A
+    test failed when one of its requests did or the engine stopped answering after it; a decode
+    rate llama-benchy could not time (every token in one network read) is 0, not a failure."""
     rows = []
     per_test = profile.runs + 1  # llama-benchy warms up once per test; the post-run command runs each time
     measured = [b for b in result["benchmarks"] if not b.get("is_context_prefill_phase")]
@@ -136,7 +144,8 @@ def _rows(result: dict, profile: Profile, readings: list[dict[str, float] | None
         rows.append(Row(depth=bench["context_size"], concurrency=bench["concurrency"],
                         pp_tps=round(_mean(bench, "pp_throughput"), 2), tg_tps=round(tg, 3),
                         ttft_ms=round(_mean(bench, "e2e_ttft"), 2),
-                        failed=tg <= 0 or (bool(readings) and after is None), **asdict(stats)))
+                        failed=(bench["context_size"], bench["concurrency"]) in errored
+                        or (bool(readings) and after is None), **asdict(stats)))
     return rows
 
 
