@@ -33,7 +33,7 @@ def seed_study(store: Store) -> list[tuple]:
                 for d in SEED_DEPTHS]
         parts = {"image": "sha256:" + name.encode().hex().ljust(64, "0")[:64], "model": "c0ffee" * 6 + "abcd",
                  "draft": "d4af7" * 8 if spec else "", "patches": "5151" * 4 if stack.patches else ""}
-        run = store.begin_bench(name, "f" * 16, parts, "seed")
-        store.finish_bench(run, folder="", rows=[asdict(r) for r in rows])
-        entries.append((stack, store.bench_run(run)))
+        run = store.bench.begin(name, "f" * 16, parts, "seed")
+        store.bench.finish(run, folder="", rows=[asdict(r) for r in rows])
+        entries.append((stack, store.bench.run(run)))
     return entries

@@ -44,4 +44,4 @@ def test_llama_benchy_through_the_gateway(served, gateway, tiny_model_dir: Path,
     runs = llama_benchy(gateway.url + "/v1", "primary", tiny_model_dir, book_url, tmp_path / "bench.json")
     assert {b["context_size"] for b in runs} == {0, 128}
     assert_measured(runs)
-    assert gateway.gateway.served[("stack", 200)] >= len(runs)
+    assert gateway.gateway.ledger.snapshot().served[("stack", 200)] >= len(runs)

@@ -26,7 +26,7 @@ def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli) -> None:
     code, out, err = cli("bench", "run", "qwen36-dflash", "--profile", "quick", "--depths", "0,4096")
     assert code == 0, err
     assert "pass" in out
-    [run] = Store(scaled / "state" / "sparkctl.db").bench_runs("qwen36-dflash")
+    [run] = Store(scaled / "state" / "sparkctl.db").bench.runs("qwen36-dflash")
     assert run.verdict == "pass" and run.parts["draft"] and run.parts["patches"]
     assert [r["depth"] for r in run.rows] == [0, 4096]
     assert all(0.5 < r["acceptance"] < 0.8 and r["acceptance_length"] > 4 and len(r["per_position"]) == 8

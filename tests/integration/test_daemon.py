@@ -119,7 +119,7 @@ def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine
                  logs=daemon.logs)
     store = Store(world / "state" / "sparkctl.db")
     assert store.integrity_ok()
-    assert all(d.phase.is_terminal() for d in store.history("qwen36-dflash"))
+    assert all(d.phase.is_terminal() for d in store.deployments.history("qwen36-dflash"))
     assert len(containers(engine)) <= 1
 
 

@@ -243,8 +243,8 @@ def test_kill9_at_random_points_of_switches_settles(switching, start_daemon, eng
         wait_for(partial(switched_cleanly, daemon, engine), timeout=60, what=f"settling after kill point {point}",
                  logs=daemon.logs)
     store = Store(world / "state" / "sparkctl.db")
-    assert store.integrity_ok() and store.switches(unfinished=True) == []
-    assert 0 < len(store.switches()) <= 10  # a kill can come before the daemon took the request
+    assert store.integrity_ok() and store.switches.list(unfinished=True) == []
+    assert 0 < len(store.switches.list()) <= 10  # a kill can come before the daemon took the request
 
 
 def test_after_a_kill9_mid_swap_the_old_stack_serves_again_at_once(switching, start_daemon, engine,
@@ -307,7 +307,7 @@ def test_the_switch_over_benchmark_runs_as_a_gate_or_after_release(switching, wo
     assert outcome["ok"] and load.failures() == []
     bench = outcome["result"]["bench"]
     assert bench.get("verdict") == "pass" and "tok/s at depth 16384" in bench["summary"], bench
-    run = Store(world / "state" / "sparkctl.db").bench_run(bench["run"])
+    run = Store(world / "state" / "sparkctl.db").bench.run(bench["run"])
     assert run.stack == B and run.profile == "quick" and [r["depth"] for r in run.rows] == [0, 4096, 16384]
     assert run.parts["image"].startswith("sha256:") and (Path(run.folder) / "llama-benchy.json").exists()
     assert ("bench_s" in outcome["result"]["timings"]) is (when == "gate")

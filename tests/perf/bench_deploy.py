@@ -88,7 +88,7 @@ from pathlib import Path
 from sparkctl.adapters.hub import HubClient
 from sparkctl.deploy import weights
 from sparkctl.deploy.progress import RecordingReporter
-from sparkctl.spec.models import Weights
+from sparkctl.spec.engine import Weights
 from sparkctl.state.store import Store
 hub = HubClient(cache_dir=Path({str(root / 'ours')!r}), endpoint={env['PERF_HUB']!r})
 t = time.perf_counter()

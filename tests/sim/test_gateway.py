@@ -86,7 +86,7 @@ def test_a_capped_stack_sees_one_request_at_a_time_with_16_clients(gateway) -> N
     for t in threads:
         t.join()
     assert results == [20] * 16
-    assert gateway.gateway.peak["qwen"] == 1
+    assert gateway.gateway.ledger.snapshot().peak["qwen"] == 1
 
 
 def test_a_client_that_disconnects_frees_the_upstream_slot(gateway, engines) -> None:
@@ -195,9 +195,10 @@ def test_drain_waits_for_accepted_requests_including_those_queued_at_a_cap(gatew
     for t in calls:
         t.start()
     time.sleep(0.2)
-    assert gateway.gateway.accepted["qwen"] == 3 and gateway.gateway.in_flight["qwen"] == 1
+    counts = gateway.gateway.ledger.snapshot()
+    assert counts.accepted["qwen"] == 3 and counts.in_flight["qwen"] == 1
     assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 0.01), gateway.loop).result(5) is False
     assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 30), gateway.loop).result(35) is True
-    assert gateway.gateway.accepted["qwen"] == 0
+    assert gateway.gateway.ledger.snapshot().accepted["qwen"] == 0
     for t in calls:
         t.join()

@@ -8,7 +8,7 @@ from sparkctl.bench import metrics, runner
 from sparkctl.bench.gate import judge
 from sparkctl.bench.profiles import PROFILES
 from sparkctl.spec.models import Expectations
-from sparkctl.state.store import BenchRun
+from sparkctl.state.bench import BenchRun
 
 BEFORE = """# TYPE vllm:spec_decode_num_drafts_total counter
 vllm:spec_decode_num_drafts_total{model_name="m"} 10

@@ -126,20 +126,20 @@ def test_acceptance_from_metric_deltas() -> None:
 
 def test_store_records_phases_and_survives_reopen(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
-    dep = store.begin("qwen36-dflash")
-    store.advance(dep, Phase.PULLING, "ref")
-    store.set_fingerprint(dep, "abc", {"image": "sha256:1"})
-    store.advance(dep, Phase.FAILED, error="boom")
-    store.record_resolved("hf:a/b@main", "c0ffee")
+    dep = store.deployments.begin("qwen36-dflash")
+    store.deployments.advance(dep, Phase.PULLING, "ref")
+    store.deployments.set_fingerprint(dep, "abc", {"image": "sha256:1"})
+    store.deployments.advance(dep, Phase.FAILED, error="boom")
+    store.digests.record("hf:a/b@main", "c0ffee")
     store.close()
     again = Store(tmp_path / "s.db")
-    latest = again.latest("qwen36-dflash")
+    latest = again.deployments.latest("qwen36-dflash")
     assert (latest.phase, latest.error, latest.fingerprint, latest.parts) == (Phase.FAILED, "boom", "abc",
                                                                                  {"image": "sha256:1"})
     assert latest.finished is not None and Phase.FAILED.is_terminal() and not Phase.LOADING.is_terminal()
-    assert [p for p, _, _ in again.transitions(dep)] == [Phase.RESOLVING, Phase.PULLING, Phase.FAILED]
-    assert again.resolved("hf:a/b@main") == "c0ffee" and again.integrity_ok()
-    assert again.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert [p for p, _, _ in again.deployments.transitions(dep)] == [Phase.RESOLVING, Phase.PULLING, Phase.FAILED]
+    assert again.digests.get("hf:a/b@main") == "c0ffee" and again.integrity_ok()
+    assert again.db.one("PRAGMA journal_mode")[0] == "wal"
 
 
 def test_adapters_retry_only_transient_errors() -> None:

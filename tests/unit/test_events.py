@@ -21,7 +21,8 @@ def test_a_coroutine_waits_for_events_without_a_thread() -> None:
     import asyncio
     import threading
 
-    from sparkctl.daemon.events import EventBus, Note
+    from sparkctl.daemon.events import EventBus
+    from sparkctl.wire import Note
 
     bus = EventBus()
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sparkctl.gateway.proxy import Gateway
+from sparkctl.gateway.request import Request
 from sparkctl.gateway.routes import RouteTable
-from sparkctl.gateway.server import Request
 from sparkctl.settings import Settings
 
 NAMES = Settings(gateway_hostnames=["spark.local"]).gateway_names

@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from sparkctl.deploy.patches import PatchError, _apply, _steps, _write, within
-from sparkctl.spec.models import Overlay, PatchSet, Shim, Weights
+from sparkctl.spec.engine import Weights
+from sparkctl.spec.patchset import Overlay, PatchSet, Shim
 
 
 @pytest.mark.parametrize(("model", "data"), [

@@ -200,7 +200,7 @@ def test_an_oom_kill_is_reported_as_such(workspace) -> None:
         daemon.loops.on_event({"Action": "die", "id": "c2", "Actor": {"Attributes": {
             "sparkctl.stack": "qwen36-dflash", "exitCode": "1", **other}}})
     assert len(seen) == 2
-    assert [e["detail"] for e in daemon.store.events("qwen36-dflash")] == ["exit code 137", "OOM-killed"]
+    assert [e["detail"] for e in daemon.store.events.list("qwen36-dflash")] == ["exit code 137", "OOM-killed"]
 
 
 def test_a_finished_action_asks_for_another_pass() -> None:

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.gateway.server import MAX_BODY, Connection, Limits, Request
+from sparkctl.gateway.limits import Limits
+from sparkctl.gateway.request import MAX_BODY, Request
+from sparkctl.gateway.server import Connection
 from tests.unit.wire import Transport, split
 
 

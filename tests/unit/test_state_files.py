@@ -32,12 +32,12 @@ def test_a_write_lock_held_elsewhere_fails_one_call_and_frees_the_store(tmp_path
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path), "1.5"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(TransientError, match="locked by another process"):
-        store.begin("qwen36-dflash")
+        store.deployments.begin("qwen36-dflash")
     holder.wait(10)
-    later = threading.Thread(target=store.begin, args=("qwen36-dflash",))  # another thread, as in the daemon
+    later = threading.Thread(target=store.deployments.begin, args=("qwen36-dflash",))  # as in the daemon
     later.start()
     later.join(10)  # was: it hung for good on the lock the failed call never released
-    assert not later.is_alive() and store.latest("qwen36-dflash") is not None
+    assert not later.is_alive() and store.deployments.latest("qwen36-dflash") is not None
 
 
 def test_a_corrupt_database_names_its_file(tmp_path: Path) -> None:

@@ -135,7 +135,7 @@ def test_a_failure_rolls_back_to_the_old_stack(tmp_path, mode, fail, after_failu
         run(world, mode, bench="gate", tmp_path=tmp_path)
     assert world.calls[world.calls.index(fail) + 1:-2] == after_failure, world.calls
     assert world.state == Desired(("a",), {"primary": "a"})
-    [record] = Store(tmp_path / "s.db").switches()
+    [record] = Store(tmp_path / "s.db").switches.list()
     assert record["ok"] is False and f"{fail} failed" in record["error"]
 
 
@@ -153,10 +153,11 @@ def test_a_failure_after_the_flip_does_not_undo_the_switch(tmp_path, mode) -> No
 ])
 def test_a_switch_left_unfinished_by_a_kill_is_completed_or_undone(tmp_path, desired, settled) -> None:
     store = Store(tmp_path / "s.db")
-    store.begin_switch({"alias": "primary", "from": "a", "to": "b", "mode": "hold/swap", "stop_old": True,
+    store.switches.begin({"alias": "primary", "from": "a", "to": "b", "mode": "hold/swap", "stop_old": True,
                         "new_was_desired": False})
     world = World(state=desired)
     [done] = recover(world, store)
     assert world.state == settled and done.startswith("switch 1 of primary")
-    assert store.switches(unfinished=True) == [] and store.switches()[0]["ok"] is (desired.aliases["primary"] == "b")
+    assert store.switches.list(unfinished=True) == []
+    assert store.switches.list()[0]["ok"] is (desired.aliases["primary"] == "b")
     assert recover(world, store) == []

@@ -31,8 +31,10 @@ class TransientDockerError(DockerError, TransientError):
 
 
 class DockerEngine:
-    """One Docker endpoint, seen as one sparkctl instance sees it: `containers()` lists only the
-    instance's own, and everything `create()` makes carries its label."""
+    """The handle on one Docker endpoint, seen as one sparkctl instance sees it: `containers()`
+    lists only the instance's own, and everything `create()` makes carries its label. Everything
+    that talks to an engine (compose projects too) is addressed through a handle; another host
+    is another handle, not a host argument threaded through the callers."""
 
     def __init__(self, base_url: str | None = None, *, instance: str = instances.DEFAULT, timeout: int = 120) -> None:
         self.base_url, self.instance, self.timeout = base_url, instance, timeout
@@ -147,6 +149,11 @@ class DockerEngine:
         with _translated(f"follow the logs of {name_or_id}"):
             for chunk in self.client.api.logs(name_or_id, tail=tail, stream=True, follow=True):
                 yield chunk.decode(errors="replace")
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        """The engine's container events (die, oom, start, destroy, ...) of sparkctl's containers,
+        decoded, as they happen; `close()` on the returned stream ends it."""
+        return self.client.events(decode=True, filters={"type": "container", "label": LABEL_STACK})
 
     def state(self, name_or_id: str) -> tuple[str, int, bool]:
         """(status, exit code, OOM-killed) of a container."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.models import Expectations
-from sparkctl.state.store import BenchRun
+from sparkctl.state.bench import BenchRun
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,15 @@ from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
-from sparkctl.state.store import BenchRun, Store
+from sparkctl.state.bench import BenchRun
+from sparkctl.state.store import Store
 
 
 def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool = False,
               profile: Profile | None = None, on_progress: Callable[[runner.Progress], None] | None = None) -> BenchRun:
     """Run `profile` (default: the stack's) against the running stack: at its engine, or through the
     gateway (so its concurrency cap holds while agents use it too)."""
-    deployment = store.latest(stack.name)
+    deployment = store.deployments.latest(stack.name)
     if deployment is None or deployment.phase is not Phase.RUNNING:
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
     profile = profile or PROFILES[stack.bench_profile]
@@ -39,26 +40,26 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
                            tokenizer=tokenizer_dir(stack, deployment.parts, settings), metrics_url=f"{engine}/metrics",
                            max_model_len=stack.vllm.max_model_len if stack.vllm else None,
                            api_key=keys[0] if via_gateway and keys else None)
-    run_id = store.begin_bench(stack.name, deployment.fingerprint, deployment.parts, profile.name)
+    run_id = store.bench.begin(stack.name, deployment.fingerprint, deployment.parts, profile.name)
     folder = settings.state_dir / "bench" / str(run_id)
     try:
         rows = runner.run(target, profile, folder=folder, on_progress=on_progress)
     except SparkctlError as e:
-        store.finish_bench(run_id, folder=str(folder), rows=[], error=str(e))
+        store.bench.finish(run_id, folder=str(folder), rows=[], error=str(e))
         raise
-    store.finish_bench(run_id, folder=str(folder), rows=[asdict(r) for r in rows])
-    found = store.bench_run(run_id)
+    store.bench.finish(run_id, folder=str(folder), rows=[asdict(r) for r in rows])
+    found = store.bench.run(run_id)
     assert found is not None
     return found
 
 
 def gate(stack: Stack, run: BenchRun, *, settings: Settings, store: Store) -> Verdict:
     """Judge `run` against the stack's expectations and its last known-good run; record the verdict."""
-    verdict = judge(run, stack.expectations, baseline=store.known_good(stack.name))
-    store.judge_bench(run.id, verdict.describe())
+    verdict = judge(run, stack.expectations, baseline=store.bench.known_good(stack.name))
+    store.bench.judge(run.id, verdict.describe())
     digest = run.parts.get("image", "")
     if verdict.passed and digest.startswith("sha256:"):
-        store.mark_known_good(stack.name, run.id, digest)
+        store.bench.mark_known_good(stack.name, run.id, digest)
         imagefile.pin(settings.images_file, stack.image.ref, digest=digest, known_good=True,
                       provenance=f"benchmark run {run.id} passed its gate")
     return verdict
@@ -66,7 +67,7 @@ def gate(stack: Stack, run: BenchRun, *, settings: Settings, store: Store) -> Ve
 
 def blacklist_if_new(stack: Stack, digest: str, reason: str, *, settings: Settings, store: Store) -> bool:
     """Blacklist `digest` for `reason` unless it is the stack's known-good image; True if it was."""
-    good = store.known_good(stack.name)
+    good = store.bench.known_good(stack.name)
     if not digest.startswith("sha256:") or (good is not None and good.parts.get("image") == digest):
         return False
     imagefile.blacklist(settings.images_file, digest, reason=f"{stack.image.ref}: {reason}")

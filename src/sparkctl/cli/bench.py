@@ -7,6 +7,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
+from sparkctl import wire
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -38,7 +39,7 @@ def list_runs(ctx: typer.Context, stack: str | None = typer.Argument(None)) -> N
     """Stored benchmark runs, newest first."""
     rt = runtime(ctx)
     table = Table("run", "stack", "profile", "fingerprint", "depth 0 tok/s", "verdict")
-    for r in rt.store.bench_runs(stack):
+    for r in rt.store.bench.runs(stack):
         decode = next((row["tg_tps"] for row in r.rows if row["depth"] == 0 and row["concurrency"] == 1), None)
         table.add_row(str(r.id), r.stack, r.profile, (r.fingerprint or "")[:12],
                       f"{decode:.1f}" if decode is not None else "", r.error or r.verdict or "")
@@ -142,20 +143,20 @@ def sweep(
 def _runs(rt, targets: list[str]) -> list:
     if not targets:
         latest = {}
-        for run in rt.store.bench_runs(limit=1000):
+        for run in rt.store.bench.runs(limit=1000):
             if run.rows and run.stack not in latest:
                 latest[run.stack] = run
         return sorted(latest.values(), key=lambda r: r.id)
     found = []
     for target in targets:
         if target.isdigit():
-            run = rt.store.bench_run(int(target))
+            run = rt.store.bench.run(int(target))
             if run is None:
                 raise SparkctlError(f"no benchmark run {target}; `sparkctl bench list` shows them")
             found.append(run)
             continue
         for name in _expand(rt, [target]):
-            run = next((r for r in rt.store.bench_runs(name) if r.rows), None)
+            run = next((r for r in rt.store.bench.runs(name) if r.rows), None)
             if run is None:
                 raise SparkctlError(f"{name} has no benchmark run yet: `sparkctl bench run {name}`")
             found.append(run)
@@ -192,20 +193,20 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
 
 
 def _up(rt, name: str) -> None:
-    _deploy_step(rt, "/v1/up", {"stack": name, "replace": True}, lambda d: d.up(name, replace=True))
+    _deploy_step(rt, "/v1/up", wire.UpRequest(name, replace=True), lambda d: d.up(name, replace=True))
 
 
 def _down(rt, name: str) -> None:
-    _deploy_step(rt, "/v1/down", {"stack": name}, lambda d: d.down(name))
+    _deploy_step(rt, "/v1/down", wire.DownRequest(name), lambda d: d.down(name))
 
 
-def _deploy_step(rt, path: str, body: dict, in_process) -> None:
+def _deploy_step(rt, path: str, request: wire.Request, in_process) -> None:
     """Through the daemon when it runs (it must not find a stack it didn't deploy), else here."""
     from sparkctl.cli.console import ConsoleReporter
     from sparkctl.cli.deploy import through_daemon
 
     if rt.daemon.available():
-        through_daemon(rt, path, body)
+        through_daemon(rt, path, request)
         return
     with ConsoleReporter(rt.console) as reporter:
         in_process(rt.deployer(reporter))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import typer
 from rich.table import Table
 
+from sparkctl import wire
 from sparkctl.cli.console import ConsoleReporter
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
@@ -23,9 +25,9 @@ def up(
     """Bring STACK up: image by digest, weights, patches, container, health checks."""
     rt = runtime(ctx)
     if rt.daemon.available():
-        result = through_daemon(rt, "/v1/up", {"stack": stack, "refresh": refresh, "replace": replace})
-        verb = "already up, unchanged" if result["unchanged"] else "up"
-        rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {result['fingerprint']}; kept up by the daemon)")
+        done = wire.UpDone(**through_daemon(rt, "/v1/up", wire.UpRequest(stack, refresh, replace)))
+        verb = "already up, unchanged" if done.unchanged else "up"
+        rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {done.fingerprint}; kept up by the daemon)")
         return
     _no_daemon(rt)
     with ConsoleReporter(rt.console) as reporter:
@@ -39,7 +41,7 @@ def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
     rt = runtime(ctx)
     if rt.daemon.available():
-        removed = through_daemon(rt, "/v1/down", {"stack": stack})["removed"]
+        removed = wire.DownDone(**through_daemon(rt, "/v1/down", wire.DownRequest(stack))).removed
     else:
         with ConsoleReporter(rt.console) as reporter:
             removed = rt.deployer(reporter).down(stack)
@@ -59,7 +61,7 @@ def switch(
     if not rt.daemon.available():
         raise SparkctlError("switch needs the daemon (its gateway holds and drains requests): start "
                             "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
-    result = through_daemon(rt, "/v1/switch", {"alias": alias, "stack": stack})
+    result = through_daemon(rt, "/v1/switch", wire.SwitchRequest(stack, alias))
     if result["mode"] == "unchanged":
         verb = "already up, unchanged" if result["up"]["unchanged"] else "started again"
         rt.console.print(f"[green]{alias} already names {stack}[/]: nothing to switch ({stack} {verb})")
@@ -138,23 +140,23 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
                      f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")
 
 
-def through_daemon(rt, path: str, body: dict) -> dict:
+def through_daemon(rt, path: str, request: wire.Request) -> dict:
     """Ask the daemon, printing its progress events; returns the outcome's result."""
     from sparkctl.phase import Phase
 
     with ConsoleReporter(rt.console) as reporter:
-        for event in rt.daemon.stream(path, body):
-            kind = event["kind"]
-            if kind == "phase":
-                reporter.phase(event["stack"], Phase(event["phase"]), event.get("detail", ""))
-            elif kind == "progress":
-                reporter.progress(event["stack"], event["task"], event["done"], event["total"])
-            elif kind == "note":
-                reporter.note(event["stack"], event["text"])
-            elif kind == "outcome":
-                if not event["ok"]:
-                    raise SparkctlError(event["error"])
-                return event["result"]
+        for line in rt.daemon.stream(path, asdict(request)):
+            match wire.decode(line):
+                case wire.PhaseChanged(stack, phase, detail):
+                    reporter.phase(stack, Phase(phase), detail)
+                case wire.Progress(stack, task, done, total):
+                    reporter.progress(stack, task, done, total)
+                case wire.Note(stack, text):
+                    reporter.note(stack, text)
+                case wire.Outcome(ok=False, error=error):
+                    raise SparkctlError(error or "the action failed")
+                case wire.Outcome(result=result):
+                    return result or {}
     raise SparkctlError("the daemon closed the connection before reporting an outcome; see `sparkctl status`")
 
 

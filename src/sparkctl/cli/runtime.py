@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # imported lazily: a CLI call that only asks the daemon must 
     from sparkctl.settings import Settings
     from sparkctl.spec.load import Catalog
     from sparkctl.state.store import Store
+    from sparkctl.wiring import Wiring
 
 
 @dataclass
@@ -56,16 +57,26 @@ class Runtime:
         log.configure(secrets=self.settings.secrets(), level=logging.DEBUG if self.debug else logging.INFO)
 
     @cached_property
-    def catalog(self) -> Catalog:
-        from sparkctl.spec.load import catalog_for
+    def wiring(self) -> Wiring:
+        from sparkctl.wiring import Wiring
 
-        return catalog_for(self.settings)
+        return Wiring(self.settings)
 
     @cached_property
-    def docker(self) -> DockerEngine:
-        from sparkctl.adapters.docker import DockerEngine
+    def catalog(self) -> Catalog:
+        return self.wiring.catalog()
 
-        return DockerEngine(self.settings.docker_host, instance=self.settings.instance)
+    @cached_property
+    def policy(self) -> ImagePolicy:
+        return self.wiring.policy()
+
+    @property
+    def docker(self) -> DockerEngine:
+        return self.wiring.docker
+
+    @property
+    def store(self) -> Store:
+        return self.wiring.store
 
     @cached_property
     def daemon(self) -> DaemonClient:
@@ -73,23 +84,8 @@ class Runtime:
 
         return DaemonClient(self.settings.socket_path)
 
-    @cached_property
-    def store(self) -> Store:
-        from sparkctl.state.store import Store
-
-        return Store(self.settings.store_path)
-
     def deployer(self, reporter: Reporter) -> Deployer:
-        from sparkctl.deploy.pipeline import Deployer
-
-        return Deployer.build(self.settings, catalog=self.catalog, policy=self.policy, docker=self.docker,
-                              store=self.store, reporter=reporter)
-
-    @cached_property
-    def policy(self) -> ImagePolicy:
-        from sparkctl.spec.imagefile import load_policy
-
-        return load_policy(self.settings.images_file)
+        return self.wiring.deployer(reporter, catalog=self.catalog, policy=self.policy)
 
 
 def runtime(ctx: typer.Context) -> Runtime:

@@ -14,8 +14,9 @@ from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import ImageRefused, SpecError
 
 if TYPE_CHECKING:  # the spec layer is imported when a command runs, not when the CLI starts
+    from sparkctl.spec.engine import Weights
     from sparkctl.spec.load import Catalog
-    from sparkctl.spec.models import Stack, Weights
+    from sparkctl.spec.models import Stack
 
 app = typer.Typer(help="List, show, validate and render stacks.", no_args_is_help=True)
 

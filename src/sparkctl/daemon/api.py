@@ -9,30 +9,54 @@ daemon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
-from collections import defaultdict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, is_dataclass
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from sparkctl.daemon.events import STREAMED, Finished
+from sparkctl import wire
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.turns import Turns
 from sparkctl.errors import NoSuchStack, SparkctlError
 from sparkctl.log import redact
-
-if TYPE_CHECKING:
-    from sparkctl.daemon.app import Daemon
+from sparkctl.state.desired import Desired
 
 MAX_BODY = 64 * 1024
 
 
-def build(daemon: Daemon, *, token: str | None = None) -> web.Application:
+class Service(Protocol):
+    """What the handlers call (`operations.py`), each on a worker thread. An action runs in the
+    turn of the ticket it was given when its request arrived."""
+
+    bus: EventBus
+    turns: Turns
+
+    def check_stack(self, name: str) -> str: ...
+
+    def desired(self) -> Desired: ...
+
+    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int) -> wire.UpDone: ...
+
+    def down(self, stack: str, *, ticket: int) -> wire.DownDone: ...
+
+    def switch(self, alias: str, stack: str, *, ticket: int) -> dict[str, Any]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def history(self, stack: str | None) -> dict[str, Any]: ...
+
+    def metrics_text(self) -> str: ...
+
+
+def build(service: Service, *, token: str | None = None) -> web.Application:
     """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors] + ([_bearer(token)] if token else []))
-    app["daemon"] = daemon
-    app["turns"] = defaultdict(asyncio.Lock)  # per stack: up/down calls take effect in arrival order
+    app["service"] = service
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/desired", desired)
     app.router.add_post("/v1/up", up)
@@ -45,46 +69,56 @@ def build(daemon: Daemon, *, token: str | None = None) -> web.Application:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app["daemon"].status))
+    return web.json_response(await asyncio.to_thread(request.app["service"].status))
 
 
 async def desired(request: web.Request) -> web.Response:
-    d = await asyncio.to_thread(request.app["daemon"].machine.desired)
+    d = await asyncio.to_thread(request.app["service"].desired)
     return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks})
 
 
 async def up(request: web.Request) -> web.StreamResponse:
-    body = await _body(request, required=("stack",))
-    daemon = request.app["daemon"]
-    flags = {"refresh": bool(body.get("refresh")), "replace": bool(body.get("replace"))}
-    async with request.app["turns"][body["stack"]]:
-        stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
-        return await _stream_action(request, (stack,), lambda: daemon.up(stack, **flags))
+    ask = await _request(request, wire.UpRequest)
+    service: Service = request.app["service"]
+    async with _queued(service, ask.stack) as ticket:
+        stack = await asyncio.to_thread(service.check_stack, ask.stack)
+    return await _stream_action(request, (stack,), lambda: service.up(stack, refresh=ask.refresh, replace=ask.replace,
+                                                                      ticket=ticket))
 
 
 async def down(request: web.Request) -> web.StreamResponse:
-    body = await _body(request, required=("stack",))
-    daemon = request.app["daemon"]
-    async with request.app["turns"][body["stack"]]:
-        stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
-        return await _stream_action(request, (stack,), lambda: daemon.down(stack))
+    ask = await _request(request, wire.DownRequest)
+    service: Service = request.app["service"]
+    async with _queued(service, ask.stack) as ticket:
+        stack = await asyncio.to_thread(service.check_stack, ask.stack)
+    return await _stream_action(request, (stack,), lambda: service.down(stack, ticket=ticket))
 
 
 async def switch(request: web.Request) -> web.StreamResponse:
-    body = await _body(request, required=("stack",))
-    alias = body.get("alias") or "primary"
-    if not isinstance(alias, str):
-        raise _bad(400, "`alias` must be a string")
-    daemon = request.app["daemon"]
-    async with request.app["turns"][f"alias:{alias}"]:  # one switch of an alias at a time
-        stack = await asyncio.to_thread(daemon.check_stack, body["stack"])
-        old = (await asyncio.to_thread(daemon.machine.desired)).aliases.get(alias)
-        return await _stream_action(request, (stack, alias, *filter(None, [old])),
-                                    lambda: daemon.switch(alias, stack))
+    ask = await _request(request, wire.SwitchRequest)
+    service: Service = request.app["service"]
+    async with _queued(service, f"alias:{ask.alias}") as ticket:
+        stack = await asyncio.to_thread(service.check_stack, ask.stack)
+        old = (await asyncio.to_thread(service.desired)).aliases.get(ask.alias)
+    return await _stream_action(request, (stack, ask.alias, *filter(None, [old])),
+                                lambda: service.switch(ask.alias, stack, ticket=ticket))
+
+
+@contextlib.asynccontextmanager
+async def _queued(service: Service, key: str) -> AsyncIterator[int]:
+    """A ticket for `key`'s next turn, taken as the request arrives (so actions on a stack take
+    effect in arrival order). If the request is refused before its action runs, the turn is
+    passed on in the background, so the requests behind it are not stuck."""
+    ticket = service.turns.ticket(key)
+    try:
+        yield ticket
+    except BaseException:
+        asyncio.get_running_loop().run_in_executor(None, service.turns.skip, key, ticket)
+        raise
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    bus = request.app["daemon"].bus
+    bus = request.app["service"].bus
     try:
         since = int(request.query.get("since", bus.last))
     except ValueError:
@@ -97,43 +131,46 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def history(request: web.Request) -> web.Response:
-    rows = await asyncio.to_thread(request.app["daemon"].history, request.query.get("stack"))
+    rows = await asyncio.to_thread(request.app["service"].history, request.query.get("stack"))
     return web.json_response(rows)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=await asyncio.to_thread(request.app["daemon"].metrics_text), content_type="text/plain")
+    return web.Response(text=await asyncio.to_thread(request.app["service"].metrics_text), content_type="text/plain")
 
 
 async def _stream_action(request: web.Request, names: tuple[str, ...], work: Callable[[], Any]) -> web.StreamResponse:
-    """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with the outcome."""
+    """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with
+    the outcome. The work starts before the response does: it holds a ticket that must be used."""
     stack = names[0]
-    bus = request.app["daemon"].bus
+    bus = request.app["service"].bus
     since = bus.last
-    response = await _ndjson(request)
 
     def run() -> Any:
         try:
             return work()
         finally:
-            bus.publish(Finished(stack))  # wakes the wait below at once
+            bus.publish(wire.Finished(stack))  # wakes the wait below at once
 
-    task = asyncio.ensure_future(asyncio.to_thread(run))
+    task = asyncio.get_running_loop().run_in_executor(None, run)
+    response = await _ndjson(request)
     while True:
         done = task.done()
         for event in await bus.wait_after(since, timeout=0 if done else 15):
             since = event["seq"]
-            if event.get("stack") in names and event["kind"] in STREAMED:
+            if event.get("stack") in names and event["kind"] in wire.STREAMED:
                 await response.write(json.dumps(event).encode() + b"\n")
         if done:
             break
     error = task.exception()
-    outcome: dict[str, Any] = {"kind": "outcome", "stack": stack, "ok": error is None, "time": time.time()}
-    if error is not None:
-        outcome["error"] = redact(str(error) if isinstance(error, SparkctlError) else f"internal error: {error!r}")
+    if error is None:
+        result = task.result()
+        outcome = wire.Outcome(stack, True, result=asdict(result) if is_dataclass(result) else result)
     else:
-        outcome["result"] = task.result()
-    await response.write(json.dumps(outcome).encode() + b"\n")
+        outcome = wire.Outcome(stack, False, error=redact(str(error) if isinstance(error, SparkctlError)
+                                                          else f"internal error: {error!r}"))
+    line = {"kind": outcome.kind, **{k: v for k, v in asdict(outcome).items() if v is not None}, "time": time.time()}
+    await response.write(json.dumps(line).encode() + b"\n")
     await response.write_eof()
     return response
 
@@ -144,14 +181,12 @@ async def _ndjson(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _body(request: web.Request, *, required: tuple[str, ...]) -> dict[str, Any]:
+async def _request(request: web.Request, kind: type[wire.Request]) -> Any:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise _bad(400, "request body is not valid JSON") from None
-    if not isinstance(body, dict) or any(not isinstance(body.get(k), str) for k in required):
-        raise _bad(400, f"request body must be a JSON object with string fields: {', '.join(required)}")
-    return body
+    return wire.parse(kind, body)
 
 
 def _bad(status: int, message: str, kind: str = "bad_request") -> web.HTTPException:
@@ -185,5 +220,7 @@ async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse
                                                                        "bytes", "type": "too_large"}})) from None
     except NoSuchStack as e:
         raise _bad(404, str(e), "sparkctl_error") from None
+    except wire.BadRequest as e:
+        raise _bad(400, str(e)) from None
     except SparkctlError as e:
         raise _bad(400, str(e), "sparkctl_error") from None

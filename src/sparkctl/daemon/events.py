@@ -1,7 +1,8 @@
 """The daemon's event log: what happened, in order, for the API's streaming endpoint and the
-CLI's progress. Events are a small union of typed records; each names the stack (or alias) it
-is about, so a stream shows only what its request started. Thread-safe; readers wait for
-events after a sequence number and get them in their wire form (a dict with seq, time, kind)."""
+CLI's progress. Events are the typed records of `sparkctl.wire`; each names the stack (or
+alias) it is about, so a stream shows only what its request started. Thread-safe; readers wait
+for events after a sequence number and get them in their wire form (a dict with seq, time,
+kind)."""
 
 from __future__ import annotations
 
@@ -11,90 +12,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from dataclasses import asdict
+from typing import Any
 
-
-@dataclass(frozen=True)
-class PhaseChanged:
-    kind: ClassVar[str] = "phase"
-    stack: str
-    phase: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Progress:
-    kind: ClassVar[str] = "progress"
-    stack: str
-    task: str
-    done: int
-    total: int
-
-
-@dataclass(frozen=True)
-class Note:
-    kind: ClassVar[str] = "note"
-    stack: str
-    text: str
-
-
-@dataclass(frozen=True)
-class Died:
-    kind: ClassVar[str] = "died"
-    stack: str
-    cause: str
-    oom: bool
-
-
-@dataclass(frozen=True)
-class Removed:
-    kind: ClassVar[str] = "removed"
-    container: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Restarting:
-    kind: ClassVar[str] = "restarting"
-    stack: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    kind: ClassVar[str] = "failed"
-    stack: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Realiased:
-    kind: ClassVar[str] = "realiased"
-    alias: str
-    stack: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Settled:
-    """A reconciler action on a stack ended (`error` None: it succeeded)."""
-
-    kind: ClassVar[str] = "outcome"
-    stack: str
-    ok: bool
-    error: str | None
-
-
-@dataclass(frozen=True)
-class Finished:
-    """An API action ended: wakes its stream at once."""
-
-    kind: ClassVar[str] = "finished"
-    stack: str
-
-
-Event = PhaseChanged | Progress | Note | Died | Removed | Restarting | Failed | Realiased | Settled | Finished
-STREAMED = ("phase", "progress", "note")  # what an action's stream passes on to its client
+from sparkctl.wire import Event, Note, PhaseChanged, Progress
 
 
 class EventBus:

@@ -1,10 +1,13 @@
-"""The daemon's two threads: the reconcile loop (a pass when kicked, when a backoff ends, and
-every resync interval) and the Docker event watcher (deaths and OOM kills of this instance's
-containers; reconnects with backoff, and resyncs after). Built and started by `daemon/app.py`."""
+"""The daemon's two loops, as tasks on its event loop: the reconcile loop (a pass when kicked,
+when a backoff ends, and every resync interval) and the Docker event watcher (deaths and OOM
+kills of this instance's containers; reconnects with backoff, and resyncs after). Their
+blocking calls (a pass, the next Docker event) run on worker threads; `kick` may be called
+from any thread. Built and started by `daemon/app.py`."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,62 +25,69 @@ log = structlog.get_logger()
 
 
 class Loops:
-    def __init__(self, *, reconciler: Reconciler, docker: DockerEngine, store: Callable[[], Store], instance: str,
+    def __init__(self, *, reconciler: Reconciler, docker: DockerEngine, store: Store, instance: str,
                  resync: float, after_pass: Callable[[], None]) -> None:
         self.reconciler, self.docker, self.store, self.instance = reconciler, docker, store, instance
         self.resync, self.after_pass = resync, after_pass  # after a pass: rebuild the gateway's routes
-        self.stopping = threading.Event()
-        self._kick = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
         self._oom: set[str] = set()
         self._events_stream: Any = None  # the open Docker event stream, closed on shutdown
 
     def kick(self) -> None:
-        self._kick.set()
+        """Ask for a pass now (from any thread; before the loops run, the first pass comes anyway)."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._kick.set)
 
     def start(self) -> None:
-        for target, name in ((self.watch_events, "events"), (self.reconcile_forever, "reconcile")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+        self._loop = asyncio.get_running_loop()
+        self._tasks = [asyncio.create_task(self.watch_events()), asyncio.create_task(self.reconcile_forever())]
 
-    def stop(self) -> None:
-        self.stopping.set()
-        self.kick()
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
         if self._events_stream is not None:
-            self._events_stream.close()
+            self._events_stream.close()  # ends the worker thread's wait for the next event
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def reconcile_forever(self) -> None:
-        while not self.stopping.is_set():
+    async def reconcile_forever(self) -> None:
+        while True:
             wake = self.reconciler.wake_at
             timeout = self.resync if wake is None else max(0.0, min(self.resync, wake - time.time()))
-            self._kick.wait(timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout)
             self._kick.clear()
-            if self.stopping.is_set():
-                return
             try:
-                self.reconciler.reconcile()
-                self.after_pass()
+                await asyncio.to_thread(self._pass)
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one bad pass
                 log.error("reconcile_failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
-                self.stopping.wait(1.0)
-                self.kick()  # try again: the resync must not wait a whole interval after a failure
+                await asyncio.sleep(1.0)
+                self._kick.set()  # try again: the resync must not wait a whole interval after a failure
+
+    def _pass(self) -> None:
+        try:
+            self.reconciler.reconcile()
+            self.after_pass()
+        finally:
             process.give_back_memory()
 
-    def watch_events(self) -> None:
+    async def watch_events(self) -> None:
         """Docker events (die, oom, start, destroy) of our containers; reconnects with backoff."""
         delay = 0.5
-        while not self.stopping.is_set():
+        while True:
             try:
-                stream = self.docker.client.events(decode=True, filters={"type": "container", "label": LABEL_STACK})
-                self._events_stream = stream
+                self._events_stream = stream = await asyncio.to_thread(self.docker.events)
                 log.info("docker_events_connected")
                 delay = 0.5
-                self.kick()  # resync: events may have been missed while disconnected
-                for event in stream:
-                    self.on_event(event)
+                self._kick.set()  # resync: events may have been missed while disconnected
+                while (event := await asyncio.to_thread(next, stream, None)) is not None:
+                    await asyncio.to_thread(self.on_event, event)
+                raise ConnectionError("the event stream ended")
             except Exception as e:  # noqa: BLE001 - the engine went away: back off and reconnect
-                if self.stopping.is_set():
-                    return
                 log.warning("docker_events_lost", error=f"{type(e).__name__}: {e}"[:200], retry_in=delay)
-                self.stopping.wait(delay)
+                await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
     def on_event(self, event: dict[str, Any]) -> None:
@@ -94,7 +104,7 @@ class Loops:
             oom = container in self._oom
             self._oom.discard(container)
             if self.reconciler.died(stack, oom=oom, exit_code=int(code) if code else None):
-                self.store().record_event(stack, "died", "OOM-killed" if oom else f"exit code {code}")
+                self.store.events.record(stack, "died", "OOM-killed" if oom else f"exit code {code}")
             self.kick()
         elif action in ("destroy", "stop"):
             self.kick()

@@ -1,16 +1,17 @@
-"""The reconciler's `Machine` on real adapters: containers found by label, deploys through the
-pipeline, restarts with a health check, and the desired-state file."""
+"""The daemon's `Machine` (the protocol in `reconciler.py`) on real adapters: containers found
+by label, deploys through the pipeline, restarts with a health check, and the desired-state
+file. Each action on a stack runs in that stack's turn (`turns.py`)."""
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.container import LABEL_STACK
 from sparkctl.daemon.planner import Observed
+from sparkctl.daemon.turns import Turns
 from sparkctl.deploy import health
 from sparkctl.deploy.pipeline import Deployer, UpResult
 from sparkctl.deploy.progress import Reporter
@@ -22,10 +23,9 @@ from sparkctl.state.store import Store
 
 class DockerMachine:
     def __init__(self, *, docker: DockerEngine, deployer: Callable[[], Deployer], catalog: Callable[[], Catalog],
-                 desired_path: Path, reporter: Reporter, store: Callable[[], Store]) -> None:
-        self.docker, self._deployer, self._catalog, self._store = docker, deployer, catalog, store
-        self.desired_path, self.reporter = desired_path, reporter
-        self.locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)  # one action per stack
+                 desired_path: Path, reporter: Reporter, store: Store, turns: Turns) -> None:
+        self.docker, self.deployer, self.catalog, self.store = docker, deployer, catalog, store
+        self.desired_path, self.reporter, self.turns = desired_path, reporter, turns
         self._desired_lock = threading.Lock()
 
     def observe(self) -> list[Observed]:
@@ -33,18 +33,18 @@ class DockerMachine:
 
     def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> UpResult | None:
         """Deploy (or confirm) the stack; None if a `down` got the lock first (it wins)."""
-        with self.locks[stack]:
+        with self.turns.turn(stack):
             if stack not in self.desired().stacks:
                 return None
-            return self._deployer().up(stack, refresh=refresh, replace=replace)
+            return self.deployer().up(stack, refresh=refresh, replace=replace)
 
     def down(self, stack: str) -> int:
-        with self.locks[stack]:
-            return self._deployer().down(stack)
+        with self.turns.turn(stack):
+            return self.deployer().down(stack)
 
     def stop(self, stack: str) -> list[str]:
         """Stop the stack's running containers but keep them (a switch may start them again)."""
-        with self.locks[stack]:
+        with self.turns.turn(stack):
             running = [c.id for c in self.docker.containers(stack) if c.running]
             for container in running:
                 self.docker.stop(container)
@@ -53,10 +53,10 @@ class DockerMachine:
     def start(self, container: str) -> None:
         """Restart a dead engine container as it was, and wait until it is healthy again."""
         stack_name = self.docker.inspect(container)["Config"]["Labels"][LABEL_STACK]
-        with self.locks[stack_name]:
+        with self.turns.turn(stack_name):
             self.docker.start(container)
-            self._store().record_event(stack_name, "restarted", container[:12])
-            stack = self._catalog().stack(stack_name)
+            self.store.events.record(stack_name, "restarted", container[:12])
+            stack = self.catalog().stack(stack_name)
             engine = health.Engine(state=lambda: self.docker.state(container),
                                    logs=lambda n: self.docker.logs(container, tail=n))
             health.wait_healthy(stack, stack.url, engine, reporter=self.reporter)

@@ -18,20 +18,26 @@ from typing import Protocol
 import structlog
 
 from sparkctl.daemon import planner
-from sparkctl.daemon.events import Died, EventBus, Failed, Realiased, Removed, Restarting, Settled
+from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
+from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled
 
 log = structlog.get_logger()
 
 
 class Machine(Protocol):
-    """What the reconciler does to the world; the daemon wires the real adapters in."""
+    """What the reconciler and the switch do to the world; the daemon wires the real adapters
+    in (`machine.py`), tests a recording fake."""
 
     def observe(self) -> list[Observed]: ...
 
-    def deploy(self, stack: str) -> None: ...
+    def deploy(self, stack: str) -> object: ...
+
+    def down(self, stack: str) -> int: ...
+
+    def stop(self, stack: str) -> list[str]: ...
 
     def start(self, container: str) -> None: ...
 

@@ -20,29 +20,14 @@ from typing import Any, Protocol
 
 import structlog
 
-from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.reconciler import Machine, Reconciler
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.policy.switch import Mode, SwitchPlan
-from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()
-
-
-class Machine(Protocol):
-    def desired(self) -> Desired: ...
-
-    def update_desired(self, change: Callable[[Desired], Desired]) -> Desired: ...
-
-    def deploy(self, stack: str) -> None: ...
-
-    def down(self, stack: str) -> int: ...
-
-    def stop(self, stack: str) -> list[str]: ...
-
-    def start(self, container: str) -> None: ...
 
 
 class GatewayControl(Protocol):
@@ -88,7 +73,7 @@ class Switcher:
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
         intent = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode),
                   "stop_old": plan.stop_old, "new_was_desired": switch.new_was_desired}
-        switch_id = self.store.begin_switch(intent)  # a daemon killed mid-way finishes or undoes it on start
+        switch_id = self.store.switches.begin(intent)  # a daemon killed mid-way finishes or undoes it on start
         error = None
         try:
             with ExitStack() as busy:  # the reconciler leaves both stacks alone meanwhile
@@ -102,7 +87,7 @@ class Switcher:
             error = str(e)
         switch.timings["total_s"] = round(time.time() - started, 3)
         record = intent | {"ok": error is None, "error": error, "timings": switch.timings, **switch.facts}
-        self.store.finish_switch(switch_id, record)
+        self.store.switches.finish(switch_id, record)
         log.info("switch_finished", **{k: v for k, v in record.items() if k != "timings"}, **switch.timings)
         if error is not None:
             raise SwitchFailed(error)
@@ -203,10 +188,10 @@ class Switcher:
     def _phase_times(self, stack: str) -> dict[str, float]:
         """Engine start (container start to /health 200), health (to the model listed) and canary,
         from the deployment's phases."""
-        latest = self.store.latest(stack)
+        latest = self.store.deployments.latest(stack)
         if latest is None:
             return {}
-        at = {phase: t for phase, t, _ in self.store.transitions(latest.id)}
+        at = {phase: t for phase, t, _ in self.store.deployments.transitions(latest.id)}
         times = {}
         if Phase.STARTING in at and Phase.READY in at:
             times["engine_start_s"] = round(at[Phase.READY] - at[Phase.STARTING], 3)
@@ -237,7 +222,7 @@ def recover(machine: Machine, store: Store) -> list[str]:
     not rolls back (the new stack leaves it, unless it was desired before). The reconciler then
     converges the containers. Returns what it did, for the log."""
     done = []
-    for s in store.switches(unfinished=True):
+    for s in store.switches.list(unfinished=True):
         alias, old, new = s["alias"], s["from"], s["to"]
         flipped = machine.desired().aliases.get(alias) == new
         if flipped and old and s["stop_old"]:
@@ -246,7 +231,7 @@ def recover(machine: Machine, store: Store) -> list[str]:
             machine.update_desired(lambda d, new=new: d.without_stack(new))
         outcome = f"completed: {alias} names {new}" if flipped else f"rolled back: {alias} names {old}"
         intent = {k: v for k, v in s.items() if k not in ("id", "at")}
-        store.finish_switch(s["id"], intent | {"ok": flipped, "error": None if flipped else
+        store.switches.finish(s["id"], intent | {"ok": flipped, "error": None if flipped else
                                                f"interrupted: the daemon stopped mid-switch; {outcome}"})
         done.append(f"switch {s['id']} of {alias} {outcome}")
     return done

@@ -11,13 +11,14 @@ from typing import Any
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
-from sparkctl.daemon.events import EventBus, Note
+from sparkctl.daemon.events import EventBus
 from sparkctl.deploy.health import HealthError
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
+from sparkctl.wire import Note
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Verdicts:
     def blame(self, name: str, cause: SparkctlError) -> str | None:
         """A switch to `name` failed on a measurement (its benchmark gate, or the canary's acceptance
         floor): if the image digest it ran never passed, blacklist that digest with the reason."""
-        latest = self.store.latest(name)
+        latest = self.store.deployments.latest(name)
         if isinstance(cause, GateFailed):
             reason = cause.verdict.describe().removeprefix("fail: ")
         elif isinstance(cause, HealthError) and cause.phase is Phase.CANARY and latest is not None:
@@ -53,5 +54,5 @@ class Verdicts:
         if not bench_stack.blacklist_if_new(self.stack(name), digest, reason, settings=self.settings,
                                             store=self.store):
             return None
-        self.store.record_event(name, "blacklisted", f"{digest}: {reason}")
+        self.store.events.record(name, "blacklisted", f"{digest}: {reason}")
         return f"blacklisted image {digest} ({reason}); `sparkctl image unblacklist {digest}` undoes it"

@@ -30,7 +30,7 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
             mirrors: Mapping[str, str], refresh: bool, reporter: Reporter) -> ResolvedImage:
     name = check(policy, stack.image.ref, allow_latest=stack.image.allow_latest)
     source = mirrored(ImageName(name.registry, name.path, name.tag), mirrors)
-    known = stack.image.digest or _pinned(policy, name) or store.resolved(name.tagged)
+    known = stack.image.digest or _pinned(policy, name) or store.digests.get(name.tagged)
     local = docker.local_image_id(stack.image.ref, built_here=True)
     if local and not refresh and known in (None, local):  # built here, never pushed: run that build
         reporter.note(stack.name, f"{stack.image.ref} is a local build ({local[:19]}), not from a registry")

@@ -24,7 +24,8 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.deploy import diffs
 from sparkctl.deploy.shim import apply_shim
 from sparkctl.errors import SparkctlError
-from sparkctl.spec.models import Overlay, PatchSet, Shim, inside
+from sparkctl.spec.base import inside
+from sparkctl.spec.patchset import Overlay, PatchSet, Shim
 
 FIND_VLLM = ("import importlib.util as u; s = u.find_spec('vllm'); "
              "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")

@@ -21,6 +21,7 @@ from sparkctl.adapters.hub import HubClient
 from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
 from sparkctl.deploy import health, image, patches, weights
 from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.record import Phases
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.policy.admission import admit
@@ -66,17 +67,10 @@ class Deployer:
     store: Store
     reporter: Reporter
 
-    @classmethod
-    def build(cls, settings: Settings, *, catalog: Catalog, policy: ImagePolicy, docker: DockerEngine, store: Store,
-              reporter: Reporter) -> Deployer:
-        """The pipeline on these adapters, with a Hub client from the settings (CLI and daemon alike)."""
-        token = settings.hf_token.get_secret_value() if settings.hf_token else None
-        hub = HubClient(cache_dir=settings.hf_cache_dir, token=token, endpoint=settings.hf_endpoint)
-        return cls(settings, catalog, policy, docker, hub, store, reporter)
-
     def up(self, name: str, *, refresh: bool = False, replace: bool = False) -> UpResult:
         stack = self.catalog.stack(name)
-        deployment = self.store.begin(name)
+        deployment = self.store.deployments.begin(name)
+        phases = Phases(self.store, self.reporter, stack.name, deployment)
         try:
             check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
             for _, why in stack.risks():  # opted into with `allow:`
@@ -84,30 +78,31 @@ class Deployer:
             room = self._admit(stack, replace=replace)
             prepared = self.prepare(stack, deployment, refresh=refresh)
             self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)
-            self.store.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
+            self.store.deployments.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
             if stack.kind is Kind.COMPOSE:
-                result = self._up_compose(stack, prepared, deployment)
+                result = self._up_compose(stack, prepared, phases)
             else:
-                result = self._up_container(stack, prepared, deployment)
+                result = self._up_container(stack, prepared, phases)
         except SparkctlError as e:
-            self._phase(deployment, stack, Phase.FAILED, error=str(e))
+            phases.enter(Phase.FAILED, error=str(e))
             raise
-        self._phase(deployment, stack, Phase.RUNNING, "unchanged" if not result.changed else "")
+        phases.enter(Phase.RUNNING, "unchanged" if not result.changed else "")
         return result
 
     def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False) -> Prepared:
         """Resolve and fetch everything the stack needs, and patch; starts nothing."""
-        self._phase(deployment, stack, Phase.RESOLVING)
+        phases = Phases(self.store, self.reporter, stack.name, deployment)
+        phases.enter(Phase.RESOLVING)
         resolved = image.resolve(stack, policy=self.policy, docker=self.docker, store=self.store,
                                  mirrors=self.settings.registry_mirrors, refresh=refresh, reporter=self.reporter)
-        self._phase(deployment, stack, Phase.PULLING, resolved.run_ref)
+        phases.enter(Phase.PULLING, resolved.run_ref)
         image.pull(resolved, stack=stack.name, docker=self.docker, reporter=self.reporter)
-        self.store.record_resolved(resolved.name.tagged, resolved.digest)
-        self._phase(deployment, stack, Phase.FETCHING)
+        self.store.digests.record(resolved.name.tagged, resolved.digest)
+        phases.enter(Phase.FETCHING)
         model, draft = (weights.fetch(w, hub=self.hub, store=self.store, refresh=refresh, reporter=self.reporter,
                                       stack=stack.name, label=label) if w else None
                         for w, label in ((stack.model, "model"), (stack.draft, "draft")))
-        self._phase(deployment, stack, Phase.PATCHING)
+        phases.enter(Phase.PATCHING)
         sources = {k: w.path for k, w in (("model", model), ("draft", draft)) if w is not None}
         patched = patches.prepare([self.catalog.patch_sets[p] for p in stack.patches], image=resolved.run_ref,
                                   digest=resolved.digest, docker=self.docker, sources=sources,
@@ -125,9 +120,9 @@ class Deployer:
         if stack.kind is Kind.COMPOSE:
             self._compose(stack, {}).down()
         removed = [self.docker.remove(c.id) for c in self.docker.containers(name)]
-        latest = self.store.latest(name)
+        latest = self.store.deployments.latest(name)
         if latest is not None and latest.phase is Phase.RUNNING:
-            self.store.advance(latest.id, Phase.STOPPED, "sparkctl down")
+            self.store.deployments.advance(latest.id, Phase.STOPPED, "sparkctl down")
         return len(removed)
 
     def _admit(self, stack: Stack, *, replace: bool) -> tuple[str, ...]:
@@ -144,7 +139,7 @@ class Deployer:
             for c in self.docker.containers(other):
                 self.docker.remove(c.id)
 
-    def _up_container(self, stack: Stack, prepared: Prepared, deployment: int) -> UpResult:
+    def _up_container(self, stack: Stack, prepared: Prepared, phases: Phases) -> UpResult:
         url = stack.url
         current = self.docker.containers(stack.name)
         if any(_matches(c, prepared.fingerprint, stack) for c in current):
@@ -158,7 +153,7 @@ class Deployer:
         try:
             self.docker.create(plan)
             self.docker.start(plan.name)
-            rate = health.wait_healthy(stack, url, self._engine(plan.name), reporter=self._recorded(deployment))
+            rate = health.wait_healthy(stack, url, self._engine(plan.name), reporter=phases.health())
         except SparkctlError:
             self.docker.remove(plan.name)
             self._restore(previous, stack)
@@ -167,7 +162,7 @@ class Deployer:
             self.docker.remove(c)
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
-    def _up_compose(self, stack: Stack, prepared: Prepared, deployment: int) -> UpResult:
+    def _up_compose(self, stack: Stack, prepared: Prepared, phases: Phases) -> UpResult:
         assert stack.compose is not None
         url = stack.url
         env = {"BASE_IMAGE": prepared.image.run_ref, "IMAGE": f"sparkctl/{stack.name}:{prepared.fingerprint}",
@@ -183,7 +178,7 @@ class Deployer:
         containers = project.container_ids()
         if not containers:
             raise SparkctlError(f"compose project {project.name} started no container for {stack.compose.service}")
-        rate = health.wait_healthy(stack, url, self._engine(containers[0]), reporter=self._recorded(deployment))
+        rate = health.wait_healthy(stack, url, self._engine(containers[0]), reporter=phases.health())
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
     def _compose(self, stack: Stack, env: dict[str, str]) -> ComposeProject:
@@ -197,7 +192,7 @@ class Deployer:
                               labels={LABEL_STACK: stack.name, instances.LABEL: instance,
                                       LABEL_MEMORY: f"{stack.resources.gpu_memory_utilization:g}"},
                               work_dir=self.settings.state_dir / "compose" / stack.name,
-                              docker_host=self.settings.docker_host)
+                              docker_host=self.docker.base_url)  # the same endpoint as the handle
 
     def _sources(self, stack: Stack, prepared: Prepared) -> Sources:
         assert prepared.model is not None
@@ -229,9 +224,6 @@ class Deployer:
             self.docker.start(instances.container_name(stack.name, self.settings.instance))
             self.reporter.note(stack.name, "the previous deployment was restarted")
 
-    def _recorded(self, deployment: int) -> Reporter:
-        return _RecordedPhases(self.reporter, self.store, deployment)
-
     def _engine(self, container: str) -> health.Engine:
         return health.Engine(state=lambda: self.docker.state(container),
                              logs=lambda n: self.docker.logs(container, tail=n))
@@ -240,35 +232,6 @@ class Deployer:
         if self.settings.gpus == "auto":
             return self.docker.has_gpu_runtime()
         return self.settings.gpus == "all"
-
-    def _phase(self, deployment: int | None, stack: Stack, phase: Phase, detail: str = "", *,
-               error: str | None = None) -> None:
-        if deployment is not None:
-            self.store.advance(deployment, phase, detail, error=error)
-        self.reporter.phase(stack.name, phase, detail)
-
-
-@dataclass
-class _RecordedPhases:
-    """The reporter, with each new health phase also recorded in the deployment's transitions
-    (a switch reads engine start and canary times from them)."""
-
-    reporter: Reporter
-    store: Store
-    deployment: int
-    last: Phase | None = None
-
-    def phase(self, stack: str, phase: Phase, detail: str = "") -> None:
-        if phase is not self.last:
-            self.store.advance(self.deployment, phase, detail)
-            self.last = phase
-        self.reporter.phase(stack, phase, detail)
-
-    def progress(self, stack: str, task: str, done: int, total: int) -> None:
-        self.reporter.progress(stack, task, done, total)
-
-    def note(self, stack: str, text: str) -> None:
-        self.reporter.note(stack, text)
 
 
 def memory_shares(docker: DockerEngine) -> dict[str, float]:

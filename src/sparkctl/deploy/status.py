@@ -25,7 +25,7 @@ def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[di
     rows = []
     for c in sorted(docker.containers(), key=lambda c: c.stack):
         name = c.stack
-        latest = store.latest(name)
+        latest = store.deployments.latest(name)
         try:
             endpoint = f"{catalog.stack(name).url}/v1"
         except SparkctlError:

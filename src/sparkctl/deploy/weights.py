@@ -15,7 +15,7 @@ from pathlib import Path
 from sparkctl.adapters.hub import HubClient, repo_folder
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
-from sparkctl.spec.models import Weights
+from sparkctl.spec.engine import Weights
 from sparkctl.state.store import Store
 
 HEADROOM = 1 << 30  # leave a GiB free: the page cache and logs need room too
@@ -39,7 +39,7 @@ def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, repo
     assert weights.repo is not None
     key = f"hf:{weights.repo}@{weights.revision}"
     folder = repo_folder(hub.cache_dir, weights.repo)
-    known = None if refresh else store.resolved(key)
+    known = None if refresh else store.digests.get(key)
     if known and (folder / "snapshots" / known).is_dir():
         return FetchedWeights(folder / "snapshots" / known, known, folder, f"snapshots/{known}")
     snapshot = hub.resolve(weights.repo, weights.revision)
@@ -52,7 +52,7 @@ def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, repo
                 f"{_gib(free)} free at {hub.cache_dir}; free space or point SPARKCTL_HF_CACHE_DIR elsewhere")
     path = hub.download(snapshot, revision=weights.revision,
                         progress=lambda done, total: reporter.progress(stack, f"{label} {weights.repo}", done, total))
-    store.record_resolved(key, snapshot.commit)
+    store.digests.record(key, snapshot.commit)
     return FetchedWeights(path, snapshot.commit, folder, path.relative_to(folder).as_posix())
 
 

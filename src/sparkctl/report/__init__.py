@@ -16,7 +16,7 @@ from pathlib import Path
 from sparkctl.report import dataset, markdown, plots
 from sparkctl.report.analysis import Config
 from sparkctl.spec.models import Stack
-from sparkctl.state.store import BenchRun
+from sparkctl.state.bench import BenchRun
 
 
 def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs: float, title: str, label: str,

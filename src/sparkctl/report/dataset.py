@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from sparkctl.report.analysis import Config, efficiency, speedups, twin
-from sparkctl.state.store import BenchRun
+from sparkctl.state.bench import BenchRun
 
 COLUMNS = ("config", "run", "depth", "concurrency", "prefill_tps", "decode_tps", "ttft_ms", "acceptance",
            "acceptance_length", "committed_per_step", "speedup_vs_twin", "twin", "efficiency", "failed",

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ValidationError
 from sparkctl.errors import NoSuchStack, SpecError
 from sparkctl.settings import Settings
 from sparkctl.spec import yamlfile
-from sparkctl.spec.models import PatchSet, Stack
+from sparkctl.spec.models import Stack
+from sparkctl.spec.patchset import PatchSet
 
 POLICY_FILE = "images.yaml"
 M = TypeVar("M", bound=BaseModel)

@@ -1,41 +1,21 @@
-"""The declarative models of a serving stack and of a patch set.
+"""The model of a stack file: the Stack as a whole, and the sections sparkctl itself acts on.
 
-Every model is frozen and forbids unknown keys, so a typo in a stack file fails loudly with
-the key and the allowed names. `load.py` builds these from YAML; `render.py` turns a stack
-into a container plan; policy and deploy code read them and never change them.
+Resources feed memory admission; health budgets and the canary gate a deploy; expectations and
+the switch settings drive the benchmark; known issues cap concurrency at the gateway. The Stack
+checks that its sections fit together and that anything sometimes right, never by accident, is
+opted into with `allow:`. `load.py` builds it from YAML; `render.py` turns it into a container
+plan; policy and deploy code read it and never change it.
 """
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from sparkctl.settings import SECRET_ENV
-
-
-def inside(value: str) -> str:
-    """A path that stays inside the folder it is relative to: not absolute, no `..` part."""
-    parts = value.split("/")
-    if value.startswith("/") or ".." in parts or "" in parts[:-1] or "\\" in value:
-        raise ValueError(f"{value!r} must be a relative path inside its folder (no leading /, no ..)")
-    return value
-
-
-RelativePath = Annotated[str, Field(min_length=1), AfterValidator(inside)]
-# A branch, tag or `refs/...` name, or a commit hash: what the Hub accepts as a revision.
-Revision = Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z0-9_][\w.+/-]*$"), AfterValidator(inside)]
-Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
-Port = Annotated[int, Field(ge=1, le=65535)]
-Seconds = Annotated[float, Field(gt=0, le=86_400)]
-Fraction = Annotated[float, Field(gt=0, le=1)]
-SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
-
-
-class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from sparkctl.spec.base import Fraction, Name, Seconds, Spec
+from sparkctl.spec.engine import ComposeProject, Container, Image, VllmArgs, Weights
 
 
 class Kind(StrEnum):
@@ -43,114 +23,9 @@ class Kind(StrEnum):
     COMPOSE = "compose"  # an existing compose project, brought up through compose v2
 
 
-class Image(Spec):
-    repository: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._/:-]*$")
-    tag: str | None = Field(default=None, pattern=r"^[\w][\w.-]{0,127}$")
-    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
-    allow_latest: bool = False  # opt in to a moving `latest`/untagged ref
-
-    @property
-    def ref(self) -> str:
-        """The ref as written: `repo:tag`, `repo@digest` or `repo:tag@digest`."""
-        tag = f":{self.tag}" if self.tag else ""
-        digest = f"@{self.digest}" if self.digest else ""
-        return f"{self.repository}{tag}{digest}"
-
-
-class Weights(Spec):
-    """A Hugging Face repo at a revision, or a directory already on this machine."""
-
-    repo: str | None = Field(default=None, pattern=r"^[\w.-]+/[\w.-]+$")
-    revision: Revision = "main"
-    path: str | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Weights:
-        if (self.repo is None) == (self.path is None):
-            raise ValueError("give exactly one of `repo` (a Hugging Face repo id) or `path`")
-        return self
-
-
-class Speculative(Spec):
-    method: Literal["dflash", "eagle", "eagle3", "mtp", "ngram", "draft_model"]
-    num_speculative_tokens: int = Field(ge=1, le=16)
-    draft_sample_method: Literal["greedy", "probabilistic"] | None = None
-    attention_backend: str | None = None
-    prompt_lookup_max: int | None = Field(default=None, ge=1)
-    prompt_lookup_min: int | None = Field(default=None, ge=1)
-
-    @property
-    def needs_draft(self) -> bool:
-        return self.method not in ("ngram", "mtp")
-
-
-class VllmArgs(Spec):
-    """`vllm serve` flags, typed. Anything not modelled goes through `extra_args`."""
-
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: Port = 8000
-    max_model_len: int | None = Field(default=None, ge=16)
-    enable_prefix_caching: bool | None = None
-    enable_chunked_prefill: bool | None = None
-    attention_backend: str | None = None
-    mamba_cache_dtype: str | None = None
-    max_num_seqs: int | None = Field(default=None, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    kv_cache_dtype: str | None = None
-    quantization: str | None = None
-    compilation_config: dict[str, object] | None = None
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    distributed_executor_backend: Literal["ray", "mp"] | None = None
-    enforce_eager: bool = False
-    speculative: Speculative | None = None
-    extra_args: tuple[str, ...] = ()
-
-
-class Mount(Spec):
-    source: str = Field(min_length=1)
-    target: str = Field(pattern=r"^/")
-    read_only: bool = True
-
-    @field_validator("source", "target")
-    @classmethod
-    def _not_the_root(cls, path: str) -> str:
-        if path.rstrip("/") == "":
-            raise ValueError("mounting / hands the whole host to the engine (or hides its own filesystem)")
-        return path
-
-    @property
-    def docker_socket(self) -> bool:
-        return self.source.rstrip("/") in DOCKER_SOCKETS
-
-
-DOCKER_SOCKETS = frozenset({"/var/run/docker.sock", "/run/docker.sock"})
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 # What a stack must opt into by name (`allow:`): sometimes right, never by accident.
 Risk = Literal["docker-socket", "all-interfaces", "remote-code"]
-
-
-def no_secret_names(env: dict[str, str]) -> dict[str, str]:
-    leaked = SECRET_ENV & env.keys()
-    if leaked:
-        raise ValueError(
-            f"{sorted(leaked)[0]} must not be set here: engines run offline (HF_HUB_OFFLINE=1) and "
-            "the token stays in sparkctl's settings (SPARKCTL_HF_TOKEN)"
-        )
-    return env
-
-
-class Container(Spec):
-    # Some engine images (aeon) have /bin/bash as ENTRYPOINT: always name `vllm` explicitly.
-    entrypoint: tuple[str, ...] | None = ("vllm",)
-    ipc: Literal["host", "private", "shareable"] = "host"
-    shm_size: str = Field(default="16g", pattern=SIZE.pattern)
-    gpus: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
-    env: dict[str, str] = {}
-    mounts: tuple[Mount, ...] = ()
-    compile_cache: str | None = Field(default=None, pattern=r"^/")
-
-    _no_secrets = field_validator("env")(no_secret_names)
 
 
 class Resources(Spec):
@@ -191,23 +66,6 @@ class SwitchOver(Spec):
 class KnownIssue(Spec):
     text: str = Field(min_length=1)
     max_concurrency: int | None = Field(default=None, ge=1)  # enforced by the gateway
-
-
-class ComposeProject(Spec):
-    project: RelativePath  # a directory under the compose dir
-    service: str = Field(min_length=1)  # the service that serves the endpoint
-    served_model_name: str = Field(min_length=1)
-    port: Port
-    env: dict[str, str] = {}
-
-    @field_validator("env")
-    @classmethod
-    def _one_line_each(cls, env: dict[str, str]) -> dict[str, str]:
-        """Each entry becomes a line of the project's env file: a newline would add lines of its own."""
-        for key, value in env.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or "\n" in value or "\r" in value:
-                raise ValueError(f"{key!r}: names are identifiers and values one line (no newline)")
-        return no_secret_names(env)
 
 
 class Stack(Spec):
@@ -295,31 +153,3 @@ class Stack(Spec):
         caps = [i.max_concurrency for i in self.known_issues if i.max_concurrency]
         return min(caps) if caps else None
 
-
-class Overlay(Spec):
-    """A whole file from the draft snapshot, laid over a path in vLLM's package dir."""
-
-    source: str = Field(pattern=r"^(draft|model):.+")
-    target: Annotated[RelativePath, Field(pattern=r"^[\w./-]+\.py$")]
-
-    @field_validator("source")
-    @classmethod
-    def _source_inside(cls, value: str) -> str:
-        inside(value.partition(":")[2])
-        return value
-
-
-class Shim(Spec):
-    """Class-level attribute defaults inserted into a class of a vLLM source file."""
-
-    file: Annotated[RelativePath, Field(pattern=r"^[\w./-]+\.py$")]
-    class_name: str = Field(alias="class", pattern=r"^[A-Za-z_]\w*$")
-    attributes: dict[str, str] = Field(min_length=1)
-
-
-class PatchSet(Spec):
-    name: Name
-    description: str = ""
-    overlays: tuple[Overlay, ...] = ()
-    shims: tuple[Shim, ...] = ()
-    diffs: tuple[RelativePath, ...] = ()  # unified diff files, relative to the patches dir

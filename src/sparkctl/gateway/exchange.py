@@ -1,0 +1,81 @@
+"""One proxied request, from routing until its answer has been passed on, failed or been
+abandoned by its client.
+
+It joins the two sockets: as the upstream call's `Sink` (`upstream.py`) it writes each piece of
+the engine's answer to the client as it arrives, and as the client connection's `Exchange`
+(`server.py`) it passes a client that goes away, or stops reading, on to the engine's call. The
+`Gateway` creates one per proxied request, routes and forwards it; the exchange counts its
+answer's status in the `Ledger` and tells the gateway, once, when it is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+
+from sparkctl.gateway.ledger import Ledger
+from sparkctl.gateway.pages import error
+from sparkctl.gateway.routes import Upstream
+from sparkctl.gateway.server import Connection
+from sparkctl.gateway.upstream import Call, UpstreamError
+
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+class Proxied:
+    """The upstream call's sink and the client connection's exchange, for one request."""
+
+    def __init__(self, conn: Connection, path: str, payload: dict, *, ledger: Ledger,
+                 done: Callable[[Proxied], None]) -> None:
+        self.conn, self.path, self.payload = conn, path, payload
+        self.ledger, self.done = ledger, done
+        self.upstream: Upstream | None = None  # once routed
+        self.task: asyncio.Task[None] | None = None  # while it waits at a hold or a cap
+        self.call: Call | None = None  # once forwarded
+        self.forwarded = self.started = self.over = False
+
+    def wait(self, step: Coroutine[None, None, None]) -> None:
+        self.task = asyncio.ensure_future(step)
+
+    # --- the upstream call's sink --------------------------------------------------------------
+    def head(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:
+        self.ledger.answered(self.upstream.stack, status)
+        self.started = True
+        kept = [(k, v) for k, v in headers if k.lower() not in HOP_HEADERS]
+        self.conn.start(status, [*kept, ("X-Sparkctl-Stack", self.upstream.stack)], length)
+
+    def body(self, piece: bytes, last: bool) -> None:
+        if last:
+            self._finish()
+        self.conn.send(piece, last)
+
+    def failed(self, e: UpstreamError) -> None:
+        self._finish()
+        if self.started:  # cut mid-stream: the client's connection closes without the response's end
+            self.conn.abort()
+        else:
+            stack = self.upstream.stack
+            self.ledger.answered(stack, 502)
+            error(self.conn, 502, f"stack {stack} did not answer ({e}); see `sparkctl status`", "upstream_unavailable")
+
+    # --- the client connection's exchange --------------------------------------------------------
+    def cancel(self) -> None:
+        """The client went away: stop waiting, or close the engine's connection so it stops."""
+        if self.task is not None:
+            self.task.cancel()
+        if self.call is not None:
+            self.call.cancel()
+        self._finish()
+
+    def pause(self) -> None:
+        if self.call is not None:
+            self.call.pause()
+
+    def resume(self) -> None:
+        if self.call is not None:
+            self.call.resume()
+
+    def _finish(self) -> None:
+        if not self.over and self.upstream is not None:
+            self.done(self)
+        self.over = True

@@ -1,0 +1,50 @@
+"""What all client connections of one gateway server share: a cap on how many are open, a budget
+for the request-body bytes held at once across them, and the switch that starts a graceful stop.
+
+Built once by whoever starts the server (the daemon, sized to its file descriptors) and handed to
+every `Connection`, which counts itself in and out and charges the bytes it reads; the daemon
+reads the refusals back to log them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparkctl.gateway.server import Connection
+
+
+@dataclass
+class Limits:
+    """What all connections of one server share: how many may be open, and how many bytes of
+    request bodies may be held at once. A refusal is counted, and `refused` reports it (the
+    gateway logs it at most once per interval)."""
+
+    connections: int = 4096
+    body_bytes: int = 256 * 1024 * 1024
+    held: int = 0
+    refused: int = 0
+    last_report: float = field(default=0.0)
+    live: set[Connection] = field(default_factory=set)  # open connections
+    finishing: bool = False  # a graceful stop began: connections close after their next answer
+
+    @property
+    def open(self) -> int:
+        return len(self.live)
+
+    def finish(self) -> None:
+        """A graceful stop: every connection closes once the response it is giving is complete
+        (an idle one at once), so a client's next request opens a new connection."""
+        self.finishing = True
+        for conn in list(self.live):
+            conn.finish()
+
+    def report_due(self, every: float = 10.0) -> int:
+        """Refusals since the last report, when one is due (else 0)."""
+        now = time.monotonic()
+        if not self.refused or now - self.last_report < every:
+            return 0
+        count, self.refused, self.last_report = self.refused, 0, now
+        return count

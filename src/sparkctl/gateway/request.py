@@ -1,0 +1,140 @@
+"""A client's request, and how it is read off a connection's bytes.
+
+Framing is llhttp's (through httptools), which refuses what a front proxy could read another
+way: conflicting Content-Lengths, Transfer-Encodings other than chunked, loose chunk sizes,
+control characters in header values. On top of it the reader requires Host on HTTP/1.1, allows
+one Host, caps each body and charges the bytes it holds to the server's shared budget (`Limits`),
+and asks `admit` about each request as soon as its head is complete, so a request without a
+valid API key is refused before any of its body is read. Each `Connection` (`server.py`) owns a
+reader and is handed each complete request, or the answer that refuses one, from inside the
+socket's callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httptools
+
+if TYPE_CHECKING:
+    from sparkctl.gateway.limits import Limits
+    from sparkctl.gateway.server import Connection
+
+MAX_BODY = 32 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str  # without the query string
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+    keep_alive: bool = True  # whether the connection stays open after its answer
+
+
+Answer = Callable[["Connection"], None]  # writes one response
+# Asked once a request's head is complete: an answer refuses it before its body is read.
+Admit = Callable[[Request], Answer | None]
+
+
+class RequestReader:
+    """One connection's requests, parsed as its bytes arrive: llhttp calls the `on_*` methods
+    from inside `feed`."""
+
+    def __init__(self, conn: Connection, admit: Admit | None, limits: Limits) -> None:
+        self.conn, self.admit, self.limits = conn, admit, limits
+        self.parser = httptools.HttpRequestParser(self)
+        self.incoming: Request | None = None  # being parsed
+        self.url = b""  # its target so far
+        self.fields: list[tuple[str, str]] = []  # its header lines
+        self.pieces: list[bytes] = []  # its body so far
+        self.size = 0
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except _Refused:
+            pass
+        except httptools.HttpParserUpgrade:
+            self.conn.refuse(_text(400, "protocol upgrades are not supported\n"))
+        except httptools.HttpParserError as e:
+            if self.conn.refusal is None:
+                self.conn.refuse(_text(400, f"malformed request: {e}\n"))
+
+    def release(self) -> None:
+        """The bytes of a body being read no longer count against the shared budget."""
+        self.limits.held -= self.size
+        self.size = 0
+
+    # --- llhttp's callbacks, from inside feed_data ------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.incoming, self.url, self.fields, self.pieces, self.size = Request("", "", {}, b""), b"", [], [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name.decode("latin-1").lower(), value.decode("latin-1").strip()))
+
+    def on_headers_complete(self) -> None:
+        request = self.incoming
+        version, target = self.parser.get_http_version(), self.url.decode("latin-1")
+        request.method, request.path = self.parser.get_method().decode("latin-1"), target.partition("?")[0]
+        request.headers = dict(self.fields)
+        names = [n for n, _ in self.fields]
+        problem = _problem(version, target, request.headers, names)
+        if problem:
+            self._halt(_text(400, problem + "\n"))
+        length = request.headers.get("content-length", "0")
+        if int(length) > MAX_BODY:
+            self._halt(_text(413, f"request body over {MAX_BODY >> 20} MiB\n"))
+        refusal = self.admit(request) if self.admit is not None else None
+        if refusal is not None:
+            self._halt(refusal)
+        request.keep_alive = self.parser.should_keep_alive()
+        if request.headers.get("expect", "").lower() == "100-continue":
+            self.conn.send_continue()
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        self.limits.held += len(body)
+        self.pieces.append(body)
+        if self.size > MAX_BODY:
+            self._halt(_text(413, f"request body over {MAX_BODY >> 20} MiB\n"))
+        if self.limits.held > self.limits.body_bytes:
+            self.limits.refused += 1
+            self._halt(_text(503, "the gateway holds too many request bodies at once; retry shortly\n",
+                               [("Retry-After", "1")]))
+
+    def on_message_complete(self) -> None:
+        request, self.incoming = self.incoming, None
+        request.body = b"".join(self.pieces)
+        self.release()
+        self.conn.received(request)
+
+    def _halt(self, answer: Answer) -> None:
+        """Refuse from inside a parser callback: parsing stops here."""
+        self.conn.refuse(answer)
+        raise _Refused
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a connection that has been refused."""
+
+
+def _problem(version: str, target: str, headers: dict[str, str], names: list[str]) -> str:
+    """What is wrong with a request head that llhttp lets through, or ""."""
+    if version not in ("1.0", "1.1") or not target.startswith("/"):
+        return f"request line: HTTP/{version} {target[:60]!r} (origin-form HTTP/1.x only)"
+    if names.count("host") > 1 or (version == "1.1" and "host" not in headers):
+        return "an HTTP/1.1 request needs exactly one Host header"
+    te = headers.get("transfer-encoding")
+    if te is not None and (te.lower() != "chunked" or names.count("transfer-encoding") > 1):
+        return f"Transfer-Encoding {te[:40]!r}: only chunked is supported"
+    return ""
+
+
+def _text(status: int, text: str, headers: Sequence[tuple[str, str]] = ()) -> Answer:
+    return lambda conn: conn.reply(status, text.encode(), "text/plain", headers)

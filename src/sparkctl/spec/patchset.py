@@ -1,0 +1,43 @@
+"""A patch set: what must change inside an engine image before a stack runs on it.
+
+Whole-file overlays from a model or draft snapshot, class-attribute shims and unified diffs,
+each confined to its folder. `load.py` reads them from `patches/*.yaml`; `deploy/patches.py`
+applies them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from sparkctl.spec.base import Name, RelativePath, Spec, inside
+
+
+class Overlay(Spec):
+    """A whole file from the draft snapshot, laid over a path in vLLM's package dir."""
+
+    source: str = Field(pattern=r"^(draft|model):.+")
+    target: Annotated[RelativePath, Field(pattern=r"^[\w./-]+\.py$")]
+
+    @field_validator("source")
+    @classmethod
+    def _source_inside(cls, value: str) -> str:
+        inside(value.partition(":")[2])
+        return value
+
+
+class Shim(Spec):
+    """Class-level attribute defaults inserted into a class of a vLLM source file."""
+
+    file: Annotated[RelativePath, Field(pattern=r"^[\w./-]+\.py$")]
+    class_name: str = Field(alias="class", pattern=r"^[A-Za-z_]\w*$")
+    attributes: dict[str, str] = Field(min_length=1)
+
+
+class PatchSet(Spec):
+    name: Name
+    description: str = ""
+    overlays: tuple[Overlay, ...] = ()
+    shims: tuple[Shim, ...] = ()
+    diffs: tuple[RelativePath, ...] = ()  # unified diff files, relative to the patches dir

@@ -1,0 +1,156 @@
+"""The state database: one SQLite file in the state dir (WAL, private), its numbered schema
+migrations, and short write transactions. The repositories (`deployments.py`, `bench.py`,
+`journal.py`) read and write through it; `store.py` opens it and hands it to them.
+
+Rows come back as `sqlite3.Row`, read by column name: a migration that adds a column changes
+no reader.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+from sparkctl.errors import SparkctlError, TransientError
+
+MIGRATIONS = (
+    """
+    CREATE TABLE deployments (
+        id INTEGER PRIMARY KEY,
+        stack TEXT NOT NULL,
+        fingerprint TEXT,
+        parts TEXT NOT NULL DEFAULT '{}',
+        phase TEXT NOT NULL,
+        started REAL NOT NULL,
+        finished REAL,
+        error TEXT
+    );
+    CREATE INDEX deployments_stack ON deployments (stack, id);
+    CREATE TABLE transitions (
+        deployment INTEGER NOT NULL REFERENCES deployments (id),
+        phase TEXT NOT NULL,
+        at REAL NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TABLE digests (
+        ref TEXT PRIMARY KEY,
+        digest TEXT NOT NULL,
+        resolved REAL NOT NULL
+    );
+    """,
+    """
+    CREATE TABLE events (
+        at REAL NOT NULL,
+        stack TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX events_stack ON events (stack, at);
+    """,
+    """
+    CREATE TABLE switches (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        alias TEXT NOT NULL,
+        record TEXT NOT NULL,
+        finished REAL
+    );
+    """,
+    """
+    CREATE TABLE bench_runs (
+        id INTEGER PRIMARY KEY,
+        stack TEXT NOT NULL,
+        fingerprint TEXT,
+        parts TEXT NOT NULL DEFAULT '{}',
+        profile TEXT NOT NULL,
+        folder TEXT NOT NULL DEFAULT '',
+        started REAL NOT NULL,
+        finished REAL,
+        error TEXT,
+        verdict TEXT
+    );
+    CREATE TABLE bench_rows (
+        run INTEGER NOT NULL REFERENCES bench_runs (id),
+        row TEXT NOT NULL
+    );
+    CREATE TABLE known_good (
+        stack TEXT PRIMARY KEY,
+        run INTEGER NOT NULL REFERENCES bench_runs (id),
+        image TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
+)
+
+
+class Database:
+    def __init__(self, path: Path, *, timeout: float = 30) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)  # private (older versions made it 0644): it names stacks, digests and history
+        # The daemon shares one store between its threads: one connection, one lock.
+        self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.lock = threading.RLock()
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise SparkctlError(f"{path}: the state database is unreadable ({e}); move it aside and sparkctl "
+                                "starts a new one (deployment and benchmark history are then lost)") from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    def one(self, query: str, args: tuple = ()) -> sqlite3.Row | None:
+        with self.lock:
+            return self.db.execute(query, args).fetchone()
+
+    def all(self, query: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self.lock:
+            return self.db.execute(query, args).fetchall()
+
+    def tx(self) -> _Transaction:
+        return _Transaction(self.db, self.lock)
+
+    def integrity_ok(self) -> bool:
+        return self.one("PRAGMA integrity_check")[0] == "ok"
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        for number, script in enumerate(MIGRATIONS[version:], version + 1):
+            with self.tx():
+                for statement in filter(str.strip, script.split(";")):
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version = {number}")
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error), for a connection in autocommit mode."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
+        self.db, self.lock = db, lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.lock.acquire()
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:  # another process held the write lock past the timeout
+            self.lock.release()
+            raise TransientError(f"the state database is locked by another process ({e}); is another sparkctl "
+                                 "writing to the same state dir? Retry, or stop it", delay=1.0) from None
+        return self.db
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        try:
+            self.db.execute("ROLLBACK" if kind else "COMMIT")
+        finally:
+            self.lock.release()
+
+
+def where(stack: str | None, limit: int) -> tuple[str, tuple]:
+    """The optional `WHERE stack = ?` and the limit of a newest-first listing, with their args."""
+    return (" WHERE stack = ?" if stack else "") + " ORDER BY rowid DESC LIMIT ?", \
+        ((stack, limit) if stack else (limit,))

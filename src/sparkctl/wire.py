@@ -1,0 +1,168 @@
+"""The daemon API's vocabulary, shared by the daemon's handlers and the CLI's client: the
+requests (checked once, here), the results of `up` and `down`, the outcome that ends every
+action's stream, and the events streamed before it. Standard library only: the CLI imports it
+on every call that asks the daemon."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from sparkctl.errors import SparkctlError
+
+
+class BadRequest(SparkctlError):
+    """A request body the API cannot take (HTTP 400)."""
+
+
+# --- requests -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UpRequest:
+    stack: str
+    refresh: bool = False
+    replace: bool = False
+
+
+@dataclass(frozen=True)
+class DownRequest:
+    stack: str
+
+
+@dataclass(frozen=True)
+class SwitchRequest:
+    stack: str
+    alias: str = "primary"
+
+
+Request = UpRequest | DownRequest | SwitchRequest
+
+
+def parse(kind: type[Request], body: object) -> Request:
+    """The request in `body` (decoded JSON), or BadRequest naming what is wrong."""
+    if not isinstance(body, dict) or not isinstance(body.get("stack"), str):
+        raise BadRequest("request body must be a JSON object with string fields: stack")
+    if kind is SwitchRequest and not isinstance(body.get("alias") or "primary", str):
+        raise BadRequest("`alias` must be a string")
+    known = {f.name for f in fields(kind)}
+    values = {k: v for k, v in body.items() if k in known and v is not None}
+    if kind is UpRequest:
+        values |= {flag: bool(values.get(flag)) for flag in ("refresh", "replace")}
+    if kind is SwitchRequest:
+        values["alias"] = values.get("alias") or "primary"
+    return kind(**values)
+
+
+# --- results --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UpDone:
+    stack: str
+    fingerprint: str
+    unchanged: bool
+
+
+@dataclass(frozen=True)
+class DownDone:
+    stack: str
+    removed: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The last line of an action's stream: its result, or the error that stopped it."""
+
+    kind: ClassVar[str] = "outcome"
+    stack: str
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+# --- events ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PhaseChanged:
+    kind: ClassVar[str] = "phase"
+    stack: str
+    phase: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    kind: ClassVar[str] = "progress"
+    stack: str
+    task: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Note:
+    kind: ClassVar[str] = "note"
+    stack: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Died:
+    kind: ClassVar[str] = "died"
+    stack: str
+    cause: str
+    oom: bool
+
+
+@dataclass(frozen=True)
+class Removed:
+    kind: ClassVar[str] = "removed"
+    container: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restarting:
+    kind: ClassVar[str] = "restarting"
+    stack: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    kind: ClassVar[str] = "failed"
+    stack: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Realiased:
+    kind: ClassVar[str] = "realiased"
+    alias: str
+    stack: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A reconciler action on a stack ended (`error` None: it succeeded)."""
+
+    kind: ClassVar[str] = "outcome"
+    stack: str
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An API action ended: wakes its stream at once."""
+
+    kind: ClassVar[str] = "finished"
+    stack: str
+
+
+Event = PhaseChanged | Progress | Note | Died | Removed | Restarting | Failed | Realiased | Settled | Finished
+STREAMED = ("phase", "progress", "note")  # what an action's stream passes on to its client
+
+
+def decode(record: dict[str, Any]) -> Event | Outcome | None:
+    """A streamed line back into its record (None for a kind this client does not know)."""
+    kind = {"phase": PhaseChanged, "progress": Progress, "note": Note, "outcome": Outcome}.get(record.get("kind"))
+    if kind is None:
+        return None
+    return kind(**{f.name: record[f.name] for f in fields(kind) if f.name in record})

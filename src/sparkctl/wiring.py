@@ -1,0 +1,45 @@
+"""The composition root: the Docker adapter, the state store, the image policy, the catalog and
+the deploy pipeline, built from the settings in one way for the CLI's in-process commands and
+for the daemon. Stack files and the image policy are read afresh on each call, so edits apply
+without a restart; the adapters and the store are made once per process."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from sparkctl.adapters.docker import DockerEngine
+from sparkctl.adapters.hub import HubClient
+from sparkctl.deploy.pipeline import Deployer
+from sparkctl.deploy.progress import Reporter
+from sparkctl.policy.images import ImagePolicy
+from sparkctl.settings import Settings
+from sparkctl.spec.imagefile import load_policy
+from sparkctl.spec.load import Catalog, catalog_for
+from sparkctl.state.store import Store
+
+
+class Wiring:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @cached_property
+    def docker(self) -> DockerEngine:
+        """The handle on this instance's Docker engine (one per endpoint: `SPARKCTL_DOCKER_HOST`)."""
+        return DockerEngine(self.settings.docker_host, instance=self.settings.instance)
+
+    @cached_property
+    def store(self) -> Store:
+        return Store(self.settings.store_path)
+
+    def catalog(self) -> Catalog:
+        return catalog_for(self.settings)
+
+    def policy(self) -> ImagePolicy:
+        return load_policy(self.settings.images_file)
+
+    def deployer(self, reporter: Reporter, *, catalog: Catalog | None = None, policy: ImagePolicy | None = None
+                 ) -> Deployer:
+        s = self.settings
+        hub = HubClient(cache_dir=s.hf_cache_dir, token=s.hf_token.get_secret_value() if s.hf_token else None,
+                        endpoint=s.hf_endpoint)
+        return Deployer(s, catalog or self.catalog(), policy or self.policy(), self.docker, hub, self.store, reporter)
