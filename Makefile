@@ -8,7 +8,8 @@ export SPARKCTL_BUILD_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/sparkc
 
 .PHONY: test unit integration e2e setup images venv perf demo clean
 
-test: setup  ## every test tier, on the real engine
+test: setup  ## every test tier, on the real engine, and each benchmark once in smoke mode
+	@bash scripts/perf-setup.sh
 	$(VENV)/bin/pytest tests
 
 unit: venv  ## pure tests only, no Docker

@@ -38,7 +38,11 @@ from sparkctl.deploy.health import http_status  # noqa: E402
 from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
-TOKENS, ROUNDS, REQUESTS = 256, 5, {1: 6, 16: 2, 64: 2}  # concurrency -> requests per client per round
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from world import SMOKE, load, runs  # noqa: E402
+
+TOKENS, ROUNDS = 256, runs(5)
+REQUESTS = {1: 2, 16: 1} if SMOKE else {1: 6, 16: 2, 64: 2}  # concurrency -> requests per client per round
 # BENCH_GATEWAY_LEVELS=1 (say) measures only those levels.
 LEVELS = [int(c) for c in os.environ.get("BENCH_GATEWAY_LEVELS", ",".join(map(str, REQUESTS))).split(",")]
 SCALE = "1"  # the Gemma profile as measured: 81 tok/s per stream
@@ -174,6 +178,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    print(load())
     if not shutil.which("nginx"):
         raise SystemExit("nginx is missing: `make perf` installs it (scripts/perf-setup.sh)")
     root = Path(tempfile.mkdtemp(prefix="sparkctl-gw-"))

@@ -25,10 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_gateway import NGINX_CONF, start  # noqa: E402
+from world import load, runs  # noqa: E402
 
 from tests.conftest import free_port  # noqa: E402
 
-REQUESTS, WARM, ROUNDS = 1000, 50, 3
+REQUESTS, WARM, ROUNDS = runs(1000, smoke=50), runs(50, smoke=5), runs(3)
 PIECE = b'data: {"choices":[{"text":"x","index":0}]}\n\n'
 ANSWER = PIECE * 4 + b"data: [DONE]\n\n"
 
@@ -78,6 +79,7 @@ def serve_engine(port: int) -> None:
 
 
 def main() -> None:
+    print(load())
     if not shutil.which("nginx"):
         raise SystemExit("nginx is missing: `make perf` installs it (scripts/perf-setup.sh)")
     root = Path(tempfile.mkdtemp(prefix="sparkctl-gwq-"))

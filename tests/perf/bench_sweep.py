@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SPARKCTL, world  # noqa: E402
+from world import SMOKE, SPARKCTL, load, world  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out" / "sweep"
-DEPTHS = "0,2048,4096,8192,12288,32768,65536"
+DEPTHS = "0,4096" if SMOKE else "0,2048,4096,8192,12288,32768,65536"
 
 
 def main() -> None:
+    print(load())
     shutil.rmtree(OUT, ignore_errors=True)
     with world(time_scale="0.05") as (env, _):
         env["SPARKCTL_ENGINE_ENV"] += ",SPARKCTL_SIM_LOAD_SCALE=0.005"

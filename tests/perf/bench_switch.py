@@ -25,12 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SPARKCTL, world  # noqa: E402
+from world import SPARKCTL, load, runs, spread, world  # noqa: E402
 
 from sparkctl.cli.client import DaemonClient  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
-SWITCHES = 10
+SWITCHES = runs(10, smoke=2)
 STACKS = ("qwen36-dflash", "aeon-gemma4-v2")
 
 
@@ -58,6 +58,7 @@ def agent(gateway: str, stop: threading.Event, counts: dict[str, int]) -> None:
 
 
 def main() -> None:
+    print(load())
     with world() as (env, _):
         state = Path(env["SPARKCTL_STATE_DIR"])
         state.mkdir(parents=True, exist_ok=True)
@@ -83,11 +84,11 @@ def main() -> None:
         finally:
             daemon.terminate()
             daemon.wait(30)
-    median = statistics.median(c for c, _, _ in costs)
-    print(f"switch cost (hold/swap, median of {SWITCHES}): {median:.3f} s beyond the engine's own start "
-          f"(goal <= 1.0 s: {'ok' if median <= 1.0 else 'MISSED'})")
-    print(f"  held probe waited {statistics.median(w for _, w, _ in costs):.3f} s; new engine start "
-          f"{statistics.median(e for _, _, e in costs):.3f} s (medians); one request {service * 1000:.0f} ms")
+    cost, waited, engine = ([c[i] for c in costs] for i in range(3))
+    print(f"switch cost (hold/swap) beyond the engine's own start: {spread(cost)}; goal <= 1.0 s: "
+          f"{'ok' if statistics.median(cost) <= 1.0 else 'MISSED'}")
+    print(f"  held probe waited {spread(waited)}; new engine start {spread(engine)}; one request "
+          f"{service * 1000:.0f} ms")
     print(f"quick switch-over benchmark as a gate: {gated['result']['timings']['bench_s']:.2f} s added to the "
           f"switch ({gated['result']['bench']['summary']})")
     print(f"requests over all switches: {counts['ok']} answered, {counts['failed']} failed (goal 0: "

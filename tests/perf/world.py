@@ -1,11 +1,15 @@
 """A throwaway world for benchmarks: loopback registry with the sim image published, the local
-Hub with the fixture repos, and sparkctl settings pointing at both (in a temp dir)."""
+Hub with the fixture repos, and sparkctl settings pointing at both (in a temp dir). Also how
+every benchmark reports a figure (median, min and max over its runs) and the machine's load,
+and the smoke mode `make test` runs them in (SPARKCTL_PERF_SMOKE=1: one run, small sizes; the
+figures are printed, not judged)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +23,25 @@ from sparkctl.sim.tinymodel import cached_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARKCTL = str(ROOT / ".venv" / "bin" / "sparkctl")
+SMOKE = os.environ.get("SPARKCTL_PERF_SMOKE") == "1"
+
+
+def runs(full: int, smoke: int = 1) -> int:
+    """How many runs a figure takes: `full` in `make perf`, `smoke` in `make test`."""
+    return smoke if SMOKE else full
+
+
+def spread(values: list[float], *, scale: float = 1.0, unit: str = "s", digits: int = 3) -> str:
+    """`median X (min A, max B, n=N)`: a figure with its spread, never an average alone."""
+    v = [x * scale for x in values]
+    return (f"{statistics.median(v):.{digits}f} {unit} (min {min(v):.{digits}f}, max {max(v):.{digits}f}, "
+            f"n={len(v)})")
+
+
+def load() -> str:
+    """The machine's load average (1, 5, 15 min), printed before a benchmark's figures."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from sparkctl import wire
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -193,14 +192,18 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
 
 
 def _up(rt, name: str) -> None:
-    _deploy_step(rt, "/v1/up", wire.UpRequest(name, replace=True), lambda d: d.up(name, replace=True))
+    from sparkctl.wire import UpRequest
+
+    _deploy_step(rt, "/v1/up", UpRequest(name, replace=True), lambda d: d.up(name, replace=True))
 
 
 def _down(rt, name: str) -> None:
-    _deploy_step(rt, "/v1/down", wire.DownRequest(name), lambda d: d.down(name))
+    from sparkctl.wire import DownRequest
+
+    _deploy_step(rt, "/v1/down", DownRequest(name), lambda d: d.down(name))
 
 
-def _deploy_step(rt, path: str, request: wire.Request, in_process) -> None:
+def _deploy_step(rt, path: str, request, in_process) -> None:
     """Through the daemon when it runs (it must not find a stack it didn't deploy), else here."""
     from sparkctl.cli.console import ConsoleReporter
     from sparkctl.cli.deploy import through_daemon

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from sparkctl import wire
 from sparkctl.cli.console import ConsoleReporter
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from sparkctl import wire
 
 patch_app = typer.Typer(help="Check a stack's patches against its image.", no_args_is_help=True)
 
@@ -25,6 +28,8 @@ def up(
     """Bring STACK up: image by digest, weights, patches, container, health checks."""
     rt = runtime(ctx)
     if rt.daemon.available():
+        from sparkctl import wire
+
         done = wire.UpDone(**through_daemon(rt, "/v1/up", wire.UpRequest(stack, refresh, replace)))
         verb = "already up, unchanged" if done.unchanged else "up"
         rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {done.fingerprint}; kept up by the daemon)")
@@ -41,6 +46,8 @@ def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
     rt = runtime(ctx)
     if rt.daemon.available():
+        from sparkctl import wire
+
         removed = wire.DownDone(**through_daemon(rt, "/v1/down", wire.DownRequest(stack))).removed
     else:
         with ConsoleReporter(rt.console) as reporter:
@@ -61,6 +68,8 @@ def switch(
     if not rt.daemon.available():
         raise SparkctlError("switch needs the daemon (its gateway holds and drains requests): start "
                             "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
+    from sparkctl import wire
+
     result = through_daemon(rt, "/v1/switch", wire.SwitchRequest(stack, alias))
     if result["mode"] == "unchanged":
         verb = "already up, unchanged" if result["up"]["unchanged"] else "started again"
@@ -142,6 +151,7 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
 
 def through_daemon(rt, path: str, request: wire.Request) -> dict:
     """Ask the daemon, printing its progress events; returns the outcome's result."""
+    from sparkctl import wire
     from sparkctl.phase import Phase
 
     with ConsoleReporter(rt.console) as reporter:

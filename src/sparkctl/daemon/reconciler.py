@@ -20,6 +20,7 @@ import structlog
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
+from sparkctl.deploy.pipeline import UpResult
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
 from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled
@@ -33,7 +34,7 @@ class Machine(Protocol):
 
     def observe(self) -> list[Observed]: ...
 
-    def deploy(self, stack: str) -> object: ...
+    def deploy(self, stack: str) -> UpResult | None: ...
 
     def down(self, stack: str) -> int: ...
 

@@ -23,7 +23,6 @@ import structlog
 from sparkctl.daemon.reconciler import Machine, Reconciler
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
-from sparkctl.phase import Phase
 from sparkctl.policy.switch import Mode, SwitchPlan
 from sparkctl.state.store import Store
 
@@ -144,8 +143,8 @@ class Switcher:
         new = switch.plan.new
         self.machine.update_desired(lambda d: d.with_stack(new))
         with switch.timed("deploy_s"):
-            self.machine.deploy(new)
-        switch.timings |= self._phase_times(new)
+            done = self.machine.deploy(new)
+        switch.timings |= done.timings if done else {}
         self.refresh_routes()  # routes the new stack by name (the gate benchmarks through the gateway)
         if self.bench_mode(new) == "gate":
             with switch.timed("bench_s"):
@@ -184,22 +183,6 @@ class Switcher:
         except SparkctlError as e:  # the switch stands; the report says what the benchmark found
             self.reporter.note(stack, f"switch-over benchmark: {e}")
             return {"error": str(e)}
-
-    def _phase_times(self, stack: str) -> dict[str, float]:
-        """Engine start (container start to /health 200), health (to the model listed) and canary,
-        from the deployment's phases."""
-        latest = self.store.deployments.latest(stack)
-        if latest is None:
-            return {}
-        at = {phase: t for phase, t, _ in self.store.deployments.transitions(latest.id)}
-        times = {}
-        if Phase.STARTING in at and Phase.READY in at:
-            times["engine_start_s"] = round(at[Phase.READY] - at[Phase.STARTING], 3)
-        if Phase.READY in at and Phase.CANARY in at:  # /health 200 until the model is listed and answers
-            times["health_s"] = round(at[Phase.CANARY] - at[Phase.READY], 3)
-        if Phase.CANARY in at and Phase.RUNNING in at:
-            times["canary_s"] = round(at[Phase.RUNNING] - at[Phase.CANARY], 3)
-        return times
 
     def _note(self, plan: SwitchPlan, text: str) -> None:
         self.reporter.note(plan.alias, text)

@@ -9,9 +9,10 @@ Built by the CLI (and the daemon) with its adapters.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ class UpResult:
     changed: bool  # False: the running container already matched, nothing was touched
     url: str
     acceptance: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # engine start, health, canary (Phases.durations)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Deployer:
             phases.enter(Phase.FAILED, error=str(e))
             raise
         phases.enter(Phase.RUNNING, "unchanged" if not result.changed else "")
-        return result
+        return dataclasses.replace(result, timings=phases.durations())  # `replace` is a flag here
 
     def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False) -> Prepared:
         """Resolve and fetch everything the stack needs, and patch; starts nothing."""

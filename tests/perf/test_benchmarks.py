@@ -1,0 +1,26 @@
+"""`make test` runs every benchmark once in its smoke mode (one run, small sizes): each must run
+to the end and print its figures, so `make perf` cannot rot between full runs. The figures are
+not judged here; `make perf` measures them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = sorted(HERE.glob("bench_*.py"))
+
+
+@pytest.mark.parametrize("bench", BENCHMARKS, ids=lambda p: p.stem)
+def test_the_benchmark_runs_and_prints_its_figures(bench: Path) -> None:
+    done = subprocess.run([sys.executable, str(bench)], env={**os.environ, "SPARKCTL_PERF_SMOKE": "1"},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("load average"), done.stdout
+    assert len(lines) >= 2 and any(ch.isdigit() for ch in "".join(lines[1:])), done.stdout
+    print(done.stdout)
