@@ -93,7 +93,7 @@ from sparkctl.state.store import Store
 hub = HubClient(cache_dir=Path({str(root / 'ours')!r}), endpoint={env['PERF_HUB']!r})
 t = time.perf_counter()
 weights.fetch(Weights(repo="perf/big-weights"), hub=hub, store=Store(Path({str(root / 'ours.db')!r})),
-              refresh=False, reporter=RecordingReporter(), label="model")
+              refresh=False, reporter=RecordingReporter(), stack="perf", label="model")
 print(time.perf_counter() - t)
 """
     ours = float(subprocess.run([sys.executable, "-c", bench], capture_output=True, text=True, check=True).stdout)

@@ -148,6 +148,19 @@ def test_a_crash_is_restarted_then_a_crash_loop_gives_up_and_moves_the_alias() -
     assert kinds.count("died") == 5 and "failed" in kinds and "realiased" in kinds
 
 
+def test_a_death_reported_while_a_pass_restarts_the_engine_still_counts() -> None:
+    """A pass can see the engine dead and start it before Docker's `die` event is handled: the
+    event then arrives while the stack is busy with that restart, and is still a crash."""
+    machine = FakeMachine([Observed("a", "c1", "exited")], Desired(("a",)))
+    r = reconciler(machine, Clock())
+    counted = []
+    start = machine.start
+    machine.start = lambda c: (counted.append(r.died("a", oom=False, exit_code=137)), start(c))
+    r.reconcile()
+    assert counted == [True] and len(r.history["a"].failures) == 1
+    assert [e["kind"] for e in r.bus.after(0, timeout=0)].count("died") == 1
+
+
 def test_failed_deploys_count_towards_the_crash_loop_and_forget_resets() -> None:
     clock = Clock()
     machine = FakeMachine(wanted=Desired(("a",)), deploy_fails=True)

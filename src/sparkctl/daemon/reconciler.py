@@ -59,6 +59,7 @@ class Reconciler:
         self.wake_at: float | None = None  # when a backoff ends, the loop should pass again
         self.passes = 0
         self.restarts = 0
+        self._restarting: set[str] = set()  # stacks whose dead engine a pass is starting again
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deploy") if run_async else None
 
@@ -79,7 +80,9 @@ class Reconciler:
         """A Docker `die`/`oom` event for one of our containers: count it as a failure (True)."""
         with self._lock:
             h = self.history.get(stack, History())
-            if h.busy or stack not in self.machine.desired().stacks:  # our own stop or `down`, not a crash
+            # Busy is our own stop or `down`, not a crash; but a pass may have seen the engine dead
+            # and be starting it again before this event arrived: that death still counts.
+            if (h.busy and stack not in self._restarting) or stack not in self.machine.desired().stacks:
                 return False
             self.history[stack] = replace(h, failures=(*h.failures, self.clock()))
         cause = "OOM-killed" if oom else f"exited with code {exit_code}"
@@ -116,6 +119,7 @@ class Reconciler:
             self.restarts += 1
             log.info("container_restarted", stack=action.stack, container=action.container[:12])
             self.bus.publish(Restarting(action.stack))
+            self._restarting.add(action.stack)
             self._run(action.stack, lambda: self.machine.start(action.container))
         elif isinstance(action, Deploy):
             log.info("stack_deploying", stack=action.stack)
@@ -142,6 +146,7 @@ class Reconciler:
             except Exception as e:  # noqa: BLE001 - a bug in one deploy must not kill the loop
                 error = f"internal error: {type(e).__name__}: {e}"
             with self._lock:
+                self._restarting.discard(stack)
                 h = replace(self.history.get(stack, History()), busy=False)
                 if error:
                     h = replace(h, failures=(*h.failures, self.clock()))
