@@ -150,10 +150,11 @@ class Settled:
 
 @dataclass(frozen=True)
 class Finished:
-    """An API action ended: wakes its stream at once."""
+    """An API action ended: its stream has seen all of its events and ends at once."""
 
     kind: ClassVar[str] = "finished"
     stack: str
+    action: int  # which action: several may be about one stack
 
 
 Event = PhaseChanged | Progress | Note | Died | Removed | Restarting | Failed | Realiased | Settled | Finished

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +28,7 @@ from sparkctl.log import redact
 from sparkctl.state.desired import Desired
 
 MAX_BODY = 64 * 1024
+_actions = itertools.count(1)  # numbers the streamed actions, so each finds its own end
 
 
 class Service(Protocol):
@@ -53,10 +55,13 @@ class Service(Protocol):
     def metrics_text(self) -> str: ...
 
 
+SERVICE = web.AppKey("service", Service)
+
+
 def build(service: Service, *, token: str | None = None) -> web.Application:
     """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors] + ([_bearer(token)] if token else []))
-    app["service"] = service
+    app[SERVICE] = service
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/desired", desired)
     app.router.add_post("/v1/up", up)
@@ -69,17 +74,17 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app["service"].status))
+    return web.json_response(await asyncio.to_thread(request.app[SERVICE].status))
 
 
 async def desired(request: web.Request) -> web.Response:
-    d = await asyncio.to_thread(request.app["service"].desired)
+    d = await asyncio.to_thread(request.app[SERVICE].desired)
     return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks})
 
 
 async def up(request: web.Request) -> web.StreamResponse:
     ask = await _request(request, wire.UpRequest)
-    service: Service = request.app["service"]
+    service: Service = request.app[SERVICE]
     async with _queued(service, ask.stack) as ticket:
         stack = await asyncio.to_thread(service.check_stack, ask.stack)
     return await _stream_action(request, (stack,), lambda: service.up(stack, refresh=ask.refresh, replace=ask.replace,
@@ -88,7 +93,7 @@ async def up(request: web.Request) -> web.StreamResponse:
 
 async def down(request: web.Request) -> web.StreamResponse:
     ask = await _request(request, wire.DownRequest)
-    service: Service = request.app["service"]
+    service: Service = request.app[SERVICE]
     async with _queued(service, ask.stack) as ticket:
         stack = await asyncio.to_thread(service.check_stack, ask.stack)
     return await _stream_action(request, (stack,), lambda: service.down(stack, ticket=ticket))
@@ -96,7 +101,7 @@ async def down(request: web.Request) -> web.StreamResponse:
 
 async def switch(request: web.Request) -> web.StreamResponse:
     ask = await _request(request, wire.SwitchRequest)
-    service: Service = request.app["service"]
+    service: Service = request.app[SERVICE]
     async with _queued(service, f"alias:{ask.alias}") as ticket:
         stack = await asyncio.to_thread(service.check_stack, ask.stack)
         old = (await asyncio.to_thread(service.desired)).aliases.get(ask.alias)
@@ -118,7 +123,7 @@ async def _queued(service: Service, key: str) -> AsyncIterator[int]:
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    bus = request.app["service"].bus
+    bus = request.app[SERVICE].bus
     try:
         since = int(request.query.get("since", bus.last))
     except ValueError:
@@ -131,37 +136,41 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def history(request: web.Request) -> web.Response:
-    rows = await asyncio.to_thread(request.app["service"].history, request.query.get("stack"))
+    rows = await asyncio.to_thread(request.app[SERVICE].history, request.query.get("stack"))
     return web.json_response(rows)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=await asyncio.to_thread(request.app["service"].metrics_text), content_type="text/plain")
+    return web.Response(text=await asyncio.to_thread(request.app[SERVICE].metrics_text), content_type="text/plain")
 
 
 async def _stream_action(request: web.Request, names: tuple[str, ...], work: Callable[[], Any]) -> web.StreamResponse:
     """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with
-    the outcome. The work starts before the response does: it holds a ticket that must be used."""
-    stack = names[0]
-    bus = request.app["service"].bus
+    the outcome. The work starts before the response does: it holds a ticket that must be used.
+    Its last event is its own `Finished`, published after all of its others: the stream ends
+    there, whenever the thread's result reaches the loop."""
+    stack, action = names[0], next(_actions)
+    bus = request.app[SERVICE].bus
     since = bus.last
 
     def run() -> Any:
         try:
             return work()
         finally:
-            bus.publish(wire.Finished(stack))  # wakes the wait below at once
+            bus.publish(wire.Finished(stack, action))
 
     task = asyncio.get_running_loop().run_in_executor(None, run)
     response = await _ndjson(request)
-    while True:
-        done = task.done()
-        for event in await bus.wait_after(since, timeout=0 if done else 15):
+    finished = False
+    while not finished:
+        events = await bus.wait_after(since, timeout=0 if task.done() else 15)
+        finished = task.done() and not events  # its Finished fell out of the bus's memory
+        for event in events:
             since = event["seq"]
+            finished = finished or (event["kind"] == "finished" and event["action"] == action)
             if event.get("stack") in names and event["kind"] in wire.STREAMED:
                 await response.write(json.dumps(event).encode() + b"\n")
-        if done:
-            break
+    await asyncio.wait([task])
     error = task.exception()
     if error is None:
         result = task.result()

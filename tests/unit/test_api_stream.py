@@ -1,0 +1,54 @@
+"""An action's NDJSON stream ends with its outcome as soon as the action's own last event is
+seen, even when the worker thread's result reaches the event loop later (it used to wait out
+the 15 s event poll then, one `up` in a dozen)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from sparkctl import wire
+from sparkctl.daemon import api
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.turns import Turns
+
+
+class Service:
+    def __init__(self) -> None:
+        self.bus, self.turns = EventBus(), Turns()
+
+    def check_stack(self, name: str) -> str:
+        return name
+
+    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int) -> wire.UpDone:
+        with self.turns.turn(stack, ticket):
+            self.bus.publish(wire.Note(stack, "deploying"))
+            return wire.UpDone(stack, "f" * 12, unchanged=True)
+
+
+def test_the_stream_ends_when_the_action_does_not_when_its_result_arrives() -> None:
+    async def main() -> tuple[list[dict[str, Any]], float]:
+        loop = asyncio.get_running_loop()
+        plain = loop.run_in_executor
+
+        def late(executor, fn, *args):  # the thread's result reaches the loop 0.3 s after it ended
+            future = loop.create_future()
+            inner = plain(executor, fn, *args)
+            inner.add_done_callback(lambda f: loop.call_later(0.3, future.set_result, f.result()))
+            return future
+
+        loop.run_in_executor = late
+        async with TestClient(TestServer(api.build(Service()))) as client:
+            started = time.monotonic()
+            response = await client.post("/v1/up", json={"stack": "a"})
+            lines = [json.loads(line) for line in (await response.text()).splitlines()]
+            return lines, time.monotonic() - started
+
+    lines, took = asyncio.run(main())
+    assert [line["kind"] for line in lines] == ["note", "outcome"]
+    assert lines[-1]["ok"] and lines[-1]["result"] == {"stack": "a", "fingerprint": "f" * 12, "unchanged": True}
+    assert took < 5, f"the stream waited {took:.1f} s for the next event poll"
