@@ -1,8 +1,9 @@
 """The composition root: the Docker adapter, the state store, the image policy, the catalog and
 the deploy pipeline, built from the settings in one way for the CLI's in-process commands and
-for the daemon. Stack files and the image policy are read afresh on each call, so edits apply
-without a restart; the adapters and the store are made once per process. Each part is imported
-when first asked for: `sparkctl stacks list` must not pay for the Docker SDK."""
+for the daemon. Stack files (when one changed) and the image policy are read again on each
+call, so edits apply without a restart; the adapters and the store are made once per process.
+Each part is imported when first asked for: `sparkctl stacks list` must not pay for the Docker
+SDK."""
 
 from __future__ import annotations
 
