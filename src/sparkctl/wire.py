@@ -5,7 +5,7 @@ on every call that asks the daemon."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 from sparkctl.errors import SparkctlError
@@ -38,17 +38,22 @@ Request = UpRequest | DownRequest | SwitchRequest
 
 
 def parse(kind: type[Request], body: object) -> Request:
-    """The request in `body` (decoded JSON), or BadRequest naming what is wrong."""
-    if not isinstance(body, dict) or not isinstance(body.get("stack"), str):
-        raise BadRequest("request body must be a JSON object with string fields: stack")
-    if kind is SwitchRequest and not isinstance(body.get("alias") or "primary", str):
-        raise BadRequest("`alias` must be a string")
-    known = {f.name for f in fields(kind)}
-    values = {k: v for k, v in body.items() if k in known and v is not None}
-    if kind is UpRequest:
-        values |= {flag: bool(values.get(flag)) for flag in ("refresh", "replace")}
-    if kind is SwitchRequest:
-        values["alias"] = values.get("alias") or "primary"
+    """The request in `body` (decoded JSON), or BadRequest naming what is wrong. Fields without a
+    default are required strings; a flag is taken as true or false; an optional string left out
+    (or empty) takes its default."""
+    required = [f.name for f in fields(kind) if f.default is MISSING]
+    if not isinstance(body, dict) or any(not isinstance(body.get(name), str) for name in required):
+        raise BadRequest(f"request body must be a JSON object with string fields: {', '.join(required)}")
+    values = {}
+    for f in fields(kind):
+        value = body.get(f.name)
+        if isinstance(f.default, bool):
+            value = bool(value)
+        elif f.default is not MISSING and not value:
+            value = f.default
+        elif not isinstance(value, str):
+            raise BadRequest(f"`{f.name}` must be a string")
+        values[f.name] = value
     return kind(**values)
 
 

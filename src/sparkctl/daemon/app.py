@@ -50,7 +50,7 @@ class Daemon:
         self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired)
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=settings.instance, resync=settings.resync_interval, after_pass=self.routes.refresh)
-        self.operations = Operations(settings, self.machine, self.reconciler, self.machine.turns, self.routes, self.bus,
+        self.operations = Operations(settings, self.machine, self.reconciler, self.routes, self.bus,
                                      kick=self.loops.kick)
 
     def _recover(self) -> None:

@@ -58,7 +58,6 @@ class Operations:
     settings: Settings
     machine: DockerMachine
     reconciler: Reconciler
-    turns: Turns
     routes: Routes
     bus: EventBus
     kick: Callable[[], None]  # ask the reconcile loop for a pass
@@ -68,6 +67,10 @@ class Operations:
     @property
     def store(self) -> Store:
         return self.machine.store
+
+    @property
+    def turns(self) -> Turns:
+        return self.machine.turns
 
     def check_stack(self, name: str) -> str:
         return self.machine.catalog().stack(name).name

@@ -37,7 +37,7 @@ class Phases:
 
     def health(self) -> Reporter:
         assert self.deployment is not None, "the health check runs within a deployment"
-        return _RecordedPhases(self.reporter, self.store, self.deployment, self.at)
+        return _RecordedPhases(self)
 
     def durations(self) -> dict[str, float]:
         """Engine start (container start to /health 200), health (to the model listed and
@@ -50,24 +50,21 @@ class Phases:
 
 @dataclass
 class _RecordedPhases:
-    """The reporter, with each new health phase also recorded in the deployment's transitions
-    and its time kept in `at`."""
+    """The reporter the health check reports through: a new phase is entered (recorded, its
+    time kept); a repeated one is only shown."""
 
-    reporter: Reporter
-    store: Store
-    deployment: int
-    at: dict[Phase, float]
+    phases: Phases
     last: Phase | None = None
 
     def phase(self, stack: str, phase: Phase, detail: str = "") -> None:
-        if phase is not self.last:
-            self.at.setdefault(phase, time.time())
-            self.store.deployments.advance(self.deployment, phase, detail)
+        if phase is self.last:
+            self.phases.reporter.phase(stack, phase, detail)
+        else:
+            self.phases.enter(phase, detail)
             self.last = phase
-        self.reporter.phase(stack, phase, detail)
 
     def progress(self, stack: str, task: str, done: int, total: int) -> None:
-        self.reporter.progress(stack, task, done, total)
+        self.phases.reporter.progress(stack, task, done, total)
 
     def note(self, stack: str, text: str) -> None:
-        self.reporter.note(stack, text)
+        self.phases.reporter.note(stack, text)
