@@ -1,7 +1,5 @@
 """`python -m sparkctl` runs the CLI."""
 
-import sys
+from sparkctl.cli.app import command
 
-from sparkctl.cli.app import main
-
-sys.exit(main())
+command()

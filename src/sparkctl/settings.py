@@ -8,7 +8,6 @@ everything by pointing `SPARKCTL_STATE_DIR` somewhere else.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,6 +15,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sparkctl import instance as instances
+from sparkctl.locate import LOCK_FILE, SOCKET_FILE, default_state_dir, resolve
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -30,19 +30,13 @@ def _xdg(var: str, fallback: str) -> Path:
     return Path(os.environ.get(var) or Path.home() / fallback)
 
 
-LOCK_FILE = "daemon.lock"
 # The names a Hugging Face token goes by in an environment: never handed to an engine.
 SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"})
 
 
-def default_state_dir(name: str = instances.DEFAULT) -> Path:
-    base = _xdg("XDG_STATE_HOME", ".local/state")
-    return base / "sparkctl" if name == instances.DEFAULT else base / f"sparkctl-{name}"
-
-
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SPARKCTL_", env_file=".env", extra="ignore", frozen=True
+        env_prefix="SPARKCTL_", env_file=".env", env_ignore_empty=True, extra="ignore", frozen=True
     )
 
     # One installation on a Docker engine: everything it creates carries this name, and it sees and
@@ -94,16 +88,12 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _instance(cls, data: Any) -> Any:
-        """An instance and its state dir name each other: a named instance without a state dir
-        gets its own, and a state dir without a named instance derives the name."""
+        """An instance and its state dir name each other (`locate.resolve`, which the CLI's
+        daemon client uses too)."""
         if not isinstance(data, dict):
             return data
-        name, state = data.get("instance"), data.get("state_dir")
-        if name and not state and isinstance(name, str) and re.match(instances.PATTERN, name):
-            return {**data, "state_dir": default_state_dir(name)}
-        if not name and state:
-            return {**data, "instance": instances.derived(Path(state), default_state_dir())}
-        return data
+        name, state = resolve(data.get("instance"), data.get("state_dir"))
+        return {**data, **({"instance": name} if name else {}), **({"state_dir": state} if state else {})}
 
     @field_validator("hf_token", "api_token", mode="before")
     @classmethod
@@ -155,7 +145,7 @@ class Settings(BaseSettings):
     @property
     def socket_path(self) -> Path:
         """The daemon's API socket."""
-        return self.state_dir / "sparkctl.sock"
+        return self.state_dir / SOCKET_FILE
 
     @property
     def store_path(self) -> Path:

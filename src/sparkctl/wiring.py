@@ -44,9 +44,9 @@ class Wiring:
         return catalog_for(self.settings)
 
     def policy(self) -> ImagePolicy:
-        from sparkctl.spec.imagefile import load_policy
+        from sparkctl.spec.imagefile import policy_for
 
-        return load_policy(self.settings.images_file)
+        return policy_for(self.settings)
 
     def deployer(self, reporter: Reporter, *, catalog: Catalog | None = None, policy: ImagePolicy | None = None
                  ) -> Deployer:

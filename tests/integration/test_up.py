@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from sparkctl.sim.repos import QWEN_NVFP4
-from tests.conftest import FAST, name, ours, port
+from tests.conftest import FAST, instance, name, ours, port
 
 VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
 
@@ -45,8 +46,12 @@ def test_up_qwen36_dflash_reaches_canary_with_overlays_and_shim(world, cli, engi
 def test_up_again_is_a_no_op_and_status_shows_it(world, cli, engine) -> None:
     assert cli("up", "qwen36-dflash")[0] == 0
     started = engine.client.containers.get(name("qwen36-dflash")).attrs["State"]["StartedAt"]
+    since = time.time()
     code, out, _ = cli("up", "qwen36-dflash")
     assert code == 0 and "already up, unchanged" in out
+    created = engine.client.events(since=since, until=time.time(), decode=True, filters={
+        "type": "container", "event": "create", "label": f"sparkctl.instance={instance()}"})
+    assert list(created) == []  # the image's files for the patches were read once, by the first `up`
     assert engine.client.containers.get(name("qwen36-dflash")).attrs["State"]["StartedAt"] == started
     code, out, _ = cli("status", "--json")
     [row] = json.loads(out)

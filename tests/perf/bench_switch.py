@@ -32,6 +32,9 @@ from tests.conftest import free_port  # noqa: E402
 
 SWITCHES = runs(10, smoke=2)
 STACKS = ("qwen36-dflash", "aeon-gemma4-v2")
+# The switch record's steps: drain the old stack, stop it, then the new one's deploy (engine start,
+# health, canary inside it), and the whole switch.
+STEPS = ("drain_s", "stop_old_s", "deploy_s", "engine_start_s", "health_s", "canary_s", "total_s")
 
 
 def call(gateway: str, timeout: float = 120) -> float:
@@ -84,18 +87,21 @@ def main() -> None:
         finally:
             daemon.terminate()
             daemon.wait(30)
-    cost, waited, engine = ([c[i] for c in costs] for i in range(3))
+    cost, waited, engine, steps = ([c[i] for c in costs] for i in range(4))
     print(f"switch cost (hold/swap) beyond the engine's own start: {spread(cost)}; goal <= 1.0 s: "
           f"{'ok' if statistics.median(cost) <= 1.0 else 'MISSED'}")
     print(f"  held probe waited {spread(waited)}; new engine start {spread(engine)}; one request "
           f"{service * 1000:.0f} ms")
+    print("  where the switch's time went (medians): " + ", ".join(
+        f"{step} {statistics.median(s.get(step, 0.0) for s in steps) * 1000:.0f} ms" for step in STEPS))
     print(f"quick switch-over benchmark as a gate: {gated['result']['timings']['bench_s']:.2f} s added to the "
           f"switch ({gated['result']['bench']['summary']})")
     print(f"requests over all switches: {counts['ok']} answered, {counts['failed']} failed (goal 0: "
           f"{'ok' if counts['failed'] == 0 else 'MISSED'})")
 
 
-def _switch(client: DaemonClient, gateway: str, stack: str, service: float) -> tuple[float, float, float]:
+def _switch(client: DaemonClient, gateway: str, stack: str, service: float
+            ) -> tuple[float, float, float, dict[str, float]]:
     outcome: dict = {}
 
     def run() -> None:
@@ -109,8 +115,9 @@ def _switch(client: DaemonClient, gateway: str, stack: str, service: float) -> t
     waited = call(gateway) - service
     worker.join()
     assert outcome.get("ok"), outcome
-    engine = outcome["result"]["timings"]["engine_start_s"]
-    return waited - engine, waited, engine
+    timings = outcome["result"]["timings"]
+    engine = timings["engine_start_s"]
+    return waited - engine, waited, engine, timings
 
 
 def _gate_on(stacks: Path, stack: str) -> None:

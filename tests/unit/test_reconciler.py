@@ -50,7 +50,7 @@ CASES = [
     ("old failures don't count", ("a",), [run(state="exited")],
      {"a": History(failures=tuple(NOW - 1000 - i for i in range(5)))}, [Restart("a", "c1")]),
     ("given up -> left alone", ("a",), [run(state="exited")], {"a": History(failed="crash loop")}, []),
-    ("busy -> left alone", ("a",), [], {"a": History(busy=True)}, []),
+    ("busy -> left alone", ("a",), [], {"a": History(busy=1)}, []),
     ("two running -> duplicate removed", ("a",), [run("c1"), run("c2")], {},
      [Remove("c2", "duplicate container of a")]),
 ]
@@ -159,6 +159,25 @@ def test_a_death_reported_while_a_pass_restarts_the_engine_still_counts() -> Non
     r.reconcile()
     assert counted == [True] and len(r.history["a"].failures) == 1
     assert [e["kind"] for e in r.bus.after(0, timeout=0)].count("died") == 1
+
+
+def test_a_pass_deploy_ending_inside_a_switch_leaves_the_stack_held() -> None:
+    """A switch can take hold of a stack while a pass is still deploying it: when that deploy
+    ends, the stack stays held, so the switch's own stop is no crash and no pass restarts it."""
+    machine = FakeMachine(wanted=Desired(("a",)))
+    r = reconciler(machine, Clock())
+    held = r.holding("a")
+    deploy = machine.deploy
+    machine.deploy = lambda stack: (held.__enter__(), deploy(stack))  # the switch arrives mid-deploy
+    r.reconcile()
+    assert r.history["a"].busy == 1
+    machine.containers = [Observed("a", o.container, "exited") for o in machine.containers]  # the switch stops it
+    r.forget("a")  # an `up` asked meanwhile: failures go, the hold stays
+    assert not r.died("a", oom=False, exit_code=0)
+    r.reconcile()
+    assert machine.calls == [("deploy", "a")]
+    held.__exit__(None, None, None)
+    assert r.history["a"].busy == 0
 
 
 def test_failed_deploys_count_towards_the_crash_loop_and_forget_resets() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cached_property
@@ -162,8 +163,15 @@ class DockerEngine:
 
     @transient()
     def stop(self, name_or_id: str, *, timeout: int = 30) -> None:
+        """Stop the container; returns once Docker's container list agrees. The list is a copy
+        the engine updates after `stop` has returned, and for a few ms it can still say running:
+        admission, which reads it, would count a stopped stack's memory."""
         with _translated(f"stop container {name_or_id}"):
             self.client.api.stop(name_or_id, timeout=timeout)
+            deadline = time.monotonic() + 5
+            while self.client.api.containers(all=True, filters={"id": name_or_id, "status": "running"}) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.005)
 
     def rename(self, name_or_id: str, new_name: str) -> None:
         with _translated(f"rename container {name_or_id} to {new_name}"):

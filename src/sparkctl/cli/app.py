@@ -6,8 +6,10 @@ line and exit code 1 (the traceback only with `--debug`).
 
 from __future__ import annotations
 
+import gc
 import sys
 import traceback
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -72,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         _fail(err, f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
         return 1
     return 0
+
+
+def command() -> NoReturn:
+    """The console script: `main`, then an exit whose teardown does not walk every object the
+    imports made (`gc.freeze`: about 60 ms less per call, docs/perf.md)."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def _fail(err: Console, line: str) -> None:

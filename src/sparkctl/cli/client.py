@@ -1,4 +1,5 @@
-"""The CLI's client for the daemon's unix-socket API (stdlib and settings only, so it starts fast)."""
+"""The CLI's client for the daemon's unix-socket API (stdlib only, so a call through the daemon
+starts fast; `locate` finds the socket without loading the settings)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import SparkctlError
-from sparkctl.settings import LOCK_FILE
+from sparkctl.locate import LOCK_FILE
 
 
 class _UnixConnection(http.client.HTTPConnection):

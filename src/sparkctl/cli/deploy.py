@@ -107,7 +107,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         fingerprint = [(row["fingerprint"] or "")[:12]] if wide else []
         table.add_row(row["stack"], row["phase"], row["endpoint"], *fingerprint, _duration(row["uptime_s"]),
                       f"{row['memory']:.2f}" if row["memory"] is not None else "")
-    rt.console.print(table if rows else f"no stacks are deployed (instance {rt.settings.instance})")
+    rt.console.print(table if rows else f"no stacks are deployed (instance {rt.instance})")
     if others:
         listed = "; ".join(f"{name}: {', '.join(stacks)}" for name, stacks in others.items())
         rt.console.print(f"[dim]other sparkctl instances on this engine (not touched): {listed}[/]")
@@ -144,6 +144,7 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
         return
     with ConsoleReporter(rt.console) as reporter:
         prepared = rt.deployer(reporter).prepare(spec)
+        prepared.image.settle()
     print(prepared.patches.diff, end="")
     rt.console.print(f"[green]patches apply[/]: {len(prepared.patches.mounts)} files, patch-set hash "
                      f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")

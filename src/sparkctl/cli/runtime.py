@@ -79,10 +79,17 @@ class Runtime:
         return self.wiring.store
 
     @cached_property
+    def instance(self) -> str:
+        from sparkctl.locate import located
+
+        return located()[0]
+
+    @cached_property
     def daemon(self) -> DaemonClient:
         from sparkctl.cli.client import DaemonClient
+        from sparkctl.locate import socket_path
 
-        return DaemonClient(self.settings.socket_path)
+        return DaemonClient(socket_path())  # the settings are not loaded for a call the daemon answers
 
     def deployer(self, reporter: Reporter) -> Deployer:
         return self.wiring.deployer(reporter, catalog=self.catalog, policy=self.policy)

@@ -33,7 +33,7 @@ class History:
 
     failures: tuple[float, ...] = ()  # times the stack's engine died or failed to deploy
     failed: str | None = None  # why it was given up on
-    busy: bool = False  # an action is in flight
+    busy: int = 0  # actions in flight (a pass's deploy and a switch's hold can overlap)
 
 
 @dataclass(frozen=True)

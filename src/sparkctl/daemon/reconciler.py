@@ -93,18 +93,23 @@ class Reconciler:
     @contextmanager
     def holding(self, stack: str) -> Iterator[None]:
         """Mark the stack busy while the API works on it, so passes leave it alone."""
-        with self._lock:
-            self.history[stack] = replace(self.history.get(stack, History()), busy=True)
+        self._busy(stack, +1)
         try:
             yield
         finally:
-            with self._lock:
-                self.history[stack] = replace(self.history.get(stack, History()), busy=False)
+            self._busy(stack, -1)
+
+    def _busy(self, stack: str, change: int) -> None:
+        """Count one more (or one fewer) action in flight on the stack: a pass's deploy that ends
+        while a switch holds the stack must not mark it idle."""
+        with self._lock:
+            h = self.history.get(stack, History())
+            self.history[stack] = replace(h, busy=h.busy + change)
 
     def forget(self, stack: str) -> None:
         """The user asked for the stack again (`up`): clear its failures and failed mark."""
         with self._lock:
-            self.history.pop(stack, None)
+            self.history[stack] = History(busy=self.history.get(stack, History()).busy)
 
     def close(self) -> None:
         if self._pool:
@@ -135,7 +140,7 @@ class Reconciler:
             self.bus.publish(Realiased(action.alias, action.stack, action.reason))
 
     def _run(self, stack: str, work: Callable[[], None]) -> None:
-        self.history[stack] = replace(self.history.get(stack, History()), busy=True)
+        self._busy(stack, +1)
 
         def job() -> None:
             error = None
@@ -147,10 +152,10 @@ class Reconciler:
                 error = f"internal error: {type(e).__name__}: {e}"
             with self._lock:
                 self._restarting.discard(stack)
-                h = replace(self.history.get(stack, History()), busy=False)
+                self._busy(stack, -1)
                 if error:
-                    h = replace(h, failures=(*h.failures, self.clock()))
-                self.history[stack] = h
+                    h = self.history[stack]
+                    self.history[stack] = replace(h, failures=(*h.failures, self.clock()))
             if error:
                 log.error("stack_action_failed", stack=stack, error=error.splitlines()[0])
             self.bus.publish(Settled(stack, error is None, error))

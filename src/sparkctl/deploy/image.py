@@ -2,11 +2,14 @@
 tag that moved since it was pinned, and pull by digest with per-layer progress.
 
 A pin in images.yaml (known-good) or the digest recorded by an earlier `up` decides what runs;
-the registry's current answer is only followed with `refresh`. Called by the pipeline.
+the registry's current answer is only followed with `refresh`. With a digest already known, the
+registry is asked in the background whether the tag moved (a round trip to ghcr.io is hundreds
+of ms): the deploy goes on, and the answer is a note before it ends. Called by the pipeline.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,7 +26,12 @@ class ResolvedImage:
     name: ImageName  # the image's real identity (policy, pins and records use it)
     digest: str
     run_ref: str  # what Docker runs: the fetch location with the digest
-    moved_to: str | None = None  # the registry's newer digest, when the tag moved and was not followed
+    watch: threading.Thread | None = None  # asks the registry whether the pinned tag moved
+
+    def settle(self) -> None:
+        """Wait for the moved-tag check (its note is reported before the deploy's outcome)."""
+        if self.watch is not None:
+            self.watch.join()
 
 
 def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: Store,
@@ -36,15 +44,24 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
         reporter.note(stack.name, f"{stack.image.ref} is a local build ({local[:19]}), not from a registry")
         check(policy, stack.image.ref, digest=local, allow_latest=stack.image.allow_latest)
         return ResolvedImage(name, local, local)
-    remote = _remote_digest(docker, source, stack, reporter, required=refresh or known is None)
-    digest = remote if (refresh or known is None) else known
-    moved = remote if remote and known and remote != known and not refresh else None
-    if moved:
+    repository = source.rsplit(":", 1)[0] if name.tag else source
+    if known is not None and not refresh:
+        check(policy, stack.image.ref, digest=known, allow_latest=stack.image.allow_latest)
+        watch = threading.Thread(target=_watch_tag, args=(docker, source, stack, name, known, reporter), daemon=True)
+        watch.start()
+        return ResolvedImage(name, known, f"{repository}@{known}", watch)
+    digest = _remote_digest(docker, source, stack, reporter, required=True)
+    assert digest is not None
+    check(policy, stack.image.ref, digest=digest, allow_latest=stack.image.allow_latest)
+    return ResolvedImage(name, digest, f"{repository}@{digest}")
+
+
+def _watch_tag(docker: DockerEngine, source: str, stack: Stack, name: ImageName, known: str,
+               reporter: Reporter) -> None:
+    moved = _remote_digest(docker, source, stack, reporter, required=False)
+    if moved and moved != known:
         reporter.note(stack.name, f"tag {name.tagged} has moved: pinned {known[:19]}, registry now {moved[:19]}; "
                                   "running the pinned digest (`sparkctl up --refresh` follows the tag)")
-    check(policy, stack.image.ref, digest=digest, allow_latest=stack.image.allow_latest)
-    repository = source.rsplit(":", 1)[0] if name.tag else source
-    return ResolvedImage(name, digest, f"{repository}@{digest}", moved)
 
 
 def pull(image: ResolvedImage, *, stack: str, docker: DockerEngine, reporter: Reporter) -> None:

@@ -1,10 +1,11 @@
 """The patch step: change vLLM's files for a stack without changing the image.
 
-Finds vLLM's package dir inside the image (cached per digest), copies the target files out of
-a never-started container, applies overlays (whole files from the draft or model snapshot),
-unified diffs and class-attribute shims on the host, checks each result (it parses, the shim
-re-applies as a no-op), and writes them to an overlay dir keyed by their hash. The pipeline
-bind-mounts each file read-only over its path; the hash goes into the fingerprint.
+Finds vLLM's package dir inside the image and copies the target files out of a never-started
+container (both cached per digest: an image's files never change), applies overlays (whole
+files from the draft or model snapshot), unified diffs and class-attribute shims on the host,
+checks each result (it parses, the shim re-applies as a no-op), and writes them to an overlay
+dir keyed by their hash. The pipeline bind-mounts each file read-only over its path; the hash
+goes into the fingerprint.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: Dock
         return PatchResult("", (), "", "")
     vllm_dir = find_vllm(docker, image, digest, cache=state_dir / "vllm-dirs.json")
     steps = _steps(patch_sets, patches_dir)
-    originals = docker.read_files(image, [f"{vllm_dir}/{rel}" for rel in steps])
+    originals = image_files(docker, image, digest, [f"{vllm_dir}/{rel}" for rel in steps],
+                            cache=state_dir / "image-files" / f"{digest.replace(':', '-')}.json")
     patched: dict[str, str] = {}
     for rel, actions in steps.items():
         original = originals[f"{vllm_dir}/{rel}"]
@@ -79,6 +81,22 @@ def find_vllm(docker: DockerEngine, image: str, digest: str, *, cache: Path) -> 
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(known | {digest: found}, indent=2))
     return found
+
+
+def image_files(docker: DockerEngine, image: str, digest: str, paths: list[str], *, cache: Path
+                ) -> dict[str, bytes | None]:
+    """The files at `paths` in the image (None: absent), read once per digest: a repeated `up`
+    starts no scratch container."""
+    known: dict[str, str | None] = json.loads(cache.read_text()) if cache.is_file() else {}
+    missing = [p for p in paths if p not in known]
+    if missing:
+        read = docker.read_files(image, missing)
+        known |= {p: data.decode() if data is not None else None for p, data in read.items()}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        scratch = cache.with_name(f".{cache.name}.{os.getpid()}")
+        scratch.write_text(json.dumps(known))
+        scratch.replace(cache)
+    return {p: known[p].encode() if known[p] is not None else None for p in paths}
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class Deployer:
         stack = self.catalog.stack(name)
         deployment = self.store.deployments.begin(name)
         phases = Phases(self.store, self.reporter, stack.name, deployment)
+        prepared = None
         try:
             check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
             for _, why in stack.risks():  # opted into with `allow:`
@@ -88,6 +89,9 @@ class Deployer:
         except SparkctlError as e:
             phases.enter(Phase.FAILED, error=str(e))
             raise
+        finally:
+            if prepared is not None:
+                prepared.image.settle()  # the moved-tag note comes before the outcome
         phases.enter(Phase.RUNNING, "unchanged" if not result.changed else "")
         return dataclasses.replace(result, timings=phases.durations())  # `replace` is a flag here
 

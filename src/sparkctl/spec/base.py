@@ -33,4 +33,6 @@ SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.IGNORECASE)
 
 
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Validators are built when first used, not at import: a catalog unpickled from the state dir's
+    # cache never needs them (`spec.load.catalog_for`).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)

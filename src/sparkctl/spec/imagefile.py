@@ -10,15 +10,28 @@ import datetime as dt
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap
 
 from sparkctl.errors import SpecError
 from sparkctl.policy.images import DIGEST, Ban, ImagePolicy, Pin, parse_ref
+from sparkctl.settings import Settings
+from sparkctl.spec import kept
 from sparkctl.spec.load import read_yaml
+
+if TYPE_CHECKING:
+    from ruamel.yaml.comments import CommentedMap
+
+
+def policy_for(settings: Settings) -> ImagePolicy:
+    """The image policy in the stacks dir, read again only when images.yaml changed (`spec.kept`)."""
+    path = settings.images_file
+    try:
+        key = kept.signature(path)
+    except OSError:  # replaced while we looked
+        return load_policy(path)
+    return kept.cached(settings.state_dir / "cache" / "policy.pickle", key, lambda: load_policy(path), ImagePolicy)
 
 
 def load_policy(path: Path) -> ImagePolicy:
@@ -56,6 +69,8 @@ def unblacklist(path: Path, ref: str) -> bool:
 
 
 def _edit(path: Path, section: str, key: str, value: dict[str, Any]) -> None:
+    from ruamel.yaml.comments import CommentedMap  # ruamel only when the file is edited
+
     def apply(doc: CommentedMap) -> None:
         table = doc.setdefault(section, CommentedMap())
         if table is None:
@@ -88,6 +103,9 @@ def _same(key: str, ref: str) -> bool:
 
 def _round_trip(path: Path, apply: Callable[[CommentedMap], None]) -> None:
     """Load with comments, apply, validate the result, and replace the file atomically."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
     yaml = YAML()
     yaml.preserve_quotes = True
     yaml.width = 4096

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from sparkctl.errors import NoSuchStack, SpecError
 from sparkctl.settings import Settings
-from sparkctl.spec import yamlfile
+from sparkctl.spec import kept, yamlfile
 from sparkctl.spec.models import Stack
 from sparkctl.spec.patchset import PatchSet
 
@@ -53,29 +53,17 @@ def load_catalog(stacks_dir: Path, patches_dir: Path | None = None, *, port_offs
 
 
 def catalog_for(settings: Settings) -> Catalog:
-    """The stacks and patch sets as this instance sees them (ports shifted by its offset). Read
-    again only when a file in either folder changed (name, inode, size, modification time): an
-    edit applies at the next call, and a daemon's passes do not parse every file each time."""
+    """The stacks and patch sets as this instance sees them (ports shifted by its offset), read
+    again only when a file in either folder changed: an edit applies at the next call, and a
+    daemon's passes or a CLI call do not parse every file each time (`spec.kept`)."""
+    def read() -> Catalog:
+        return load_catalog(settings.stacks_dir, settings.patches_dir, port_offset=settings.port_offset)
+
     try:
-        key = (settings.port_offset, _signature(settings.stacks_dir), _signature(settings.patches_dir))
+        key = (settings.port_offset, kept.signature(settings.stacks_dir, settings.patches_dir))
     except OSError:  # a file went away while we looked: read what is there now
-        key = None
-    cached = _last.get(key) if key else None
-    if cached is None:
-        cached = load_catalog(settings.stacks_dir, settings.patches_dir, port_offset=settings.port_offset)
-        _last.clear()
-        _last[key] = cached
-    return cached
-
-
-_last: dict[tuple, Catalog] = {}  # the last catalog read, by the signature of its folders
-
-
-def _signature(folder: Path | None) -> tuple:
-    if folder is None or not folder.is_dir():
-        return ()
-    return tuple((p.name, s.st_ino, s.st_size, s.st_mtime_ns) for p in sorted(folder.glob("*.yaml"))
-                 if (s := p.stat()))
+        return read()
+    return kept.cached(settings.state_dir / "cache" / "catalog.pickle", key, read, Catalog)
 
 
 def load_stacks(files: Iterable[Path], *, patch_sets: Mapping[str, PatchSet] = {}, port_offset: int = 0) -> Catalog:

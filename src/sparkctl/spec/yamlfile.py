@@ -15,9 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
-
 from sparkctl.errors import SpecError
 
 MAX_BYTES = 1 << 20
@@ -32,6 +29,9 @@ def read(path: Path) -> Any:
         raise SpecError(str(path), "", f"cannot read: {e}") from None
     if len(text) > MAX_BYTES:
         raise SpecError(str(path), "", f"{len(text)} bytes: over the {MAX_BYTES >> 20} MiB a sparkctl file may hold")
+    from ruamel.yaml import YAML  # only when a file is read: kept catalogs need no parser
+    from ruamel.yaml.error import YAMLError
+
     try:
         data = YAML(typ="safe", pure=True).load(text)
     except YAMLError as e:

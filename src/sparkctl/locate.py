@@ -1,0 +1,54 @@
+"""Where an instance's state lives (its name and state dir), read from the environment the way
+`Settings` reads it, but without pydantic: a CLI call that only talks to the daemon needs the
+socket and nothing else, and importing pydantic-settings would cost it about 0.15 s
+(docs/perf.md). `Settings` resolves the pair with the same `resolve`; a property test holds the
+two readings equal. Pure, stdlib only (python-dotenv only when a `.env` exists)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from sparkctl import instance as instances
+
+LOCK_FILE = "daemon.lock"  # a daemon holds an exclusive lock on it while it runs on the state dir
+SOCKET_FILE = "sparkctl.sock"  # the daemon's API
+
+
+def default_state_dir(name: str = instances.DEFAULT) -> Path:
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state")
+    return base / "sparkctl" if name == instances.DEFAULT else base / f"sparkctl-{name}"
+
+
+def resolve(name: str | None, state_dir: str | Path | None) -> tuple[str | None, Path | None]:
+    """An instance and its state dir name each other: a named instance without a state dir gets
+    its own, and a state dir without a named instance derives the name. An invalid name is
+    passed on untouched (Settings refuses it with the rule)."""
+    if isinstance(name, str) and name and not state_dir and re.match(instances.PATTERN, name):
+        return name, default_state_dir(name)
+    if not name and state_dir:
+        return instances.derived(Path(state_dir), default_state_dir()), Path(state_dir)
+    return name, Path(state_dir) if state_dir else None
+
+
+def located(environ: Mapping[str, str] = os.environ, env_file: Path = Path(".env")) -> tuple[str, Path]:
+    """(instance, state dir) as Settings would read them: `SPARKCTL_*` variables (any case; an
+    empty one is unset), then `.env`, then the defaults."""
+    values = _dotenv(env_file)
+    values.update({key.upper(): value for key, value in environ.items() if value})
+    name, state = resolve(values.get("SPARKCTL_INSTANCE"), values.get("SPARKCTL_STATE_DIR"))
+    return name or instances.DEFAULT, state or default_state_dir()
+
+
+def socket_path(environ: Mapping[str, str] = os.environ) -> Path:
+    return located(environ)[1] / SOCKET_FILE
+
+
+def _dotenv(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    from dotenv import dotenv_values  # pydantic-settings' own reader, so both parse `.env` alike
+
+    return {key.upper(): value for key, value in dotenv_values(path).items() if value}
