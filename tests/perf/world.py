@@ -12,6 +12,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +67,24 @@ def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
             finally:
                 sandbox.remove(instance["SPARKCTL_INSTANCE"])
                 registry.stop()
+
+
+@contextlib.contextmanager
+def daemon(env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """`sparkctl daemon` on the world's state dir, until the block ends; CLI calls go through it."""
+    from sparkctl.cli.client import DaemonClient
+
+    proc = subprocess.Popen([SPARKCTL, "daemon"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = DaemonClient(Path(env["SPARKCTL_STATE_DIR"]) / "sparkctl.sock")
+    try:
+        deadline = time.monotonic() + 60
+        while not client.available():
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not start"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def sparkctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
