@@ -59,6 +59,13 @@ class Settings(BaseSettings):
     gateway_hostnames: Annotated[list[str], NoDecode] = Field(default_factory=list)
     gateway_max_connections: int = Field(default=4096, ge=16)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)
+    # The memory the fractions above are of; unset: MemTotal (a GB10 reports about 119 GiB).
+    memory_total_gib: float | None = Field(default=None, gt=0)
+    # What a parked (sleeping) engine keeps at either level: its process, CUDA context and graphs.
+    park_residue_gib: float = Field(default=2.0, ge=0)
+    # While a parked stack wakes, the daemon kills it (and starts it cold) if MemAvailable falls
+    # under this: a dead engine is recoverable, a host frozen by a unified-memory wake is not.
+    wake_memory_floor_gib: float = Field(default=4.0, ge=0)
     # "auto": give engines the GPU when Docker has the NVIDIA runtime (a Spark), else run without.
     gpus: Literal["auto", "all", "none"] = "auto"
     # Extra environment for every engine container (e.g. VLLM_LOGGING_LEVEL=DEBUG, or

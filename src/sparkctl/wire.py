@@ -34,7 +34,18 @@ class SwitchRequest:
     alias: str = "primary"
 
 
-Request = UpRequest | DownRequest | SwitchRequest
+@dataclass(frozen=True)
+class ParkRequest:
+    stack: str
+    how: str = "auto"  # auto, sleep1, sleep2 or stop
+
+
+@dataclass(frozen=True)
+class WakeRequest:
+    stack: str
+
+
+Request = UpRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest
 
 
 def parse(kind: type[Request], body: object) -> Request:

@@ -1,15 +1,19 @@
 """The deploy pipeline against real vLLM (CPU build): the shim on vLLM's own dflash.py, and a
-stack brought up through every health phase, canary included."""
+stack brought up through every health phase, canary included, that parks by stopping (the CPU
+backend has no sleep mode)."""
 
 from __future__ import annotations
 
 import difflib
 import json
 
+from ruamel.yaml import YAML
+
 from sparkctl.deploy.patches import find_vllm
 from sparkctl.deploy.shim import apply_shim
 from sparkctl.sim.main import SHIM_ATTRIBUTES
-from tests.conftest import ours, port
+from tests.conftest import ours
+from tests.integration.conftest import DaemonProcess
 
 SHIM = dict(zip(SHIM_ATTRIBUTES, ("()", "{}"), strict=True))
 
@@ -28,7 +32,11 @@ def test_shim_applies_to_the_real_dflash_py_and_is_idempotent(engine, images, tm
     assert json.loads((tmp_path / "vllm-dirs.json").read_text()) == {"test-digest": vllm}
 
 
-def test_a_stack_on_real_vllm_goes_through_every_phase(workspace, hub, engine, cli, monkeypatch) -> None:
+def test_a_stack_on_real_vllm_goes_through_every_phase_and_parks_by_stopping(workspace, hub, engine, cli,
+                                                                              monkeypatch) -> None:
+    """vLLM's CPU backend has no sleep mode and refuses to start with --enable-sleep-mode: the
+    first start learns that for the digest, the engine starts again without it, and parking the
+    stack stops it, saying why."""
     monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", hub.endpoint)
     monkeypatch.setenv("SPARKCTL_GPUS", "none")
     (workspace / "stacks" / "tiny-cpu.yaml").write_text(
@@ -39,12 +47,23 @@ def test_a_stack_on_real_vllm_goes_through_every_phase(workspace, hub, engine, c
         "resources: {gpu_memory_utilization: 0.2}\n"
         "container: {shm_size: 1g}\n"
         "health: {load: 300}\n")
+    daemon = DaemonProcess(workspace / "state")
     try:
         code, out, err = cli("up", "tiny-cpu")
         assert code == 0, err + out
         for phase in ("starting", "loading", "ready", "canary", "running"):
             assert phase in out
-        assert "local build" in out and f"tiny-cpu up: http://127.0.0.1:{port(8190)}/v1" in out
+        assert "local build" in out and "tiny-cpu up (fingerprint" in out
+        assert "its platform has no sleep mode" in out and "started again without it" in out
+        [(digest, wake)] = YAML(typ="safe").load((workspace / "stacks" / "images.yaml").read_text())["wakes"].items()
+        assert wake["ok"] is False and "Sleep mode is not supported on current platform" in wake["reason"]
+        code, out, err = cli("park", "tiny-cpu")
+        assert code == 0 and f"stop: image {digest} cannot sleep and wake" in " ".join(out.split()), err + out
+        assert [c["State"] for c in ours(engine, "tiny-cpu")] == ["exited"]
+        code, out, err = cli("wake", "tiny-cpu")
+        assert code == 0 and "tiny-cpu is awake (cold" in out, err + out
+        assert [c["State"] for c in ours(engine, "tiny-cpu")] == ["running"]
     finally:
         cli("down", "tiny-cpu")
+        daemon.stop()
     assert not ours(engine, "tiny-cpu")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.cli.client import DaemonClient
+from tests.integration.agents import FAST_LOAD, A, B, amend, routed
 
 SMALL = "resources:\n  gpu_memory_utilization: 0.4\n"  # two of these fit under the 0.9 ceiling
 
@@ -49,7 +50,13 @@ class DaemonProcess:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            assert self.proc.wait(timeout=20) == 0, self.logs()[-3000:]
+            try:
+                code = self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:  # the daemon dumps its threads' stacks into the log after 10 s
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail(f"the daemon did not stop within 20 s of SIGTERM\n{self.logs()[-12000:]}")
+            assert code == 0, self.logs()[-3000:]
         self.log.close()
 
 
@@ -81,3 +88,23 @@ def wait_for(check, timeout: float = 30, what: str = "", logs=lambda: "") -> Non
         time.sleep(0.1)
 
 
+@pytest.fixture
+def switching(world, start_daemon, monkeypatch):
+    """A daemon serving `primary` = qwen36-dflash; `small` makes both stacks fit side by side; the
+    old stack leaves by `park` (stop: removed, as these tests expect)."""
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST_LOAD)
+
+    def start(*, small: bool, extra: dict[str, str] | None = None, park: str = "stop"):
+        for stack in (A, B):
+            amend(world / "stacks" / f"{stack}.yaml", switch={"bench": "off", "park": park},
+                  **({"resources": {"gpu_memory_utilization": 0.4}} if small else {}))
+        for name, text in (extra or {}).items():
+            (world / "stacks" / f"{name}.yaml").write_text(text)
+        (world / "state").mkdir(exist_ok=True)
+        (world / "state" / "desired.yaml").write_text(f"stacks: [{A}]\naliases: {{primary: {A}}}\n")
+        daemon = start_daemon()
+        daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+        wait_for(lambda: routed(daemon.gateway) == A, timeout=60, what="primary routed", logs=daemon.logs)
+        return daemon
+
+    return start

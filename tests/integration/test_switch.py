@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -21,69 +20,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from sparkctl.state.store import Store
+from tests.integration.agents import FAST_LOAD, A, B, Load, amend, routed, switch, switch_quietly
 from tests.integration.conftest import containers, wait_for
-
-A, B = "qwen36-dflash", "aeon-gemma4-v2"
-STACK_OF = {"qwen36-dflash": A, "aeon-gemma4": B}  # served name -> stack
-FAST_LOAD = "SPARKCTL_SIM_TIME_SCALE=0.01,SPARKCTL_SIM_LOAD_SCALE=0.002"
-TOOLS = [{"type": "function", "function": {
-    "name": f"tool_{i}", "description": "Reads a file of the workspace and returns its lines. " * 3,
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "start": {"type": "integer"}},
-                   "required": ["path"]}}} for i in range(8)]
-
-
-@dataclass
-class Answer:
-    sent: float
-    received: float
-    stack: str | None
-    error: str | None = None
-
-
-@dataclass
-class Load:
-    """An agent loop (sequential chat calls with tool-sized prompts) and `width` concurrent loops."""
-
-    url: str
-    width: int = 32
-    answers: list[Answer] = field(default_factory=list)
-    stopping: threading.Event = field(default_factory=threading.Event)
-
-    def __enter__(self) -> Load:
-        self.threads = [threading.Thread(target=self._agent)] + \
-                       [threading.Thread(target=self._worker, args=(i,)) for i in range(self.width)]
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stopping.set()
-        for t in self.threads:
-            t.join(120)
-
-    def failures(self) -> list[Answer]:
-        return [a for a in self.answers if a.error]
-
-    def _agent(self) -> None:
-        client = openai.OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=120)
-        history = [{"role": "system", "content": "You are a coding agent. Use the tools."}]
-        while not self.stopping.is_set():
-            history.append({"role": "user", "content": "Open src/main.py and summarise lines 1-80 of it."})
-            self._call(lambda: client.chat.completions.create(model="primary", messages=history[-6:], tools=TOOLS,
-                                                               max_tokens=24))
-
-    def _worker(self, index: int) -> None:
-        client = openai.OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=120)
-        while not self.stopping.is_set():
-            self._call(lambda: client.completions.create(model="primary", prompt=f"worker {index}", max_tokens=8))
-
-    def _call(self, request) -> None:
-        sent = time.time()
-        try:
-            reply = request()
-            self.answers.append(Answer(sent, time.time(), STACK_OF.get(reply.model, reply.model)))
-        except openai.OpenAIError as e:
-            self.answers.append(Answer(sent, time.time(), None, f"{type(e).__name__}: {e}"))
 
 
 def primary_during(flips: list[tuple[float, float, str]], first: str, start: float, end: float) -> set[str]:
@@ -97,49 +35,6 @@ def primary_during(flips: list[tuple[float, float, str]], first: str, start: flo
             named.add(current)
             current = stack
     return named | {current}
-
-
-@pytest.fixture
-def switching(world, start_daemon, monkeypatch):
-    """A daemon serving `primary` = qwen36-dflash; `small` makes both stacks fit side by side."""
-    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST_LOAD)
-
-    def start(*, small: bool, extra: dict[str, str] | None = None):
-        for stack in (A, B):
-            amend(world / "stacks" / f"{stack}.yaml", switch={"bench": "off"},
-                  **({"resources": {"gpu_memory_utilization": 0.4}} if small else {}))
-        for name, text in (extra or {}).items():
-            (world / "stacks" / f"{name}.yaml").write_text(text)
-        (world / "state").mkdir(exist_ok=True)
-        (world / "state" / "desired.yaml").write_text(f"stacks: [{A}]\naliases: {{primary: {A}}}\n")
-        daemon = start_daemon()
-        daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
-        wait_for(lambda: routed(daemon.gateway) == A, timeout=60, what="primary routed", logs=daemon.logs)
-        return daemon
-
-    return start
-
-
-def amend(path, **keys: object) -> None:
-    """Set top-level keys of a stack file (comments and the rest kept)."""
-    yaml = YAML()
-    data = yaml.load(path.read_text())
-    data.update(keys)
-    with path.open("w") as out:
-        yaml.dump(data, out)
-
-
-def routed(gateway: str) -> str | None:
-    try:
-        models = json.loads(urllib.request.urlopen(gateway + "/v1/models", timeout=5).read())["data"]
-    except OSError:
-        return None
-    return next((STACK_OF.get(m["root"]) for m in models if m["id"] == "primary"), None)
-
-
-def switch(daemon, stack: str, alias: str = "primary") -> dict:
-    *_, outcome = daemon.client.stream("/v1/switch", {"alias": alias, "stack": stack})
-    return outcome
 
 
 @pytest.mark.parametrize(("small", "mode"), [(True, "blue/green"), (False, "hold/swap")])
@@ -185,7 +80,8 @@ def test_a_failed_switch_rolls_back_without_failing_a_request(switching, engine,
     assert not outcome["ok"] and "rolled back: primary still names qwen36-dflash" in outcome["error"]
     assert load.failures() == [], load.failures()[:3]
     assert {a.stack for a in load.answers} == {A}
-    assert daemon.client.get("/v1/desired") == {"stacks": [A], "aliases": {"primary": A}, "fallbacks": {}}
+    assert daemon.client.get("/v1/desired") == {"stacks": [A], "aliases": {"primary": A}, "fallbacks": {},
+                                                "parked": {}}
     assert [c["Labels"]["sparkctl.stack"] for c in containers(engine)] == [A]
     [record] = daemon.client.get("/v1/history")["switches"]
     assert record["ok"] is False and record["error"] == outcome["error"]
@@ -210,14 +106,6 @@ def test_a_request_held_past_the_timeout_gets_503_with_retry_after(switching, mo
     assert json.loads(urllib.request.urlopen(daemon.gateway + "/health").read())["status"] == "ok"
     reply = agent.completions.create(model="primary", prompt="x", max_tokens=4)
     assert reply.model == "aeon-gemma4"
-
-
-def switch_quietly(daemon, stack: str) -> None:
-    """A switch whose daemon may be killed under it."""
-    try:
-        switch(daemon, stack)
-    except (OSError, ValueError):
-        pass
 
 
 def switched_cleanly(daemon, engine) -> bool:

@@ -1,6 +1,7 @@
-"""Switch figures: what a hold/swap costs a held request beyond the new engine's own start.
+"""Switch figures: what a cold hold/swap costs a held request beyond the new engine's own start.
 
-A daemon serves `primary` (two stacks that do not fit side by side, so every switch holds);
+A daemon serves `primary` (two stacks that do not fit side by side, so every switch holds; the
+old stack stops, `switch.park: stop`: bench_park.py measures switches to parked stacks);
 an agent loop keeps calling the gateway throughout. For each of 10 switches, a probe request is
 sent as soon as the gateway reports the hold; its wait, minus the new engine's start (container
 start to /health 200, from the switch record) and minus a normal request's service time, is the
@@ -66,6 +67,8 @@ def main() -> None:
         state = Path(env["SPARKCTL_STATE_DIR"])
         state.mkdir(parents=True, exist_ok=True)
         (state / "desired.yaml").write_text(f"stacks: [{STACKS[0]}]\naliases: {{primary: {STACKS[0]}}}\n")
+        for stack in STACKS:
+            _switch_section(Path(env["SPARKCTL_STACKS_DIR"]) / f"{stack}.yaml", "park: stop")
         env["SPARKCTL_GATEWAY_PORT"] = str(free_port())
         gateway = f"http://127.0.0.1:{env['SPARKCTL_GATEWAY_PORT']}"
         daemon = subprocess.Popen([SPARKCTL, "daemon"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -79,8 +82,9 @@ def main() -> None:
             stop, counts = threading.Event(), {"ok": 0, "failed": 0}
             loop = threading.Thread(target=agent, args=(gateway, stop, counts))
             loop.start()
-            costs = [_switch(client, gateway, STACKS[(i + 1) % 2], service) for i in range(SWITCHES)]
-            _gate_on(Path(env["SPARKCTL_STACKS_DIR"]), STACKS[(SWITCHES + 1) % 2])
+            costs = [_cost(*held_switch(client, gateway, STACKS[(i + 1) % 2], service)) for i in range(SWITCHES)]
+            _switch_section(Path(env["SPARKCTL_STACKS_DIR"]) / f"{STACKS[(SWITCHES + 1) % 2]}.yaml",
+                            "park: stop\n  bench: gate")
             *_, gated = client.stream("/v1/switch", {"alias": "primary", "stack": STACKS[(SWITCHES + 1) % 2]})
             stop.set()
             loop.join()
@@ -100,8 +104,9 @@ def main() -> None:
           f"{'ok' if counts['failed'] == 0 else 'MISSED'})")
 
 
-def _switch(client: DaemonClient, gateway: str, stack: str, service: float
-            ) -> tuple[float, float, float, dict[str, float]]:
+def held_switch(client: DaemonClient, gateway: str, stack: str, service: float) -> tuple[float, dict]:
+    """Switch `primary` to `stack`; a probe sent as soon as the gateway holds: how long it waited
+    beyond a normal request's service time, and the switch's result."""
     outcome: dict = {}
 
     def run() -> None:
@@ -115,14 +120,17 @@ def _switch(client: DaemonClient, gateway: str, stack: str, service: float
     waited = call(gateway) - service
     worker.join()
     assert outcome.get("ok"), outcome
-    timings = outcome["result"]["timings"]
-    engine = timings["engine_start_s"]
-    return waited - engine, waited, engine, timings
+    return waited, outcome["result"]
 
 
-def _gate_on(stacks: Path, stack: str) -> None:
-    with (stacks / f"{stack}.yaml").open("a") as f:
-        f.write("switch:\n  bench: gate\n")
+def _cost(waited: float, result: dict) -> tuple[float, float, float, dict[str, float]]:
+    engine = result["timings"]["engine_start_s"]
+    return waited - engine, waited, engine, result["timings"]
+
+
+def _switch_section(path: Path, lines: str) -> None:
+    """Replace the stack file's `switch:` section (the shipped files have none)."""
+    path.write_text(path.read_text().split("\nswitch:\n")[0].rstrip("\n") + f"\nswitch:\n  {lines}\n")
 
 
 def _routed(gateway: str) -> bool:

@@ -161,6 +161,14 @@ def test_a_death_reported_while_a_pass_restarts_the_engine_still_counts() -> Non
     assert [e["kind"] for e in r.bus.after(0, timeout=0)].count("died") == 1
 
 
+def test_a_parked_stack_is_not_started_again() -> None:
+    """Parked stopped (or asleep when its engine died): starting it would hold memory the
+    switch gave to another stack; waking it is the way back."""
+    observed = [Observed("a", "c1", "exited"), Observed("b", "c2", "running")]
+    machine = FakeMachine(observed, Desired(("a", "b", "c"), parked={"a": 0, "b": 1, "c": 2}))
+    assert reconciler(machine, Clock()).reconcile().actions == ()
+
+
 def test_a_pass_deploy_ending_inside_a_switch_leaves_the_stack_held() -> None:
     """A switch can take hold of a stack while a pass is still deploying it: when that deploy
     ends, the stack stays held, so the switch's own stop is no crash and no pass restarts it."""

@@ -76,4 +76,5 @@ def test_the_nine_seed_configs_exist() -> None:
     n1 = CATALOG.stack("qwen36-bf16-dflash-n1")
     assert n1.vllm.speculative.num_speculative_tokens == 1 and n1.vllm.quantization is None
     assert n1.model.repo.endswith("-BF16") and n1.patches == ("dspark-dflash",)
-    assert json.loads(render(n1, SOURCES).command[-1])["num_speculative_tokens"] == 1
+    command = render(n1, SOURCES).command
+    assert json.loads(command[command.index("--speculative-config") + 1])["num_speculative_tokens"] == 1

@@ -11,7 +11,8 @@ import pytest
 from sparkctl.daemon.switch import Switcher, SwitchFailed, recover
 from sparkctl.deploy.progress import RecordingReporter
 from sparkctl.errors import SparkctlError
-from sparkctl.policy.switch import Mode, plan_switch
+from sparkctl.policy.parking import Footprint, Park
+from sparkctl.policy.switch import Leaving, Memory, Mode, plan_switch
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
 
@@ -27,8 +28,9 @@ CASES = [  # (aliases, running shares, new share) -> mode, stop old
 
 @pytest.mark.parametrize(("aliases", "running", "share", "mode", "stop_old"), CASES)
 def test_plan_modes(aliases, running, share, mode, stop_old) -> None:
-    plan = plan_switch("primary", "b", fraction=share, aliases=aliases, running=running, ceiling=0.9)
-    assert (plan.mode, plan.stop_old, plan.old) == (mode, stop_old, aliases.get("primary"))
+    plan = plan_switch("primary", "b", footprint=Footprint(share, 0.1), aliases=aliases,
+                       memory=Memory(running, 0.9))
+    assert (plan.mode, plan.stop_old, plan.old, plan.park) == (mode, stop_old, aliases.get("primary"), Park.STOP)
 
 
 @pytest.mark.parametrize(("aliases", "running", "words"), [
@@ -38,7 +40,45 @@ def test_plan_modes(aliases, running, share, mode, stop_old) -> None:
 ])
 def test_refused_plans_say_why(aliases, running, words) -> None:
     with pytest.raises(SparkctlError, match=words):
-        plan_switch("primary", "b", fraction=0.8, aliases=aliases, running=running, ceiling=0.9)
+        plan_switch("primary", "b", footprint=Footprint(0.8, 0.1), aliases=aliases, memory=Memory(running, 0.9))
+
+
+PARKING = [  # (what else holds memory, a's weights, its setting) -> how a leaves for b (0.4 awake)
+    ({}, 0.05, Park.AUTO, Mode.BLUE_GREEN, Park.SLEEP1),  # parking peaks at 0.4 + 0.45
+    ({}, 0.2, Park.AUTO, Mode.BLUE_GREEN, Park.SLEEP2),  # level 1 would peak at 1.0
+    ({}, 0.2, Park.SLEEP1, Mode.BLUE_GREEN, Park.STOP),  # only level 1 was allowed, and it does not fit
+    ({"c": 0.2}, 0.1, Park.AUTO, Mode.HOLD_SWAP, Park.SLEEP1),  # b fits only once a made room
+    ({"c": 0.2}, 0.35, Park.AUTO, Mode.HOLD_SWAP, Park.SLEEP2),
+    ({"c": 0.48}, 0.1, Park.AUTO, Mode.HOLD_SWAP, Park.STOP),  # not even the residue fits beside b
+    ({"c": 0.2}, 0.1, Park.STOP, Mode.HOLD_SWAP, Park.STOP),
+]
+
+
+@pytest.mark.parametrize(("others", "weights", "setting", "mode", "park"), PARKING)
+def test_the_old_stack_parks_as_deep_as_memory_allows(others, weights, setting, mode, park) -> None:
+    plan = plan_switch("primary", "b", footprint=Footprint(0.4, 0.2), aliases={"primary": "a"},
+                       memory=Memory({"a": 0.4, **others}, 0.9),
+                       leaving=Leaving(setting, Footprint(0.4, weights, residue=0.03)))
+    assert (plan.mode, plan.park) == (mode, park), plan.why
+    assert str(park) in plan.why
+
+
+def test_a_parked_new_stack_wakes_and_its_wake_peak_must_fit() -> None:
+    memory = Memory({"a": 0.5, "b": 0.3}, 0.9, parked={"b": 1})  # b holds its weights
+    plan = plan_switch("primary", "b", footprint=Footprint(0.4, 0.3), aliases={"primary": "a"}, memory=memory,
+                       leaving=Leaving(Park.AUTO, Footprint(0.5, 0.3)))
+    assert (plan.mode, plan.wake) == (Mode.HOLD_SWAP, 1)  # 0.5 + 0.7 peak > 0.9
+    assert plan.park is Park.SLEEP2  # a at level 1 would leave 0.3 + 0.7 > 0.9
+    with pytest.raises(SparkctlError, match="wakes from level 1"):
+        plan_switch("primary", "b", footprint=Footprint(0.4, 0.3), aliases={"primary": "a"},
+                    memory=Memory({"a": 0.5, "b": 0.3, "c": 0.3}, 0.9, parked={"b": 1}))
+
+
+def test_a_stack_that_cannot_sleep_stops_and_says_why() -> None:
+    plan = plan_switch("primary", "b", footprint=Footprint(0.4, 0.1), aliases={"primary": "a"},
+                       memory=Memory({"a": 0.4}, 0.9),
+                       leaving=Leaving(Park.AUTO, Footprint(0.4, 0.1), unable="vLLM's CPU backend has no sleep mode"))
+    assert plan.park is Park.STOP and "CPU backend" in plan.why
 
 
 @dataclass
@@ -100,8 +140,8 @@ class World:
 
 
 def run(world: World, mode: Mode, *, bench: str = "off", tmp_path) -> dict:
-    plan = replace(plan_switch("primary", "b", fraction=0.4, aliases={"primary": "a"}, running={"a": 0.4},
-                               ceiling=0.9), mode=mode)
+    plan = replace(plan_switch("primary", "b", footprint=Footprint(0.4, 0.1), aliases={"primary": "a"},
+                               memory=Memory({"a": 0.4}, 0.9)), mode=mode)
     switcher = Switcher(machine=world, reconciler=world, gateway=world, refresh_routes=lambda: None,
                         store=Store(tmp_path / "s.db"), reporter=RecordingReporter(), bench=world.bench,
                         bench_mode=lambda _: bench)

@@ -142,6 +142,11 @@ class DockerEngine:
         with _translated(f"start container {name_or_id}"):
             self.client.api.start(name_or_id)
 
+    def kill(self, name_or_id: str) -> None:
+        """SIGKILL the container's processes at once (no grace period)."""
+        with _translated(f"kill container {name_or_id}"):
+            self.client.api.kill(name_or_id)
+
     def logs(self, name_or_id: str, *, tail: int = 30) -> str:
         with _translated(f"read the logs of {name_or_id}"):
             return self.client.api.logs(name_or_id, tail=tail).decode(errors="replace")

@@ -33,7 +33,8 @@ app.add_typer(config.app, name="config")
 app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
 app.add_typer(bench.app, name="bench")
-for command in (deploy.up, deploy.down, deploy.switch, deploy.status, deploy.logs, service.daemon):
+for command in (deploy.up, deploy.down, deploy.switch, deploy.park, deploy.wake, deploy.status, deploy.logs,
+                service.daemon):
     app.command()(command)
 
 _runtime = Runtime()

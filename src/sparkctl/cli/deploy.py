@@ -1,4 +1,4 @@
-"""`sparkctl up | down | switch | status | logs` and `sparkctl patch check`."""
+"""`sparkctl up | down | switch | park | wake | status | logs` and `sparkctl patch check`."""
 
 from __future__ import annotations
 
@@ -82,6 +82,38 @@ def switch(
     bench = result.get("bench")
     if bench:
         rt.console.print(f"switch-over benchmark: {bench.get('summary') or bench.get('error')}")
+
+
+def park(
+    ctx: typer.Context,
+    stack: str,
+    how: str = typer.Option("auto", "--how", help="sleep1, sleep2, stop, or auto: the deepest-keeping level "
+                                                   "whose memory peaks fit under the ceiling."),
+) -> None:
+    """Put STACK to sleep (vLLM sleep mode; its process, graphs and compiled kernels stay) or stop it.
+    A stack an alias names is parked by switching the alias away instead."""
+    result = _ask_daemon(ctx, "park", how=how, stack=stack)
+    rt = runtime(ctx)
+    rt.console.print(f"{stack}: {result['why']}" if result["park"] != "unchanged" else f"{stack} is parked already")
+
+
+def wake(ctx: typer.Context, stack: str) -> None:
+    """Wake a parked STACK (under the wake watchdog) and warm it up with one token."""
+    result = _ask_daemon(ctx, "wake", stack=stack)
+    how = f"from level {result['level']}" if result["level"] else "cold (it was parked stopped)"
+    killed = f"; [yellow]{result['killed']}[/]" if result["killed"] else ""
+    runtime(ctx).console.print(f"[green]{stack} is awake[/] ({how}, {result['seconds']:.2f} s{killed})")
+
+
+def _ask_daemon(ctx: typer.Context, verb: str, **request: str) -> dict:
+    from sparkctl import wire
+
+    rt = runtime(ctx)
+    if not rt.daemon.available():
+        raise SparkctlError(f"{verb} needs the daemon (it owns the parked state and the wake watchdog): start "
+                            "`sparkctl daemon` or `sparkctl service install`")
+    kind = {"park": wire.ParkRequest, "wake": wire.WakeRequest}[verb]
+    return through_daemon(rt, f"/v1/{verb}", kind(**request))
 
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:

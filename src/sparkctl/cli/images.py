@@ -1,4 +1,5 @@
-"""`sparkctl image list | pin | unpin | blacklist | unblacklist | check`: the image policy."""
+"""`sparkctl image list | pin | unpin | blacklist | unblacklist | forget-wake | check`: the image
+policy."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", n
 
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
-    """Show pins and the blacklist."""
+    """Show pins, the blacklist, and how each digest's first watched wake from sleep mode went."""
     rt = runtime(ctx)
     pins = Table("pinned ref", "digest", "known good", "provenance", "since", title="pins")
     for ref, pin in rt.policy.pins.items():
@@ -21,7 +22,10 @@ def list_(ctx: typer.Context) -> None:
     bans = Table("blacklisted ref or digest", "reason", "date", title="blacklist")
     for ref, ban in rt.policy.blacklist.items():
         bans.add_row(ref, ban.reason, str(ban.date or ""))
-    rt.console.print(pins, bans)
+    wakes = Table("digest", "sleeps and wakes", "reason", "date", title="sleep mode")
+    for digest, wake in rt.policy.wakes.items():
+        wakes.add_row(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""))
+    rt.console.print(pins, bans, wakes)
 
 
 @app.command()
@@ -43,6 +47,17 @@ def pin(
     check_ref(rt.policy, ref, digest=digest, allow_latest=True)
     imagefile.pin(rt.settings.images_file, ref, digest=digest, provenance=provenance)
     rt.console.print(f"pinned {name.tagged} -> {digest}")
+
+
+@app.command("forget-wake")
+def forget_wake(ctx: typer.Context, digest: str) -> None:
+    """Forget how DIGEST woke (e.g. after a fixed image or driver): its next wake is watched again."""
+    from sparkctl.spec import imagefile
+
+    rt = runtime(ctx)
+    if not imagefile.forget_wake(rt.settings.images_file, digest):
+        raise SparkctlError(f"{digest} has no wake record; `sparkctl image list` shows them")
+    rt.console.print(f"forgot how {digest} woke")
 
 
 @app.command()

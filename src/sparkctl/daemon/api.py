@@ -1,7 +1,7 @@
 """The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
 
-Routes: GET /v1/status, GET /v1/desired, POST /v1/up, POST /v1/down, POST /v1/switch (these
-stream NDJSON events until the outcome), GET /v1/events?since=N (NDJSON, long-lived), GET /v1/history,
+Routes: GET /v1/status, GET /v1/desired, POST /v1/up, /v1/down, /v1/switch, /v1/park, /v1/wake
+(these stream NDJSON events until the outcome), GET /v1/events?since=N (NDJSON, long-lived), GET /v1/history,
 GET /metrics. Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the
 daemon.
 """
@@ -25,6 +25,7 @@ from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
 from sparkctl.errors import NoSuchStack, SparkctlError
 from sparkctl.log import redact
+from sparkctl.policy.parking import Park
 from sparkctl.state.desired import Desired
 
 MAX_BODY = 64 * 1024
@@ -48,6 +49,10 @@ class Service(Protocol):
 
     def switch(self, alias: str, stack: str, *, ticket: int) -> dict[str, Any]: ...
 
+    def park(self, stack: str, *, how: Park, ticket: int) -> dict[str, Any]: ...
+
+    def wake(self, stack: str, *, ticket: int) -> dict[str, Any]: ...
+
     def status(self) -> dict[str, Any]: ...
 
     def history(self, stack: str | None) -> dict[str, Any]: ...
@@ -67,6 +72,8 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
     app.router.add_post("/v1/up", up)
     app.router.add_post("/v1/down", down)
     app.router.add_post("/v1/switch", switch)
+    app.router.add_post("/v1/park", park)
+    app.router.add_post("/v1/wake", wake)
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/history", history)
     app.router.add_get("/metrics", metrics)
@@ -79,7 +86,8 @@ async def status(request: web.Request) -> web.Response:
 
 async def desired(request: web.Request) -> web.Response:
     d = await asyncio.to_thread(request.app[SERVICE].desired)
-    return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks})
+    return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks,
+                              "parked": d.parked})
 
 
 async def up(request: web.Request) -> web.StreamResponse:
@@ -107,6 +115,24 @@ async def switch(request: web.Request) -> web.StreamResponse:
         old = (await asyncio.to_thread(service.desired)).aliases.get(ask.alias)
     return await _stream_action(request, (stack, ask.alias, *filter(None, [old])),
                                 lambda: service.switch(ask.alias, stack, ticket=ticket))
+
+
+async def park(request: web.Request) -> web.StreamResponse:
+    ask = await _request(request, wire.ParkRequest)
+    if ask.how not in set(Park):
+        raise _bad(400, f"`how` must be one of {', '.join(Park)}")
+    service: Service = request.app[SERVICE]
+    async with _queued(service, ask.stack) as ticket:
+        stack = await asyncio.to_thread(service.check_stack, ask.stack)
+    return await _stream_action(request, (stack,), lambda: service.park(stack, how=Park(ask.how), ticket=ticket))
+
+
+async def wake(request: web.Request) -> web.StreamResponse:
+    ask = await _request(request, wire.WakeRequest)
+    service: Service = request.app[SERVICE]
+    async with _queued(service, ask.stack) as ticket:
+        stack = await asyncio.to_thread(service.check_stack, ask.stack)
+    return await _stream_action(request, (stack,), lambda: service.wake(stack, ticket=ticket))
 
 
 @contextlib.asynccontextmanager

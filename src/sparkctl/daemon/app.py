@@ -6,6 +6,7 @@ containers keep running when it stops: a restarted daemon adopts them by label.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import signal
 import time
@@ -22,6 +23,7 @@ from sparkctl.daemon.operations import Operations, Routes
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.switch import recover
 from sparkctl.daemon.turns import Turns
+from sparkctl.deploy.memory import GIB
 from sparkctl.errors import SparkctlError
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.proxy import Gateway, LoopControl
@@ -29,6 +31,8 @@ from sparkctl.settings import Settings
 from sparkctl.wiring import Wiring
 
 log = structlog.get_logger()
+
+SLOW_STOP = 10.0  # seconds: a stop still running then dumps every thread's stack to stderr
 
 
 class Daemon:
@@ -44,7 +48,8 @@ class Daemon:
         self.docker, self.store = wiring.docker, wiring.store
         self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter),
                                      catalog=wiring.catalog, desired_path=settings.state_dir / "desired.yaml",
-                                     reporter=reporter, store=self.store, turns=Turns())
+                                     reporter=reporter, store=self.store, turns=Turns(),
+                                     wake_floor=int(settings.wake_memory_floor_gib * GIB))
         self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
                                      settled=lambda: self.loops.kick())
         self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired)
@@ -54,11 +59,13 @@ class Daemon:
                                      kick=self.loops.kick)
 
     def _recover(self) -> None:
-        """What a killed daemon left: unfinished deployments and switches, scratch containers,
-        and containers made before instances. Routes are rebuilt before the gateway listens, so a
-        restarted daemon routes what runs at once."""
+        """What a killed daemon left: unfinished deployments and switches, parked stacks awake,
+        scratch containers, and containers made before instances. Routes are rebuilt before the
+        gateway listens, so a restarted daemon routes what runs at once."""
         for interrupted in self.store.deployments.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
+        for parked in self.operations.settle_parked():  # asleep as recorded, before any wake
+            log.warning("parked_settled", detail=parked)
         for settled in recover(self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
         self._adopt_unlabelled()
@@ -141,6 +148,7 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("daemon_stopping", note="engine containers keep running")
+        faulthandler.dump_traceback_later(SLOW_STOP)  # what holds a slow stop up, for its bug report
         gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
         if not await gateway.finish(timeout=self.settings.switch_drain_timeout):
             log.warning("gateway_requests_cut", note="in-flight requests outlived the drain timeout")

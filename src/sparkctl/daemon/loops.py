@@ -34,6 +34,7 @@ class Loops:
         self._tasks: list[asyncio.Task] = []
         self._oom: set[str] = set()
         self._events_stream: Any = None  # the open Docker event stream, closed on shutdown
+        self._stopping = False
 
     def kick(self) -> None:
         """Ask for a pass now (from any thread; before the loops run, the first pass comes anyway)."""
@@ -46,6 +47,9 @@ class Loops:
         self._tasks = [asyncio.create_task(self.watch_events()), asyncio.create_task(self.reconcile_forever())]
 
     async def stop(self) -> None:
+        # The flag, not only the cancel: on Python 3.11 `wait_for` returns instead of raising when
+        # its cancel meets an awaited event that was just set (a kick), and the loop would go on.
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         if self._events_stream is not None:
@@ -53,7 +57,7 @@ class Loops:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def reconcile_forever(self) -> None:
-        while True:
+        while not self._stopping:
             wake = self.reconciler.wake_at
             timeout = self.resync if wake is None else max(0.0, min(self.resync, wake - time.time()))
             with contextlib.suppress(TimeoutError):
@@ -76,7 +80,7 @@ class Loops:
     async def watch_events(self) -> None:
         """Docker events (die, oom, start, destroy) of our containers; reconnects with backoff."""
         delay = 0.5
-        while True:
+        while not self._stopping:
             try:
                 self._events_stream = stream = await asyncio.to_thread(self.docker.events)
                 log.info("docker_events_connected")

@@ -1,31 +1,53 @@
 """The daemon's `Machine` (the protocol in `reconciler.py`) on real adapters: containers found
-by label, deploys through the pipeline, restarts with a health check, and the desired-state
-file. Each action on a stack runs in that stack's turn (`turns.py`)."""
+by label, deploys through the pipeline, restarts with a health check, parking and waking with
+vLLM's sleep mode under the wake watchdog, and the desired-state file. Each action on a stack
+runs in that stack's turn (`turns.py`)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from sparkctl.adapters.docker import DockerEngine
+from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.container import LABEL_STACK
 from sparkctl.daemon.planner import Observed
 from sparkctl.daemon.turns import Turns
+from sparkctl.daemon.watchdog import MemoryWatch
 from sparkctl.deploy import health
+from sparkctl.deploy.memory import GIB
 from sparkctl.deploy.pipeline import Deployer, UpResult
 from sparkctl.deploy.progress import Reporter
+from sparkctl.errors import SparkctlError
 from sparkctl.spec.load import Catalog
 from sparkctl.state import desired as desired_file
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
 
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class Woken:
+    """How a parked stack came back."""
+
+    level: int  # what it slept at (0: it was stopped, and started cold)
+    seconds: float  # from the /wake_up call to the warm-up's answer (or through the cold start's health)
+    lowest_available: int | None = None  # MemAvailable's low point while it woke, in bytes
+    killed: str | None = None  # why the watchdog killed the wake (it then started cold)
+
 
 class DockerMachine:
     def __init__(self, *, docker: DockerEngine, deployer: Callable[[], Deployer], catalog: Callable[[], Catalog],
-                 desired_path: Path, reporter: Reporter, store: Store, turns: Turns) -> None:
+                 desired_path: Path, reporter: Reporter, store: Store, turns: Turns, wake_floor: int = 0) -> None:
         self.docker, self.deployer, self.catalog, self.store = docker, deployer, catalog, store
         self.desired_path, self.reporter, self.turns = desired_path, reporter, turns
+        self.wake_floor = wake_floor  # bytes of MemAvailable under which a wake is killed
         self._desired_lock = threading.Lock()
 
     def observe(self) -> list[Observed]:
@@ -60,6 +82,50 @@ class DockerMachine:
             engine = health.Engine(state=lambda: self.docker.state(container),
                                    logs=lambda n: self.docker.logs(container, tail=n))
             health.wait_healthy(stack, stack.url, engine, reporter=self.reporter)
+
+    def park(self, stack: str, level: int) -> None:
+        """Asleep at `level` 1 or 2 (the container keeps running), or stopped (0). Recorded in
+        desired.yaml before the engine is asked: a daemon killed meanwhile parks it again."""
+        with self.turns.turn(stack):
+            self.update_desired(lambda d: d.park(stack, level))
+            if level:
+                SleepMode(self.catalog().stack(stack).url).sleep(level)
+            else:
+                self.stop(stack)
+            self.store.events.record(stack, "parked", f"level {level}" if level else "stopped")
+
+    def wake(self, stack: str) -> Woken:
+        """Wake a parked stack and warm it up with one token. If MemAvailable falls under the
+        floor meanwhile, the engine is killed at once and started cold instead."""
+        with self.turns.turn(stack):
+            level = self.desired().parked.get(stack, 0)
+            spec = self.catalog().stack(stack)
+            [container] = [c.id for c in self.docker.containers(stack)][:1] or [None]
+            if container is None:
+                raise SparkctlError(f"{stack} is parked but has no container; `sparkctl up {stack}` deploys it again")
+            killed, lowest, began = None, None, time.monotonic()
+            if level:
+                engine = SleepMode(spec.url)
+                with MemoryWatch(self.wake_floor, lambda _: self.docker.kill(container)) as watch:
+                    try:
+                        engine.wake(level)
+                    except SparkctlError:
+                        if watch.tripped is None:
+                            raise
+                lowest = watch.lowest
+                if watch.tripped is not None:
+                    killed = (f"MemAvailable fell to {watch.tripped / GIB:.2f} GiB while it woke from level {level}, "
+                              f"under the floor {self.wake_floor / GIB:.2f} GiB: killed, started cold")
+                    log.warning("wake_killed", stack=stack, reason=killed)
+                    self.store.events.record(stack, "wake killed", killed)
+                else:
+                    engine.warm_up(spec.served_name)
+            if not level or killed:
+                self.start(container)
+            self.update_desired(lambda d: d.awake(stack))
+            how = killed or (f"from level {level}" if level else "started cold: it was parked stopped")
+            self.store.events.record(stack, "woke", how)
+            return Woken(level, round(time.monotonic() - began, 3), lowest, killed)
 
     def remove(self, container: str) -> None:
         self.docker.remove(container)

@@ -1,4 +1,4 @@
-"""What the daemon does when asked: up, down, switch, status, history and metrics. The API's
+"""What the daemon does when asked: up, down, switch, park, wake, status, history and metrics. The API's
 handlers call these on a worker thread (through the `Service` protocol in `api.py`); each
 action on a stack runs in its turn (`turns.py`), marked busy so reconcile passes leave it alone.
 Results are returned as values; the store only records them."""
@@ -13,21 +13,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkctl.adapters.docker import DockerEngine
+from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import BusReporter, EventBus
-from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.machine import DockerMachine, Woken
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.switch import GatewayControl, Switcher
 from sparkctl.daemon.turns import Turns
 from sparkctl.daemon.verdicts import Verdicts
-from sparkctl.deploy.pipeline import memory_shares
+from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.status import other_instances, status_rows
 from sparkctl.errors import ImageRefused, SparkctlError
 from sparkctl.gateway.routes import RouteTable, build_table
-from sparkctl.policy.switch import plan_switch
+from sparkctl.policy.parking import Park, choose
+from sparkctl.policy.switch import Leaving, plan_switch
 from sparkctl.settings import Settings
+from sparkctl.spec import imagefile
 from sparkctl.spec.load import Catalog
+from sparkctl.spec.models import Kind, Stack
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
 from sparkctl.wire import DownDone, UpDone
@@ -47,10 +51,11 @@ class Routes:
 
     def refresh(self) -> None:
         with self._lock:
-            running = {c.stack for c in self.docker.containers()
-                       if c.running and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
+            desired = self.desired()
+            running = {c.stack for c in self.docker.containers() if c.running and c.stack not in desired.parked
+                       and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
             stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in self.catalog().deployable()}
-            self.table = build_table(aliases=self.desired().aliases, stacks=stacks, running=running)
+            self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running)
 
 
 @dataclass
@@ -83,6 +88,8 @@ class Operations:
         started = time.time()
         with self.turns.turn(stack, ticket):
             was_desired = stack in self.machine.desired().stacks
+            if stack in self.machine.desired().parked:  # `up` wants it serving: wake it, then confirm it
+                self.wake(stack)
             self.machine.update_desired(lambda d: d.with_stack(stack))
             self.reconciler.forget(stack)
             try:
@@ -120,20 +127,112 @@ class Operations:
             if self.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
                 return {"alias": alias, "stack": spec.name, "mode": "unchanged", "timings": {},
                         "up": asdict(self.up(spec.name))}
-            plan = plan_switch(alias, spec.name, fraction=spec.resources.gpu_memory_utilization,
-                               aliases=self.machine.desired().aliases, running=memory_shares(self.machine.docker),
-                               ceiling=self.settings.memory_ceiling)
+            desired, view = self.machine.desired(), self.memory()
+            old = desired.aliases.get(alias)
+            leaving = Leaving()
+            if old in self.machine.catalog().stacks:
+                old_spec = self.machine.catalog().stack(old)
+                leaving = Leaving(old_spec.switch.park, view.footprint(old), self.cannot_sleep(old_spec))
+            plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=desired.aliases,
+                               memory=view.now(desired.parked), leaving=leaving)
             assert self.gateway is not None, "the gateway starts before the API"
             self.reconciler.forget(spec.name)
             verdicts = Verdicts(self.settings, self.store, self.bus, lambda name: self.machine.catalog().stack(name))
             switcher = Switcher(machine=self.machine, reconciler=self.reconciler, gateway=self.gateway,
                                 refresh_routes=self.routes.refresh, store=self.store, reporter=BusReporter(self.bus),
-                                bench=verdicts.bench, blame=verdicts.blame,
+                                bench=verdicts.bench, blame=verdicts.blame, woke=self._record_wake,
                                 bench_mode=lambda s: self.machine.catalog().stack(s).switch.bench)
             try:
                 return switcher.run(plan)
             finally:
                 self.kick()
+
+    def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None) -> dict[str, Any]:
+        """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow."""
+        with self.turns.turn(stack, ticket):
+            spec, desired = self.machine.catalog().stack(stack), self.machine.desired()
+            if stack in desired.parked:
+                return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already"}
+            naming = sorted(a for a, s in desired.aliases.items() if s == stack)
+            if naming:
+                raise SparkctlError(f"{stack} serves alias {', '.join(naming)}: switch the alias to another stack "
+                                    f"first (`sparkctl switch {naming[0]} STACK`), which parks {stack} by itself")
+            view = self.memory()
+            memory = view.now(desired.parked)
+            if stack not in memory.held:
+                raise SparkctlError(f"{stack} is not running; nothing to park")
+            beside = memory.beside(stack)
+            choice = choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
+                            unable=self.cannot_sleep(spec))
+            with self.reconciler.holding(stack):
+                self.machine.park(stack, choice.park.level)
+            self.routes.refresh()
+            return {"stack": stack, "park": str(choice.park), "why": choice.why}
+
+    def wake(self, stack: str, *, ticket: int | None = None) -> dict[str, Any]:
+        """Wake a parked stack, if its wake peak fits beside what runs."""
+        with self.turns.turn(stack, ticket):
+            desired = self.machine.desired()
+            if stack not in desired.parked:
+                raise SparkctlError(f"{stack} is not parked")
+            view = self.memory()
+            memory, level = view.now(desired.parked), desired.parked[stack]
+            peak = memory.beside(stack) + view.footprint(stack).peak(level)
+            if peak > memory.ceiling + 1e-9:
+                raise SparkctlError(f"{stack} does not fit: waking it from level {level} would hold {peak:.2f} of "
+                                    f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
+                                    "another stack first")
+            with self.reconciler.holding(stack):
+                woken = self.machine.wake(stack)
+            self._record_wake(stack, woken)
+            self.routes.refresh()
+            return {"stack": stack} | asdict(woken)
+
+    def settle_parked(self) -> list[str]:
+        """After a restart, `GET /is_sleeping` is the truth: a stack recorded parked that is awake
+        (the daemon was killed mid-park or mid-wake) is parked again, before anything else wakes."""
+        done = []
+        desired = self.machine.desired()
+        running = {c.stack for c in self.machine.docker.containers() if c.running}
+        for stack, level in desired.parked.items():
+            if not level or stack not in running or stack not in self.machine.catalog().stacks:
+                continue
+            try:
+                if not SleepMode(self.machine.catalog().stack(stack).url).sleeping():
+                    self.machine.park(stack, level)
+                    done.append(f"{stack} was awake though recorded parked: parked again at level {level}")
+            except SparkctlError as e:
+                done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopped instead")
+                self.machine.park(stack, 0)
+        return done
+
+    def memory(self) -> MemoryView:
+        return MemoryView(self.settings, self.store, self.machine.catalog(), self.machine.docker)
+
+    def cannot_sleep(self, stack: Stack) -> str | None:
+        """Why the stack's engine cannot be parked with sleep mode, if it cannot."""
+        if stack.kind is Kind.COMPOSE:
+            return "stop: a compose project's engine is not run by sparkctl, so it does not sleep"
+        if not stack.sleeps:
+            return None  # switch.park is stop: `choose` says so
+        latest = self.store.deployments.latest(stack.name)
+        refused = imagefile.policy_for(self.settings).wake_refused(latest.parts.get("image") if latest else None)
+        if refused:
+            return f"stop: {refused}"
+        if not SleepMode(stack.url).available():
+            return ("stop: the engine has no sleep-mode endpoints (GET /is_sleeping: 404): its platform has no "
+                    "sleep mode (vLLM's CPU backend has none) or it runs without VLLM_SERVER_DEV_MODE=1")
+        return None
+
+    def _record_wake(self, stack: str, woken: Woken) -> None:
+        """The first watched wake of an image digest goes into images.yaml; a failed one always."""
+        latest = self.store.deployments.latest(stack)
+        digest = latest.parts.get("image") if latest else None
+        if not digest or not woken.level:
+            return
+        known = imagefile.policy_for(self.settings).wakes.get(digest)
+        if woken.killed or known is None:
+            imagefile.record_wake(self.settings.images_file, digest, ok=not woken.killed, reason=woken.killed or "")
 
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
@@ -146,7 +245,10 @@ class Operations:
                   "memory": None, "error": None} for s in desired.stacks if s not in seen]
         for row in rows:
             h = history.get(row["stack"], planner.History())
-            row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures)}
+            row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures),
+                    "parked": desired.parked.get(row["stack"])}
+            if row["parked"] is not None:
+                row["phase"] = f"parked (sleep level {row['parked']})" if row["parked"] else "parked (stopped)"
         return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
                 "others": other_instances(self.machine.docker)}
 

@@ -4,8 +4,9 @@ take now. No I/O, no logging, no clock of its own: the caller passes `now`.
 Rules, per desired stack: a running container is left alone; a stack whose container died is
 restarted (`docker start`) after an exponential backoff counted over its recent failures; a
 stack with no container is deployed; `crash_loop` failures inside `window` mark it failed (no
-more restarts) and move any alias it held to that alias's fallback. Containers carrying
-sparkctl's labels that no desired stack claims are removed.
+more restarts) and move any alias it held to that alias's fallback. A parked stack whose
+container is not running is left as it is (its memory is free; waking starts it). Containers
+carrying sparkctl's labels that no desired stack claims are removed.
 """
 
 from __future__ import annotations
@@ -100,13 +101,14 @@ def backoff(failures: int, policy: Policy) -> float:
 
 
 def plan(stacks: tuple[str, ...], aliases: Mapping[str, str], fallbacks: Mapping[str, str],
-         observed: list[Observed], history: Mapping[str, History], *, now: float, policy: Policy) -> Plan:
+         observed: list[Observed], history: Mapping[str, History], *, now: float, policy: Policy,
+         parked: Mapping[str, int] | None = None) -> Plan:
     actions: list[Action] = []
     desired = set(stacks)
     for o in observed:
         if o.stack not in desired:
             actions.append(Remove(o.container, f"no desired stack claims {o.stack}"))
-    for stack in stacks:
+    for stack in (s for s in stacks if s not in (parked or {}) or _running(observed, s)):
         actions += _for_stack(stack, [o for o in observed if o.stack == stack], history.get(stack, History()),
                               now=now, policy=policy)
     given_up = {a.stack: a.reason for a in actions if isinstance(a, GiveUp)}
@@ -116,6 +118,10 @@ def plan(stacks: tuple[str, ...], aliases: Mapping[str, str], fallbacks: Mapping
         if stack in given_up and fallback and fallback != stack and fallback not in given_up:
             actions.append(Realias(alias, fallback, f"{stack} failed: {given_up[stack]}"))
     return Plan(tuple(actions))
+
+
+def _running(observed: list[Observed], stack: str) -> bool:
+    return any(o.stack == stack and o.state in ("running", "restarting") for o in observed)
 
 
 def _for_stack(stack: str, mine: list[Observed], h: History, *, now: float, policy: Policy) -> list[Action]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -24,6 +24,9 @@ from sparkctl.deploy.pipeline import UpResult
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
 from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled
+
+if TYPE_CHECKING:
+    from sparkctl.daemon.machine import Woken
 
 log = structlog.get_logger()
 
@@ -41,6 +44,10 @@ class Machine(Protocol):
     def stop(self, stack: str) -> list[str]: ...
 
     def start(self, container: str) -> None: ...
+
+    def park(self, stack: str, level: int) -> None: ...
+
+    def wake(self, stack: str) -> Woken: ...
 
     def remove(self, container: str) -> None: ...
 
@@ -70,7 +77,7 @@ class Reconciler:
             desired = self.machine.desired()
             observed = self.machine.observe()
             the_plan = planner.plan(desired.stacks, desired.aliases, desired.fallbacks, observed, self.history,
-                                    now=self.clock(), policy=self.policy)
+                                    now=self.clock(), policy=self.policy, parked=desired.parked)
             self.wake_at = min((a.until for a in the_plan.of(Wait)), default=None)
             for action in the_plan.actions:
                 self._act(action, desired)

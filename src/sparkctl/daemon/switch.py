@@ -1,12 +1,14 @@
 """`sparkctl switch [ALIAS] STACK`: move an alias to another stack without failing the agent.
 
-The mode comes from the pure plan (`policy/switch.py`). Blue/green: deploy the new stack (full
-pipeline: health, canary), optionally gate on its quick benchmark, flip the alias, drain the old
-stack's requests, stop it. Hold/swap: hold the alias's new requests at the gateway, drain, stop
-(not remove) the old stack, deploy the new one, gate, flip, release the queue in order.
+The mode comes from the pure plan (`policy/switch.py`). Blue/green: deploy (or wake) the new
+stack (full pipeline: health, canary), optionally gate on its quick benchmark, flip the alias,
+drain the old stack's requests, park or remove it. Hold/swap: hold the alias's new requests at
+the gateway, drain, park or stop (not remove) the old stack, deploy or wake the new one, gate,
+flip, release the queue in order. A parked stack stays desired: switching back wakes it.
 
-Any failure rolls back: the new stack is removed, the old one is kept or started again, the
-alias keeps naming it and the queue is released to it. Each switch is recorded with its timings.
+Any failure rolls back: the new stack is removed, the old one is kept, started or woken again,
+the alias keeps naming it and the queue is released to it. Each switch is recorded with its
+timings.
 Called by the daemon's API on a worker thread; the gateway part runs on the gateway's loop.
 """
 
@@ -15,14 +17,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import structlog
 
+from sparkctl.daemon.machine import Woken
 from sparkctl.daemon.reconciler import Machine, Reconciler
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.policy.parking import Park
 from sparkctl.policy.switch import Mode, SwitchPlan
 from sparkctl.state.store import Store
 
@@ -65,13 +69,15 @@ class Switcher:
     bench: Callable[[str], dict[str, Any]]  # the quick benchmark of a stack; raises if it fails its gate
     bench_mode: Callable[[str], str]  # "gate", "after" or "off", from the stack's spec
     blame: Callable[[str, SparkctlError], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
+    woke: Callable[[str, Woken], None] = lambda stack, woken: None  # e.g. record how its digest wakes
 
     def run(self, plan: SwitchPlan) -> dict[str, Any]:
         switch = Switch(plan, new_was_desired=plan.new in self.machine.desired().stacks)
         started = time.time()
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
         intent = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode),
-                  "stop_old": plan.stop_old, "new_was_desired": switch.new_was_desired}
+                  "stop_old": plan.stop_old, "new_was_desired": switch.new_was_desired, "park": str(plan.park),
+                  "wake": plan.wake, "why": plan.why}
         switch_id = self.store.switches.begin(intent)  # a daemon killed mid-way finishes or undoes it on start
         error = None
         try:
@@ -104,11 +110,15 @@ class Switcher:
                 self._remove(plan.new)
             raise self._rolled_back(plan, e) from None
         self._flip(switch)
-        if plan.old and plan.stop_old:
+        if plan.old and plan.stop_old and plan.old not in self.machine.desired().parked:
             with switch.timed("drain_s"):
                 switch.facts["drained"] = self.gateway.drain(plan.old)
-            with switch.timed("stop_old_s"):
-                self._retire(switch, plan.old)
+            if plan.park is Park.STOP:
+                with switch.timed("stop_old_s"):
+                    self._retire(switch, plan.old)
+            else:
+                with switch.timed("park_old_s"):
+                    self.machine.park(plan.old, plan.park.level)
 
     def _hold_swap(self, switch: Switch) -> None:
         plan = switch.plan
@@ -118,33 +128,53 @@ class Switcher:
         try:
             with switch.timed("drain_s"):
                 switch.facts["drained"] = self.gateway.drain(plan.old)
-            with switch.timed("stop_old_s"):
-                stopped = self.machine.stop(plan.old)
+            stopped = self._leave(switch)
             try:
                 self._bring_up(switch)
             except SparkctlError as e:
                 self._remove(plan.new)
                 with switch.timed("restart_old_s"):
-                    for container in stopped:
-                        self.machine.start(container)
+                    if plan.park is Park.STOP:
+                        for container in stopped:
+                            self.machine.start(container)
+                    else:
+                        self.machine.wake(plan.old)
                 self.refresh_routes()
                 raise self._rolled_back(plan, e) from None
             self._flip(switch)
             switch.facts |= self.gateway.release(plan.alias)
             released = True
-            self._retire(switch, plan.old)
+            if plan.park is Park.STOP:
+                self._retire(switch, plan.old)
         finally:
             if not released:
                 switch.facts |= self.gateway.release(plan.alias)
 
     # --- steps --------------------------------------------------------------------------------
+    def _leave(self, switch: Switch) -> list[str]:
+        """The old stack makes room: parked, or stopped (its containers, to start on a rollback)."""
+        plan = switch.plan
+        assert plan.old is not None
+        if plan.park is Park.STOP:
+            with switch.timed("stop_old_s"):
+                return self.machine.stop(plan.old)
+        with switch.timed("park_old_s"):
+            self.machine.park(plan.old, plan.park.level)
+        return []
+
     def _bring_up(self, switch: Switch) -> None:
-        """The new stack through the whole pipeline, then the benchmark gate if it has one."""
+        """The new stack woken, or through the whole pipeline; then the benchmark gate if it has one."""
         new = switch.plan.new
         self.machine.update_desired(lambda d: d.with_stack(new))
-        with switch.timed("deploy_s"):
-            done = self.machine.deploy(new)
-        switch.timings |= done.timings if done else {}
+        if switch.plan.wake:
+            with switch.timed("wake_s"):
+                woken = self.machine.wake(new)
+            self.woke(new, woken)
+            switch.facts["woken"] = asdict(woken)
+        else:
+            with switch.timed("deploy_s"):
+                done = self.machine.deploy(new)
+            switch.timings |= done.timings if done else {}
         self.refresh_routes()  # routes the new stack by name (the gate benchmarks through the gateway)
         if self.bench_mode(new) == "gate":
             with switch.timed("bench_s"):
@@ -201,17 +231,29 @@ class _Timer:
 
 def recover(machine: Machine, store: Store) -> list[str]:
     """Settle switches a killed daemon left unfinished, from desired.yaml alone: an alias that
-    already names the new stack completes (the old stack leaves the desired set), one that does
-    not rolls back (the new stack leaves it, unless it was desired before). The reconciler then
-    converges the containers. Returns what it did, for the log."""
+    already names the new stack completes (the old stack leaves the desired set, or is parked),
+    one that does not rolls back (the new stack leaves it, unless it was desired before, and an
+    old stack the switch parked wakes once the new one is gone). The reconciler then converges
+    the containers. Returns what it did, for the log."""
     done = []
     for s in store.switches.list(unfinished=True):
         alias, old, new = s["alias"], s["from"], s["to"]
+        park = Park(s.get("park") or Park.STOP)
         flipped = machine.desired().aliases.get(alias) == new
-        if flipped and old and s["stop_old"]:
-            machine.update_desired(lambda d, old=old: d.without_stack(old))
-        elif not flipped and not s["new_was_desired"]:
-            machine.update_desired(lambda d, new=new: d.without_stack(new))
+        try:
+            if flipped and old and s["stop_old"] and park is Park.STOP:
+                machine.update_desired(lambda d, old=old: d.without_stack(old))
+            elif flipped and old and s["stop_old"] and old not in machine.desired().parked:
+                machine.park(old, park.level)
+            elif not flipped:
+                if not s["new_was_desired"]:
+                    machine.update_desired(lambda d, new=new: d.without_stack(new))
+                    if park is not Park.STOP:  # its memory must be free before the old stack wakes
+                        machine.down(new)
+                if old in machine.desired().parked:
+                    machine.wake(old)
+        except SparkctlError as e:
+            done.append(f"switch {s['id']} of {alias}: {e}")
         outcome = f"completed: {alias} names {new}" if flipped else f"rolled back: {alias} names {old}"
         intent = {k: v for k, v in s.items() if k not in ("id", "at")}
         store.switches.finish(s["id"], intent | {"ok": flipped, "error": None if flipped else

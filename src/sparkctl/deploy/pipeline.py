@@ -21,6 +21,7 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
 from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
 from sparkctl.deploy import health, image, patches, weights
+from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.record import Phases
 from sparkctl.errors import SparkctlError
@@ -28,9 +29,11 @@ from sparkctl.phase import Phase
 from sparkctl.policy.admission import admit
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.settings import Settings
+from sparkctl.spec import imagefile
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.spec.render import Sources, render, spec_hash
+from sparkctl.state import desired as desired_file
 from sparkctl.state.store import Store
 
 if TYPE_CHECKING:
@@ -133,8 +136,9 @@ class Deployer:
 
     def _admit(self, stack: Stack, *, replace: bool) -> tuple[str, ...]:
         """The stacks to stop for this one to fit (with --replace); refuses if it doesn't fit otherwise."""
-        verdict = admit(stack.name, stack.resources.gpu_memory_utilization, memory_shares(self.docker),
-                        ceiling=self.settings.memory_ceiling)
+        parked = desired_file.load(self.settings.state_dir / "desired.yaml").parked
+        held = MemoryView(self.settings, self.store, self.catalog, self.docker).held(parked)
+        verdict = admit(stack.name, stack.resources.gpu_memory_utilization, held, ceiling=self.settings.memory_ceiling)
         if not verdict.fits and not replace:
             raise SparkctlError(verdict.explain(stack.name))
         return verdict.in_the_way
@@ -152,21 +156,44 @@ class Deployer:
             self.reporter.note(stack.name, f"{stack.name} is already running with fingerprint "
                                            f"{prepared.fingerprint}: nothing to do")
             return UpResult(stack.name, prepared.fingerprint, False, url)
-        plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
-                      fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
-                      instance=self.settings.instance)
         previous = self._set_aside(current)
+        sleep = stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
         try:
-            self.docker.create(plan)
-            self.docker.start(plan.name)
-            rate = health.wait_healthy(stack, url, self._engine(plan.name), reporter=phases.health())
+            try:
+                rate = self._start(stack, prepared, phases, sleep=sleep)
+            except health.HealthError as e:
+                if not (sleep and NO_SLEEP_MODE in str(e)):
+                    raise
+                self._without_sleep_mode(stack, prepared.image.digest)
+                rate = self._start(stack, prepared, phases, sleep=False)
         except SparkctlError:
-            self.docker.remove(plan.name)
             self._restore(previous, stack)
             raise
         for c in previous:
             self.docker.remove(c)
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
+
+    def _start(self, stack: Stack, prepared: Prepared, phases: Phases, *, sleep: bool) -> float | None:
+        """Create and start the engine container; its health's acceptance rate. A container that
+        fails is removed."""
+        plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
+                      fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
+                      instance=self.settings.instance, sleep=sleep)
+        try:
+            self.docker.create(plan)
+            self.docker.start(plan.name)
+            return health.wait_healthy(stack, stack.url, self._engine(plan.name), reporter=phases.health())
+        except SparkctlError:
+            self.docker.remove(plan.name)
+            raise
+
+    def _without_sleep_mode(self, stack: Stack, digest: str) -> None:
+        """The engine refused --enable-sleep-mode (vLLM's CPU platform does): learnt for the digest
+        in images.yaml, so its stacks run without it and park by stopping from now on."""
+        reason = "its platform has no sleep mode (\"Sleep mode is not supported on current platform\")"
+        imagefile.record_wake(self.settings.images_file, digest, ok=False, reason=reason)
+        self.reporter.note(stack.name, f"image {digest} {reason}: started again without it; "
+                                       f"{stack.name} will park by stopping")
 
     def _up_compose(self, stack: Stack, prepared: Prepared, phases: Phases) -> UpResult:
         assert stack.compose is not None
@@ -240,9 +267,7 @@ class Deployer:
         return self.settings.gpus == "all"
 
 
-def memory_shares(docker: DockerEngine) -> dict[str, float]:
-    """The unified-memory share each running stack reserved (from its containers' labels)."""
-    return {c.stack: c.memory or 0.0 for c in docker.containers() if c.running}
+NO_SLEEP_MODE = "Sleep mode is not supported on current platform"  # vLLM's words on CPU
 
 
 def _matches(container: Container, fingerprint: str, stack: Stack) -> bool:

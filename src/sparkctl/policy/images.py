@@ -86,11 +86,31 @@ class Ban(BaseModel):
     date: dt.date | None = None
 
 
+class Wake(BaseModel):
+    """How the first watched wake from sleep mode went on a digest (a failed one parks with stop)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ok: bool
+    reason: str = ""
+    date: dt.date | None = None
+
+
 class ImagePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     pins: dict[str, Pin] = {}
     blacklist: dict[str, Ban] = {}
+    wakes: dict[str, Wake] = {}  # image digest -> its wake record
+
+    def wake_refused(self, digest: str | None) -> str | None:
+        """Why stacks on this digest must not sleep, if a wake on it failed."""
+        wake = self.wakes.get(digest or "")
+        if wake is None or wake.ok:
+            return None
+        since = f", recorded {wake.date.isoformat()}" if wake.date else ""
+        return (f"image {digest} cannot sleep and wake ({wake.reason}{since}); "
+                f"`sparkctl image forget-wake {digest}` lets it try again")
 
     def pin_for(self, ref: str) -> Pin | None:
         """The pin of `ref`'s tag, however the ref is spelled."""

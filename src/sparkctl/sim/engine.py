@@ -1,13 +1,17 @@
-"""The simulated engine's generation and metrics: tokens, timing, speculation, faults.
+"""The simulated engine's generation, metrics and sleep mode: tokens, timing, speculation,
+faults, and the memory it holds.
 
 Timing follows a profile (profiles.py), divided by the time scale. Counters move with the
-tokens actually served, so `/metrics` deltas mean what they mean on vLLM. The HTTP layer
-(server.py) drives this.
+tokens actually served, so `/metrics` deltas mean what they mean on vLLM. Sleep and wake
+follow vLLM 0.32's engine core (sleeping tags, paused scheduler, pause modes); with a memory
+scale the weights and KV cache are real host memory, so MemAvailable moves as on a Spark.
+The HTTP layer (server.py) drives this; main.py builds it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import random
 import sys
@@ -35,6 +39,8 @@ class Faults:
     slow_health: float = 0.0  # seconds /health takes to answer
     garbage: bool = False  # completions are random bytes-as-text
     empty: bool = False  # completions are empty
+    wake_keeps_backup: bool = False  # a level-1 wake frees the host copy last (vLLM #50011)
+    queue_while_asleep: bool = False  # requests wait for /wake_up, as real vLLM's do, instead of a 503
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -50,7 +56,10 @@ class Faults:
 
 
 _FAULT_KINDS = {"crash_after": int, "crash_above": int, "hang_on_load": bool, "crash_on_load": bool,
-                "slow_health": float, "garbage": bool, "empty": bool}
+                "slow_health": float, "garbage": bool, "empty": bool, "wake_keeps_backup": bool,
+                "queue_while_asleep": bool}
+_PAGE = 4096
+_CHUNKS = 32  # an allocation rises in this many steps over its duration
 
 
 @dataclass
@@ -88,6 +97,50 @@ class Metrics:
     itl: Histogram = field(default_factory=lambda: Histogram(_ITL_BUCKETS))
 
 
+class Memory:
+    """Real host memory standing in for the engine's share of unified memory.
+
+    Each region (`weights`, `kv_cache`, and `backup`, the weights' host copy while asleep at
+    level 1) is a private anonymous mmap with every page written, so MemAvailable (and the
+    process's RssAnon) really move; unmapping releases it. Sizes of 0 (no memory scale) hold
+    nothing and only take time.
+    """
+
+    def __init__(self, *, weights: int = 0, kv_cache: int = 0) -> None:
+        self.sizes = {"weights": weights, "kv_cache": kv_cache, "backup": weights}
+        self._regions: dict[str, mmap.mmap] = {}
+        self._touched = dict.fromkeys(self.sizes, 0)  # fixed keys: read from the event loop mid-allocation
+
+    def held(self) -> int:
+        """Bytes written so far in the regions now mapped."""
+        return sum(self._touched.values())
+
+    def allocate(self, name: str, seconds: float) -> None:
+        """Map `name` and write its pages a chunk at a time, spread over `seconds`, so the rise
+        can be watched. Blocks: the engine runs it on a thread."""
+        size = self.sizes[name]
+        if not size or name in self._regions:
+            time.sleep(seconds)
+            return
+        region = self._regions[name] = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        chunk = -(-size // _CHUNKS // _PAGE) * _PAGE
+        for start in range(0, size, chunk):
+            end = min(size, start + chunk)
+            region[start:end:_PAGE] = b"\1" * len(range(start, end, _PAGE))
+            self._touched[name] = end
+            time.sleep(seconds * (end - start) / size)
+
+    def free(self, name: str) -> None:
+        region = self._regions.pop(name, None)
+        self._touched[name] = 0
+        if region is not None:
+            region.close()
+
+
+class Aborted(Exception):
+    """A request cut by `/sleep` in its default `abort` mode; vLLM finishes it with "abort"."""
+
+
 class Vocabulary:
     """Token counting and token-by-token text from the model's own tokenizer.json."""
 
@@ -107,7 +160,8 @@ class Vocabulary:
 
 class Engine:
     def __init__(self, profile: Profile, vocab: Vocabulary, *, num_speculative: int, scale: float,
-                 max_model_len: int, memory_fraction: float, faults: Faults, seed: int = 0) -> None:
+                 max_model_len: int, memory_fraction: float, faults: Faults, seed: int = 0,
+                 memory: Memory | None = None, sleep_mode: bool = False) -> None:
         self.profile, self.vocab, self.scale = profile, vocab, scale
         self.num_speculative, self.max_model_len, self.faults = num_speculative, max_model_len, faults
         self.metrics = Metrics(accepted_per_pos=[0] * num_speculative)
@@ -118,6 +172,20 @@ class Engine:
         self.kv_capacity = kv_capacity(profile, memory_fraction)
         self.kv_used = 0
         self._released = asyncio.Event()
+        # Sleep mode, as vLLM's engine core keeps it. Without --enable-sleep-mode vLLM still
+        # answers /sleep and /wake_up, but its allocator holds nothing to release.
+        self.memory = memory or Memory()
+        self.sleep_mode = sleep_mode
+        self.sleeping: set[str] = set()  # tags parked: "weights", "kv_cache"
+        self.level = 0  # of the last sleep
+        self.paused = False  # the scheduler admits nothing new
+        self.stale_weights = False  # a level-2 wake maps empty weights until reload_weights
+        self._admitting = asyncio.Event()  # cleared while paused: new requests queue
+        self._stepping = asyncio.Event()  # cleared by a `keep` pause: running requests freeze
+        self._admitting.set()
+        self._stepping.set()
+        self._aborts = 0  # bumped by each `abort` pause; requests admitted before it end
+        self._utility = asyncio.Lock()  # engine-core calls (sleep, wake_up, ...) run one at a time
 
     def output_length(self, *, prompt_tokens: int, max_tokens: int | None, min_tokens: int, ignore_eos: bool) -> int:
         limit = self.max_model_len - prompt_tokens
@@ -129,12 +197,12 @@ class Engine:
 
     async def generate(self, *, prompt_tokens: int, length: int) -> AsyncIterator[list[str]]:
         """Yield the text pieces of each engine step, at the profile's speed."""
-        m, need, start = self.metrics, prompt_tokens + length, time.monotonic()
+        m, need, start, aborts = self.metrics, prompt_tokens + length, time.monotonic(), self._aborts
         m.requests_waiting += 1
-        while self.kv_used and self.kv_used + need > self.kv_capacity:
-            self._released.clear()
-            await self._released.wait()
-        m.requests_waiting -= 1
+        try:
+            await self._wait_for_room(need, aborts)
+        finally:
+            m.requests_waiting -= 1
         self.kv_used += need
         self._admit()
         m.prompt_tokens += prompt_tokens
@@ -143,6 +211,11 @@ class Engine:
             clock = last = time.monotonic()
             emitted = 0
             while emitted < length:
+                if not self._stepping.is_set():
+                    await self._stepping.wait()
+                    clock = time.monotonic()
+                if self._aborts != aborts:
+                    raise Aborted
                 step = min(self._step_tokens(), length - emitted)
                 clock += step / self.profile.decode_tps(prompt_tokens + emitted) * self.scale
                 await asyncio.sleep(max(0.0, clock - time.monotonic()))
@@ -157,6 +230,105 @@ class Engine:
             m.requests_finished += 1
             self.kv_used -= need
             self._released.set()
+
+    @property
+    def asleep(self) -> bool:
+        """vLLM's is_sleeping: the scheduler is paused or some memory is parked."""
+        return self.paused or bool(self.sleeping)
+
+    async def is_sleeping(self) -> bool:
+        async with self._utility:  # answered after a sleep or wake under way, as in vLLM
+            return self.asleep
+
+    async def sleep(self, level: int, mode: str) -> None:
+        """Pause the scheduler (`abort` ends running requests, `wait` lets them finish, `keep`
+        freezes them), then park: level 1 backs the weights up to host memory and drops them
+        and the KV cache, level 2 drops both, level 0 only pauses."""
+        async with self._utility:
+            self.paused = True
+            self._admitting.clear()
+            if mode == "keep":
+                self._stepping.clear()
+            if mode == "abort":
+                self._aborts += 1
+                self._released.set()  # requests waiting for KV room find themselves aborted
+            while mode == "wait" and self.metrics.requests_running:
+                self._released.clear()
+                await self._released.wait()
+            if self.sleeping:  # vLLM: "Executor is already sleeping."
+                return
+            self.level = level
+            if level == 0:
+                return
+            self.sleeping = {"weights", "kv_cache"}
+            held = self.memory.held()
+            if self.sleep_mode:
+                await self._park(level)
+            log(f"Sleep mode freed {(held - self.memory.held()) / 2**30:.2f} GiB memory, "
+                 f"{self.memory.held() / 2**30:.2f} GiB memory is still in use.")
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        """Bring back the parked tags (all when None); the scheduler resumes once nothing is
+        parked. Returns whether the engine is fully awake."""
+        async with self._utility:
+            if tags is not None:
+                tags = [t for t in tags if t != "scheduling"]
+            wanted = set(self.sleeping if tags is None else tags)
+            if self.sleeping and wanted <= self.sleeping and (tags is None or tags):
+                if self.sleep_mode:
+                    await self._restore(wanted)
+                self.sleeping -= wanted
+            if not self.sleeping:
+                self.paused = False
+                self._admitting.set()
+                self._stepping.set()
+            return not self.sleeping
+
+    async def reload_weights(self) -> None:
+        """`collective_rpc reload_weights`: read the weights again into the memory a level-2
+        wake mapped."""
+        async with self._utility:
+            await asyncio.sleep(self.profile.reload_s * self.scale)
+            self.stale_weights = False
+
+    async def reset_prefix_cache(self, *, reset_running: bool) -> bool:
+        """Fails while running requests hold blocks, unless they are reset too (vLLM)."""
+        async with self._utility:
+            return reset_running or not self.metrics.requests_running
+
+    async def _park(self, level: int) -> None:
+        p, s = self.profile, self.scale
+        if level == 1:
+            await self._allocate("backup", p.copy_s * s)
+        self.memory.free("weights")
+        self.memory.free("kv_cache")
+        await asyncio.sleep(p.remap_s * s)
+
+    async def _restore(self, wanted: set[str]) -> None:
+        p, s, memory = self.profile, self.scale, self.memory
+        if "weights" in wanted:
+            await self._allocate("weights", (p.copy_s if self.level == 1 else p.remap_s) * s)
+            self.stale_weights = self.level == 2
+            if not self.faults.wake_keeps_backup:
+                memory.free("backup")
+        if "kv_cache" in wanted:
+            await self._allocate("kv_cache", p.remap_s * s)
+        if "weights" in wanted:
+            memory.free("backup")  # with wake_keeps_backup, the host copy was held until now
+
+    async def _allocate(self, name: str, seconds: float) -> None:
+        await asyncio.to_thread(self.memory.allocate, name, seconds)  # the loop keeps answering meanwhile
+
+    async def _wait_for_room(self, need: int, aborts: int) -> None:
+        """Queue until the scheduler admits new requests and the KV cache has room."""
+        while True:
+            await self._admitting.wait()
+            if self._aborts != aborts:
+                raise Aborted
+            if not self.kv_used or self.kv_used + need <= self.kv_capacity:
+                return
+            self._released.clear()
+            await self._released.wait()
 
     def _admit(self) -> None:
         m, f = self.metrics, self.faults
@@ -189,7 +361,7 @@ class Engine:
     def _text(self, n: int) -> list[str]:
         if self.faults.empty:
             return [""] * n
-        if self.faults.garbage:
+        if self.faults.garbage or self.stale_weights:
             return ["".join(chr(self.rng.randint(0x21, 0x2F)) for _ in range(3)) for _ in range(n)]
         return self.vocab.pieces(n)
 
@@ -198,3 +370,7 @@ class Engine:
         print(f"ERROR [core.py] EngineCore encountered a fatal error.\n{reason}", file=sys.stderr, flush=True)
         self.healthy = False
         os._exit(1)
+
+
+def log(message: str) -> None:
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] {message}", file=sys.stderr, flush=True)

@@ -2,7 +2,8 @@
 
 Accepts the flags sparkctl renders (and a few more the compose projects use), rejects unknown
 flags the way vLLM's argparse does (exit 2, message on stderr), checks the DFlash patches like
-the real engine would fail without them, loads for the profile's time, then serves.
+the real engine would fail without them, loads for the profile's time (taking real memory when
+SPARKCTL_SIM_MEMORY_SCALE is set), then serves; VLLM_SERVER_DEV_MODE=1 adds the dev endpoints.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from sparkctl.sim.engine import VERSION, Engine, Faults, Vocabulary
+from sparkctl.sim.engine import VERSION, Engine, Faults, Memory, Vocabulary
+from sparkctl.sim.engine import log as _log
 from sparkctl.sim.profiles import PROFILES, Profile, auto_profile, min_memory_fraction
 
 OVERLAY_MARKERS = {  # the DSpark draft's vllm_patches carry these lines
@@ -43,13 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     speculative = _speculative(args)
     profile = PROFILES[args.sim_profile or auto_profile(_model_name(model_dir), speculative)]
     _preflight(args, model_dir, profile, speculative)
+    memory = _memory(args, model_dir, speculative, float(os.environ.get("SPARKCTL_SIM_MEMORY_SCALE", "0")))
     scale = float(os.environ.get("SPARKCTL_SIM_TIME_SCALE", "1"))
-    _load(profile, float(os.environ.get("SPARKCTL_SIM_LOAD_SCALE", scale)), faults)
+    _load(profile, float(os.environ.get("SPARKCTL_SIM_LOAD_SCALE", scale)), faults, memory)
     vocab = Vocabulary(model_dir, seed=args.sim_seed)
     engine = Engine(profile, vocab, num_speculative=speculative.get("num_speculative_tokens", 0),
                     scale=scale, max_model_len=args.max_model_len, memory_fraction=args.gpu_memory_utilization,
-                    faults=faults, seed=args.sim_seed)
-    asyncio.run(_serve(engine, args))
+                    faults=faults, seed=args.sim_seed, memory=memory, sleep_mode=args.enable_sleep_mode)
+    dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))  # vLLM's own parse
+    asyncio.run(_serve(engine, args, dev_mode=dev_mode))
     return 0
 
 
@@ -77,6 +81,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"])
     s.add_argument("--speculative-config", type=json.loads)
     s.add_argument("--enforce-eager", action="store_true")
+    s.add_argument("--enable-sleep-mode", action=argparse.BooleanOptionalAction, default=False)
     s.add_argument("--enable-auto-tool-choice", action="store_true")
     s.add_argument("--tool-call-parser")
     s.add_argument("--reasoning-parser")
@@ -170,9 +175,39 @@ def _check_dflash(config: dict) -> None:
         _die(f"AttributeError: 'DFlashProposer' object has no attribute '{missing[0]}'")
 
 
-def _load(profile: Profile, scale: float, faults: Faults) -> None:
+def weight_bytes(model_dir: Path) -> int:
+    """The size of the weight files vLLM loads: the safetensors, else the .bin files."""
+    files = list(model_dir.glob("*.safetensors")) or list(model_dir.glob("*.bin"))
+    return sum(f.stat().st_size for f in files)
+
+
+def host_memory_bytes() -> int:
+    """MemTotal from /proc/meminfo."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("MemTotal missing from /proc/meminfo")
+
+
+def _memory(args: argparse.Namespace, model_dir: Path, speculative: dict, scale: float) -> Memory:
+    """The memory the engine holds awake: --gpu-memory-utilization of (host memory x scale),
+    the weight files' real size (the draft's too) and the rest as KV cache. Scale 0 holds none."""
+    if not scale:
+        return Memory()
+    weights = weight_bytes(model_dir)
+    draft = speculative.get("model")
+    if draft and Path(draft).is_dir():
+        weights += weight_bytes(Path(draft))
+    kv_cache = int(args.gpu_memory_utilization * host_memory_bytes() * scale) - weights
+    if kv_cache <= 0:
+        _die("ValueError: No available memory for the cache blocks. Try increasing "
+             "`gpu_memory_utilization` when initializing the engine.")
+    return Memory(weights=weights, kv_cache=kv_cache)
+
+
+def _load(profile: Profile, scale: float, faults: Faults, memory: Memory) -> None:
     _log(f"Loading weights ({profile.weights_gib:.1f} GiB, sim profile {profile.name})")
-    time.sleep(profile.load_s * scale)
+    memory.allocate("weights", profile.load_s * scale)
     if faults.hang_on_load:
         _log("Loading weights ...")
         while True:
@@ -180,18 +215,21 @@ def _load(profile: Profile, scale: float, faults: Faults) -> None:
     if faults.crash_on_load:
         _die("RuntimeError: CUDA error: out of memory while loading weights (injected)")
     _log(f"Loading weights took {profile.load_s:.2f} seconds")
-    time.sleep(profile.compile_s * scale)
+    memory.allocate("kv_cache", profile.compile_s * scale)
     _log(f"torch.compile takes {profile.compile_s:.2f} s in total")
 
 
-async def _serve(engine: Engine, args: argparse.Namespace) -> None:
+async def _serve(engine: Engine, args: argparse.Namespace, *, dev_mode: bool) -> None:
     from aiohttp import web
 
     from sparkctl.sim.server import Api
 
     name = (args.served_model_name or [args.model])[0]
-    runner = web.AppRunner(Api(engine, served_name=name, root=args.model, max_model_len=args.max_model_len).app(),
-                           access_log=None)
+    if dev_mode:
+        _log("SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!")
+    api = Api(engine, served_name=name, root=args.model, max_model_len=args.max_model_len, dev_mode=dev_mode,
+              workers=args.tensor_parallel_size)
+    runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.port).start()
@@ -205,10 +243,6 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> None:
 def _terminated(*_: object) -> None:
     _log("Shutting down on SIGTERM")
     raise SystemExit(0)
-
-
-def _log(message: str) -> None:
-    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] {message}", file=sys.stderr, flush=True)
 
 
 def _die(message: str) -> None:

@@ -1,8 +1,9 @@
 """Speed profiles of the simulated engine, calibrated to the seed studies (DGX Spark, GB10).
 
-Decode and prefill speeds are piecewise-linear in context depth through measured points.
-Figures marked `measured` come from the seeds; `estimate` marks a value the seeds don't give
-(documented in docs/engines.md). Pure data plus interpolation; the server reads it.
+Decode and prefill speeds are piecewise-linear in context depth through measured points;
+sleep-mode durations follow from the weights' size. Figures marked `measured` come from the
+seeds; `estimate` marks a value the seeds don't give (documented in docs/engines.md). Pure
+data plus interpolation; the engine reads it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,29 @@ class Profile:
     def prefill_tps(self, depth: int) -> float:
         return at(self.prefill, depth)
 
+    @property
+    def copy_s(self) -> float:
+        """Copying the weights between device and pinned host memory (level-1 sleep or wake)."""
+        return self.weights_gib / _HOST_COPY_GIB_S
+
+    @property
+    def remap_s(self) -> float:
+        """Unmapping the discarded allocations (sleep), or mapping them again (wake)."""
+        return _REMAP_S
+
+    @property
+    def reload_s(self) -> float:
+        """`collective_rpc reload_weights` after a level-2 wake: the weights again, from the page cache."""
+        return self.load_s * _RELOAD_FRACTION
+
 
 _UNIFIED_GIB = 119.0  # what the GB10 reports usable
+# Sleep mode (all estimates, docs/engines.md): cudaMemcpy between device and pinned host
+# memory, both in the GB10's LPDDR5x; unmapping or mapping the discarded allocations (one
+# step each way); reloading the weights from the page cache against a cold load.
+_HOST_COPY_GIB_S = 20.0
+_REMAP_S = 0.5
+_RELOAD_FRACTION = 0.1
 _QWEN_PREFILL: Curve = ((0, 1800.0), (16384, 1500.0), (65536, 900.0))  # estimate
 _MOE_PREFILL: Curve = ((0, 5200.0), (16384, 4400.0), (65536, 3000.0))  # estimate
 # Seed 000: decode is bandwidth-bound and equal across engines; NVFP4 8.9 tok/s, BF16 4.5 at

@@ -1,7 +1,9 @@
 """The simulated engine's HTTP API, shaped like vLLM's OpenAI server (aiohttp).
 
 Routes: /health, /version, /v1/models, /metrics, /v1/chat/completions, /v1/completions, with
-vLLM's JSON and SSE chunk shapes. Built by `main.py` once loading is done.
+vLLM's JSON and SSE chunk shapes; in dev mode (VLLM_SERVER_DEV_MODE=1) also vLLM 0.32's
+/sleep, /wake_up, /is_sleeping, /collective_rpc and /reset_prefix_cache. Built by `main.py`
+once loading is done.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from typing import Any
 
 from aiohttp import web
 
-from sparkctl.sim.engine import VERSION, Engine, Histogram
+from sparkctl.sim.engine import VERSION, Aborted, Engine, Histogram
+
+_PAUSE_MODES = ("abort", "wait", "keep")
 
 
 class Api:
-    def __init__(self, engine: Engine, *, served_name: str, root: str, max_model_len: int) -> None:
+    def __init__(self, engine: Engine, *, served_name: str, root: str, max_model_len: int,
+                 dev_mode: bool = False, workers: int = 1) -> None:
         self.engine, self.served_name, self.max_model_len = engine, served_name, max_model_len
-        self.root = root
+        self.root, self.dev_mode, self.workers = root, dev_mode, workers
         self.created = int(time.time())
 
     def app(self) -> web.Application:
@@ -31,6 +36,12 @@ class Api:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        if self.dev_mode:  # vLLM registers these routes only in dev mode: 404 otherwise
+            app.router.add_post("/sleep", self.sleep)
+            app.router.add_post("/wake_up", self.wake_up)
+            app.router.add_get("/is_sleeping", self.is_sleeping)
+            app.router.add_post("/collective_rpc", self.collective_rpc)
+            app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         return app
 
     async def health(self, _: web.Request) -> web.Response:
@@ -79,21 +90,34 @@ class Api:
         length = self.engine.output_length(prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                                            min_tokens=int(body.get("min_tokens") or 0),
                                            ignore_eos=bool(body.get("ignore_eos")))
+        if self.engine.asleep and not self.engine.faults.queue_while_asleep:
+            # Real vLLM queues the request until /wake_up; the sim answers at once.
+            return _error(503, "The engine is sleeping; POST /wake_up to serve requests again.",
+                          "ServiceUnavailableError")
         reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length)
         steps = self.engine.generate(prompt_tokens=prompt_tokens, length=length)
         if body.get("stream"):
             return await self._stream(request, reply, steps, body.get("stream_options") or {})
-        text = "".join([piece async for step in steps for piece in step])
-        return web.json_response(reply.whole(text))
+        pieces: list[str] = []
+        try:
+            async for step in steps:
+                pieces += step
+        except Aborted:
+            reply.abort(len(pieces))
+        return web.json_response(reply.whole("".join(pieces)))
 
     async def _stream(self, request: web.Request, reply: _Reply, steps: Any, options: dict) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         if reply.chat:
             await _send(response, reply.chunk({"role": "assistant", "content": ""}))
+        emitted = 0
         try:
             async for step in steps:
+                emitted += len(step)
                 await _send(response, reply.chunk("".join(step)))
+        except Aborted:
+            reply.abort(emitted)
         finally:
             await steps.aclose()  # a client that left aborts its request at once, as in vLLM
         await _send(response, reply.chunk("", finish=True))
@@ -106,6 +130,45 @@ class Api:
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(text=render_metrics(self.engine, self.served_name), content_type="text/plain")
 
+    async def sleep(self, request: web.Request) -> web.Response:
+        level, mode = request.query.get("level", "1"), request.query.get("mode", "abort")
+        if level not in ("0", "1", "2"):
+            return _error(400, f"1 validation error:\n  level: Input should be 0, 1 or 2 (got {level!r})",
+                          "Bad Request", param="level")
+        if mode not in _PAUSE_MODES:
+            return _error(400, f"1 validation error:\n  mode: Input should be 'abort', 'wait' or 'keep' "
+                          f"(got {mode!r})", "Bad Request", param="mode")
+        await self.engine.sleep(int(level), mode)
+        return web.json_response({"status": "sleeping", "level": int(level)})
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        tags = request.query.getall("tags", []) or None
+        awake = await self.engine.wake_up(tags)
+        return web.json_response({"status": "awake" if awake else "sleeping", "tags": tags})
+
+    async def is_sleeping(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": await self.engine.is_sleeping()})
+
+    async def collective_rpc(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"JSON decode error: {e}", "Bad Request")
+        if not isinstance(body, dict):
+            return _error(400, "Request body must be a JSON object", "Bad Request")
+        method = body.get("method")
+        if method is None:
+            return _error(400, "Missing 'method' in request body", "Bad Request")
+        if method != "reload_weights":  # the one worker method the sim has
+            return _error(500, f"Call to collective_rpc method failed: Method {method!r} is not implemented.",
+                          "InternalServerError")
+        await self.engine.reload_weights()
+        return web.json_response({"results": [None] * self.workers})  # one per worker
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        reset_running = request.query.get("reset_running_requests", "false").lower() in ("1", "true", "yes", "on")
+        return web.json_response({"success": await self.engine.reset_prefix_cache(reset_running=reset_running)})
+
 
 class _Reply:
     """Builds vLLM-shaped response bodies for one request."""
@@ -115,6 +178,10 @@ class _Reply:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.finish = "length" if length else "stop"
+
+    def abort(self, emitted: int) -> None:
+        """Cut by /sleep: finish with what was emitted, as vLLM's finish_reason "abort"."""
+        self.length, self.finish = emitted, "abort"
 
     def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + self.length,
@@ -155,6 +222,11 @@ def render_metrics(engine: Engine, model: str) -> str:
     emit("vllm:num_requests_running", "gauge", m.requests_running)
     emit("vllm:num_requests_waiting", "gauge", m.requests_waiting)
     emit("vllm:kv_cache_usage_perc", "gauge", min(1.0, engine.kv_used / max(engine.kv_capacity, 1)))
+    asleep = engine.asleep
+    for state, value in (("awake", not asleep), ("weights_offloaded", asleep and engine.level == 1),
+                         ("discard_all", asleep and engine.level == 2)):
+        emit("vllm:engine_sleep_state", "gauge", value, f',sleep_state="{state}"')
+    emit("sparkctl_sim_memory_bytes", "gauge", engine.memory.held())
     emit("vllm:prompt_tokens_total", "counter", m.prompt_tokens)
     emit("vllm:generation_tokens_total", "counter", m.generation_tokens)
     emit("vllm:request_success_total", "counter", m.requests_finished, ',finished_reason="length"')

@@ -1,4 +1,4 @@
-"""Read and edit `images.yaml` (pins and blacklist), keeping its comments and order.
+"""Read and edit `images.yaml` (pins, blacklist, wake records), keeping its comments and order.
 
 The CLI's `sparkctl image ...` commands and the deploy pipeline call this; the decisions
 themselves live in `policy/images.py`.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from sparkctl.errors import SpecError
-from sparkctl.policy.images import DIGEST, Ban, ImagePolicy, Pin, parse_ref
+from sparkctl.policy.images import DIGEST, Ban, ImagePolicy, Pin, Wake, parse_ref
 from sparkctl.settings import Settings
 from sparkctl.spec import kept
 from sparkctl.spec.load import read_yaml
@@ -44,7 +44,7 @@ def load_policy(path: Path) -> ImagePolicy:
     except ValidationError as e:
         first = e.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
-        raise SpecError(str(path), key, f"{first['msg']} (allowed top-level keys: pins, blacklist)") from None
+        raise SpecError(str(path), key, f"{first['msg']} (allowed top-level keys: pins, blacklist, wakes)") from None
 
 
 def pin(path: Path, ref: str, *, digest: str, provenance: str = "", known_good: bool = False) -> Pin:
@@ -66,6 +66,17 @@ def blacklist(path: Path, ref: str, *, reason: str, date: dt.date | None = None)
 
 def unblacklist(path: Path, ref: str) -> bool:
     return _remove(path, "blacklist", ref)
+
+
+def record_wake(path: Path, digest: str, *, ok: bool, reason: str = "") -> Wake:
+    """How a watched wake from sleep mode went on `digest`."""
+    entry = Wake(ok=ok, reason=reason, date=dt.date.today())
+    _edit(path, "wakes", digest, entry.model_dump(exclude_defaults=True) | {"ok": ok})
+    return entry
+
+
+def forget_wake(path: Path, digest: str) -> bool:
+    return _remove(path, "wakes", digest)
 
 
 def _edit(path: Path, section: str, key: str, value: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from sparkctl.policy.parking import Park
 from sparkctl.spec.base import Fraction, Name, Seconds, Spec
 from sparkctl.spec.engine import ComposeProject, Container, Image, VllmArgs, Weights
 
@@ -61,6 +62,10 @@ class SwitchOver(Spec):
     # The quick benchmark when this stack becomes an alias's target: as a gate before the flip
     # (a failure rolls the switch back), right after the queue is released, or not at all.
     bench: Literal["gate", "after", "off"] = "after"
+    # When an alias moves away: park with vLLM sleep mode at level 1 or 2, stop, or `auto` (the
+    # deepest-keeping level whose memory peaks fit; see policy/parking.py). Anything but `stop`
+    # runs the engine with --enable-sleep-mode.
+    park: Park = Park.AUTO
 
 
 class KnownIssue(Spec):
@@ -147,6 +152,11 @@ class Stack(Spec):
     def url(self) -> str:
         """Where sparkctl reaches the engine (it listens on loopback; the gateway is what agents use)."""
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def sleeps(self) -> bool:
+        """Whether the engine runs with sleep mode (only sparkctl's own vLLM containers park)."""
+        return self.kind is Kind.VLLM and self.switch.park is not Park.STOP
 
     @property
     def max_concurrency(self) -> int | None:

@@ -102,9 +102,10 @@ def spec_hash(stack: Stack) -> str:
 
 def render(
     stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None,
-    gpus: bool = True, env: dict[str, str] | None = None, instance: str = instances.DEFAULT,
+    gpus: bool = True, env: dict[str, str] | None = None, instance: str = instances.DEFAULT, sleep: bool = True,
 ) -> ContainerPlan:
-    """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest)."""
+    """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest);
+    `sleep=False` leaves sleep mode out where the image is known not to have it."""
     if stack.kind is not Kind.VLLM or stack.vllm is None:
         raise ValueError(f"stack {stack.name} is a {stack.kind} stack; only vllm stacks render to a container")
     labels = {LABEL_STACK: stack.name, instances.LABEL: instance, LABEL_SPEC_HASH: spec_hash(stack),
@@ -116,8 +117,8 @@ def render(
         name=instances.container_name(stack.name, instance),
         image=image or stack.image.ref,
         entrypoint=c.entrypoint,
-        command=("serve", _inside(MODEL_DIR, sources.model_subpath), *vllm_args(stack, sources.draft_subpath)),
-        env={"HF_HUB_OFFLINE": "1", **dict(sorted({**(env or {}), **c.env}.items()))},
+        command=("serve", _inside(MODEL_DIR, sources.model_subpath), *vllm_args(stack, sources.draft_subpath, sleep)),
+        env={"HF_HUB_OFFLINE": "1", **dict(sorted({**(env or {}), **_sleep_env(stack, sleep), **c.env}.items()))},
         mounts=_mounts(stack, sources),
         labels=labels,
         ipc_mode=c.ipc,
@@ -126,7 +127,7 @@ def render(
     )
 
 
-def vllm_args(stack: Stack, draft_subpath: str = "") -> list[str]:
+def vllm_args(stack: Stack, draft_subpath: str = "", sleep: bool = True) -> list[str]:
     """`vllm serve` flags for the stack, in a fixed order."""
     v = stack.vllm
     assert v is not None
@@ -154,7 +155,15 @@ def vllm_args(stack: Stack, draft_subpath: str = "") -> list[str]:
             config["model"] = _inside(DRAFT_DIR, draft_subpath)
         config |= v.speculative.model_dump(exclude={"method"}, exclude_none=True)
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    if stack.sleeps and sleep:  # after the seeds' own flags, which stay as they ran them
+        args.append("--enable-sleep-mode")
     return args + list(v.extra_args)
+
+
+def _sleep_env(stack: Stack, sleep: bool) -> dict[str, str]:
+    """vLLM registers /sleep, /wake_up and /is_sleeping only in its dev mode. The engine listens
+    on loopback, and the gateway forwards none of them."""
+    return {"VLLM_SERVER_DEV_MODE": "1"} if stack.sleeps and sleep else {}
 
 
 def _inside(mount: str, subpath: str) -> str:
