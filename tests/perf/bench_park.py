@@ -13,7 +13,10 @@ a Spark in minutes: the ratio on a Spark is far smaller).
 Memory: one stack on a sim engine that allocates and touches real memory
 (SPARKCTL_SIM_MEMORY_SCALE) with a weights file of known size, parked at level 1, woken, parked
 at level 2, woken; MemAvailable is sampled every 2 ms throughout. Each state's measured hold and
-each transition's peak are printed beside what the planner predicts. Goal: within 10 %.
+each transition's peak are printed beside what the planner predicts, by the engine's RssAnon
+beyond its interpreter and by MemAvailable. Goal: within 10 % of the awake share; the level-1
+wake's planned peak is a bound (it assumes vLLM #50011's wake), so there the goal is to stay
+under it.
 
 Run with `make perf` (or `.venv/bin/python tests/perf/bench_park.py`).
 """
@@ -105,41 +108,49 @@ def memory() -> None:
                 "SPARKCTL_GATEWAY_PORT": str(free_port()),
                 "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=1,SPARKCTL_SIM_LOAD_SCALE=0.002"}
         footprint = Footprint(AWAKE, (WEIGHTS + _small_files(model)) / UNIFIED)
-        with daemon(env), Sampler() as lows:
-            time.sleep(1)
-            empty = available()
+        # state -> (planned share, the engine's RssAnon, memory available)
+        seen: dict[str, tuple[float, int, int]] = {}
+        with daemon(env):
             sparkctl(env, "up", "memo")
             docker = DockerEngine(instance=env["SPARKCTL_INSTANCE"])
             pid = docker.inspect(docker.containers("memo")[0].id)["State"]["Pid"]
-            process = _rss(pid) - int(AWAKE * UNIFIED)  # the interpreter's own, beside what it holds for the model
-            rows = [("awake", footprint.held(0), _settled(empty, process))]
+            seen["awake"] = (footprint.held(0), *_settled(pid))
             for level in (1, 2):
-                lows.clear()
-                sparkctl(env, "park", "memo", "--how", f"sleep{level}")
-                rows.append((f"sleeping at level {level}: peak", footprint.peak(level), empty - min(lows) - process))
-                rows.append((f"parked at level {level}", footprint.held(level), _settled(empty, process)))
-                lows.clear()
-                sparkctl(env, "wake", "memo")
-                rows.append((f"waking from level {level}: peak", footprint.peak(level), empty - min(lows) - process))
+                with Sampler(pid) as sample:
+                    sparkctl(env, "park", "memo", "--how", f"sleep{level}")
+                seen[f"sleeping at level {level}: peak"] = (footprint.peak(level), *sample.peak)
+                seen[f"parked at level {level}"] = (footprint.held(level), *_settled(pid))
+                with Sampler(pid) as sample:
+                    sparkctl(env, "wake", "memo")
+                seen[f"waking from level {level}: peak"] = (footprint.peak(level), *sample.peak)
             sparkctl(env, "down", "memo")
-    weights = footprint.weights * UNIFIED / MB
-    print(f"memory of one stack ({AWAKE:g} of {UNIFIED / GIB:.0f} GiB awake, weights {weights:.0f} MB), measured by "
-          "MemAvailable (+ per-CPU free lists) beside the planner; goal within 10 % of awake:")
-    for what, predicted, measured in rows:
-        off = (measured - predicted * UNIFIED) / (AWAKE * UNIFIED)
-        print(f"  {what:<32} planned {predicted * UNIFIED / MB:6.0f} MB  measured {measured / MB:6.0f} MB  "
-              f"({off:+.1%} of awake{'' if abs(off) <= 0.10 else ', MISSED'})")
+    engine_alone = seen["parked at level 2"][1]  # the interpreter: at level 2 it holds nothing of the model
+    awake_free = seen["awake"][2]
+    print(f"memory of one stack ({AWAKE:g} of {UNIFIED / GIB:.0f} GiB awake, weights "
+          f"{footprint.weights * UNIFIED / MB:.0f} MB): the engine's RssAnon beyond its interpreter, and what "
+          "MemAvailable (+ per-CPU free lists) says it took beyond its planned awake share; goal within 10 % of awake")
+    for what, (share, rss, free) in seen.items():
+        by_rss, by_free = rss - engine_alone, int(AWAKE * UNIFIED) + awake_free - free
+        off = (by_rss - share * UNIFIED) / (AWAKE * UNIFIED)
+        bound = what == "waking from level 1: peak"  # planned as vLLM #50011's wake: a sound one stays under
+        ok = off <= 0.10 if bound else abs(off) <= 0.10
+        print(f"  {what:<30} planned {share * UNIFIED / MB:5.0f} MB{' (bound)' if bound else ''}  engine "
+              f"{by_rss / MB:5.0f} MB ({off:+.1%} of awake{'' if ok else ', MISSED'})  "
+              f"MemAvailable {by_free / MB:5.0f} MB")
 
 
 class Sampler:
-    """The least memory available in each 2 ms, on a thread, while the block runs."""
+    """Every 2 ms while the block runs, on a thread: the engine's highest RssAnon and the least
+    memory available (`peak`)."""
 
-    def __enter__(self) -> list[int]:
-        self.lows: list[int] = []
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, (0, 1 << 62)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Sampler:
         self.thread.start()
-        return self.lows
+        return self
 
     def __exit__(self, *_: object) -> None:
         self.done.set()
@@ -147,13 +158,13 @@ class Sampler:
 
     def _run(self) -> None:
         while not self.done.wait(0.002):
-            self.lows.append(available())
+            self.peak = (max(self.peak[0], _rss(self.pid)), min(self.peak[1], available()))
 
 
-def _settled(empty: int, process: int) -> int:
-    """What the engine holds for its model by MemAvailable, once freed pages have settled."""
+def _settled(pid: int) -> tuple[int, int]:
+    """The engine's RssAnon and the memory available, once freed pages have settled."""
     time.sleep(1.5)
-    return empty - available() - process
+    return _rss(pid), available()
 
 
 def _rss(pid: int) -> int:
