@@ -15,6 +15,7 @@ import urllib.request
 from functools import partial
 from pathlib import Path
 
+import openai
 import pytest
 from ruamel.yaml import YAML
 
@@ -36,6 +37,12 @@ def sleeping(stack: str) -> bool | None:
             return json.loads(r.read())["is_sleeping"]
     except OSError:
         return None
+
+
+def last(daemon, path: str, **request: str) -> dict:
+    """The outcome of a streamed action."""
+    *_, outcome = daemon.client.stream(path, request)
+    return outcome
 
 
 def history(daemon) -> list[dict]:
@@ -222,3 +229,38 @@ def test_a_wake_that_eats_the_floor_is_killed_and_the_digest_parks_by_stopping_a
     outcome = switch(daemon, "b")
     assert outcome["ok"] and outcome["result"]["park"] == "stop", outcome
     assert f"image {digest} cannot sleep and wake" in outcome["result"]["why"]
+
+
+def test_requests_for_a_parked_stack_wake_it_on_demand(switching, engine, monkeypatch) -> None:
+    """A parked stack's served name, and an alias parked under it, wake it for the requests that
+    name them: they are held for the wake (one wake, however many requests), then answered by it.
+    A wake that does not fit in memory answers 503 with the reason."""
+    for key, value in SPARK.items():
+        monkeypatch.setenv(key, value)
+    third = "name: third\nextends: qwen36-nvfp4-stock\nresources: {gpu_memory_utilization: 0.4}\n"
+    daemon = switching(small=True, park="auto", extra={"third": third})
+    assert switch(daemon, B)["result"]["park"] == "sleep1"  # blue/green: A parks after the flip
+    models = json.loads(urllib.request.urlopen(daemon.gateway + "/v1/models").read())["data"]
+    assert {"id": "qwen36-dflash", "object": "model", "owned_by": "sparkctl", "root": A, "parked": True} in models
+    agent = openai.OpenAI(base_url=daemon.gateway + "/v1", api_key="x", max_retries=0, timeout=60)
+    replies: list = []
+    asks = [threading.Thread(target=lambda: replies.append(agent.completions.create(
+        model="qwen36-dflash", prompt="hi", max_tokens=4))) for _ in range(8)]
+    for t in asks:
+        t.start()
+    for t in asks:
+        t.join(60)
+    assert [r.model for r in replies] == ["qwen36-dflash"] * 8
+    assert sleeping(A) is False and daemon.client.get("/v1/desired")["parked"] == {}
+    woke = [e for e in daemon.client.get("/v1/history")["events"] if e["kind"] == "woke"]
+    assert [(e["stack"], e["detail"]) for e in woke] == [(A, "from level 1")]
+    # The alias's own stack, parked by hand: `primary` wakes it.
+    assert last(daemon, "/v1/park", stack=B, how="auto")["ok"]
+    assert agent.completions.create(model="primary", prompt="hi", max_tokens=4).model == "aeon-gemma4"
+    # Parked again, with a third stack taking the room it would wake into: refused, with the reason.
+    assert last(daemon, "/v1/park", stack=B, how="auto")["ok"]
+    assert last(daemon, "/v1/up", stack="third")["ok"]
+    with pytest.raises(openai.InternalServerError) as refused:
+        agent.completions.create(model="primary", prompt="hi", max_tokens=4)
+    assert refused.value.status_code == 503 and "waking aeon-gemma4-v2 failed" in str(refused.value.body)
+    assert "does not fit" in str(refused.value.body) and sleeping(B) is True

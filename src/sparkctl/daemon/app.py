@@ -26,7 +26,7 @@ from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.memory import GIB
 from sparkctl.errors import SparkctlError
 from sparkctl.gateway.limits import Limits
-from sparkctl.gateway.proxy import Gateway, LoopControl
+from sparkctl.gateway.proxy import Gateway, LoopControl, Waker
 from sparkctl.settings import Settings
 from sparkctl.wiring import Wiring
 
@@ -90,6 +90,7 @@ class Daemon:
         limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
         gateway = Gateway(lambda: self.routes.table, api_keys=keys, hosts=s.gateway_names,
                           metrics_key=s.gateway_metrics_key, limits=limits)
+        gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
         self.operations.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                               hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
         handed = process.handed_socket()
@@ -98,6 +99,15 @@ class Daemon:
                  max_connections=limits.connections, socket="handed over by systemd" if handed else "own")
         asyncio.get_running_loop().create_task(self._report_refusals(limits))
         return gateway, server
+
+    async def _wake_on_demand(self, stack: str) -> str | None:
+        """A parked stack a request named: woken on a worker thread; None once it serves."""
+        try:
+            await asyncio.to_thread(self.operations.wake_on_demand, stack)
+        except SparkctlError as e:
+            log.warning("wake_on_demand_failed", stack=stack, error=str(e).splitlines()[0][:300])
+            return f"waking {stack} failed: {str(e).splitlines()[0]}"
+        return None
 
     async def _report_refusals(self, limits: Limits) -> None:
         """Connections or bodies the gateway refused, logged at most once per interval (a flood

@@ -55,7 +55,8 @@ class Routes:
             running = {c.stack for c in self.docker.containers() if c.running and c.stack not in desired.parked
                        and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
             stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in self.catalog().deployable()}
-            self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running)
+            self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running,
+                                     parked=set(desired.parked))
 
 
 @dataclass
@@ -153,10 +154,6 @@ class Operations:
             spec, desired = self.machine.catalog().stack(stack), self.machine.desired()
             if stack in desired.parked:
                 return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already"}
-            naming = sorted(a for a, s in desired.aliases.items() if s == stack)
-            if naming:
-                raise SparkctlError(f"{stack} serves alias {', '.join(naming)}: switch the alias to another stack "
-                                    f"first (`sparkctl switch {naming[0]} STACK`), which parks {stack} by itself")
             view = self.memory()
             memory = view.now(desired.parked)
             if stack not in memory.held:
@@ -205,6 +202,11 @@ class Operations:
                 done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopped instead")
                 self.machine.park(stack, 0)
         return done
+
+    def wake_on_demand(self, stack: str) -> None:
+        """A request named the parked stack (the gateway holds it meanwhile)."""
+        if stack in self.machine.desired().parked:
+            self.wake(stack)
 
     def memory(self) -> MemoryView:
         return MemoryView(self.settings, self.store, self.machine.catalog(), self.machine.docker)

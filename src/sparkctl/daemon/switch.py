@@ -119,6 +119,7 @@ class Switcher:
             else:
                 with switch.timed("park_old_s"):
                     self.machine.park(plan.old, plan.park.level)
+                self.refresh_routes()  # its names now wake it on demand
 
     def _hold_swap(self, switch: Switch) -> None:
         plan = switch.plan
@@ -160,6 +161,7 @@ class Switcher:
                 return self.machine.stop(plan.old)
         with switch.timed("park_old_s"):
             self.machine.park(plan.old, plan.park.level)
+        self.refresh_routes()  # its served name now wakes it on demand
         return []
 
     def _bring_up(self, switch: Switch) -> None:

@@ -1,7 +1,7 @@
-"""A hold on one alias while its stack is swapped: new requests wait in a bounded queue and are
-let go in arrival order once the alias points at a serving stack again. A request held past the
-timeout, or one that finds the queue full, is refused so the client can retry. Lives on the
-gateway's event loop.
+"""A hold on one alias while its stack is swapped (or on a parked stack's name while it wakes):
+new requests wait in a bounded queue and are let go in arrival order once the name points at a
+serving stack again. A request held past the timeout, one that finds the queue full, or all of
+them when the wake failed, are refused so the client can retry. Lives on the gateway's event loop.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Hold:
     since: float = field(default_factory=time.monotonic)
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
     refused: int = 0
+    failure: str | None = None  # why the hold ended without a serving stack
 
     async def wait(self) -> str | None:
         """Wait for the release; None once released, else why the request is refused."""
@@ -38,7 +39,12 @@ class Hold:
         finally:
             if not released.done():
                 self.waiting.remove(released)  # timed out, or the client went away
-        return None
+        return self.failure
+
+    def fail(self, reason: str) -> None:
+        """Refuse every waiting request with `reason`."""
+        self.failure = reason
+        self.release()
 
     def release(self) -> None:
         """Let every waiting request go, first come first served."""

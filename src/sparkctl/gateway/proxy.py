@@ -5,7 +5,8 @@ and each piece of the engine's answer is written to the client from the engine s
 (`exchange.py`, `upstream.py`), so a streamed response is passed through as it arrives, with
 nothing queued in between. A client that goes away cancels its upstream request. A stack's
 concurrency cap (`cap.py`) queues requests rather than forwarding them. During a switch an alias
-can be held (`hold.py`): its new requests wait until the alias points at a serving stack again,
+can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
+a request that names a parked stack is held the same way while the daemon wakes it (`Waker`);
 and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. Errors the
 gateway itself raises use the OpenAI envelope (`pages.py`). Optional API keys are compared in
 constant time. Built and served by the daemon, which drives a switch through `LoopControl`.
@@ -18,7 +19,8 @@ import hmac
 import json
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from sparkctl.gateway.cap import Cap
 from sparkctl.gateway.exchange import Proxied
@@ -35,6 +37,16 @@ RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias sw
 PROXIED = ("/v1/chat/completions", "/v1/completions")
 
 
+@dataclass(frozen=True)
+class Waker:
+    """How the gateway wakes a parked stack a request names: `wake(stack)` returns None once it
+    serves, else why not; its requests wait as in a switch's hold."""
+
+    wake: Callable[[str], Awaitable[str | None]]
+    limit: int
+    timeout: float
+
+
 class Gateway:
     def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None,
                  hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None) -> None:
@@ -47,7 +59,9 @@ class Gateway:
         self.caps: dict[str, Cap] = {}
         self.ledger = Ledger()
         self.upstreams = EnginePool()  # keep-alive connections to the engines
-        self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches
+        self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches (or a parked name's, while it wakes)
+        self.waker: Waker | None = None  # set by the daemon: parked stacks wake on demand
+        self.waking: dict[str, asyncio.Task] = {}  # stack -> its wake on demand
         self.pages = Pages(routes, self.holds, self.ledger).by_path
 
     async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
@@ -131,7 +145,11 @@ class Gateway:
 
     def _route(self, exchange: Proxied) -> None:
         model = exchange.payload["model"]
-        upstream = self.routes().resolve(model)
+        table = self.routes()
+        upstream = table.resolve(model)
+        if upstream is None and model in table.parked and self.waker is not None:
+            exchange.wait(self._after_hold(exchange, self._wake(model, table.parked[model])))
+            return
         if upstream is None:
             error(exchange.conn, 404, f"The model `{model}` does not exist here; GET /v1/models lists what does.",
                   "model_not_found")
@@ -144,6 +162,27 @@ class Gateway:
             self._forward(exchange)
         else:
             exchange.wait(self._after_cap(exchange, cap))
+
+    def _wake(self, name: str, stack: str) -> Hold:
+        """Hold `name`'s requests while its parked stack wakes (one wake per stack)."""
+        assert self.waker is not None
+        hold = self.holds.get(name)
+        if hold is None:
+            hold = self.holds[name] = Hold(name, None, stack, limit=self.waker.limit, timeout=self.waker.timeout)
+        if stack not in self.waking:
+            self.waking[stack] = asyncio.get_running_loop().create_task(self._woken(stack))
+        return hold
+
+    async def _woken(self, stack: str) -> None:
+        assert self.waker is not None
+        failure = await self.waker.wake(stack)
+        del self.waking[stack]
+        for name in [n for n, h in self.holds.items() if h.old is None and h.new == stack]:
+            hold = self.holds.pop(name)
+            if failure:
+                hold.fail(failure)
+            else:
+                hold.release()
 
     async def _after_cap(self, exchange: Proxied, cap: Cap) -> None:
         await cap.wait()

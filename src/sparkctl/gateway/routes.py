@@ -21,6 +21,7 @@ class Upstream:
 class RouteTable:
     upstreams: dict[str, Upstream] = field(default_factory=dict)  # stack -> upstream
     aliases: dict[str, str] = field(default_factory=dict)  # alias -> stack
+    parked: dict[str, str] = field(default_factory=dict)  # a parked stack's names and aliases -> the stack
 
     def resolve(self, model: str) -> Upstream | None:
         """An alias, a served name or a stack name, to its upstream."""
@@ -29,18 +30,25 @@ class RouteTable:
             return self.upstreams.get(stack)
         return next((u for u in self.upstreams.values() if model in (u.served_name, u.stack)), None)
 
-    def models(self) -> list[dict[str, str]]:
-        """`/v1/models` entries: every alias, then every served name."""
-        cards = [{"id": alias, "object": "model", "owned_by": "sparkctl", "root": self.upstreams[stack].served_name}
-                 for alias, stack in sorted(self.aliases.items()) if stack in self.upstreams]
+    def models(self) -> list[dict[str, object]]:
+        """`/v1/models` entries: every alias, then every served name; a parked stack's are marked
+        `parked` (a request to one wakes it)."""
+        cards: list[dict[str, object]] = [
+            {"id": alias, "object": "model", "owned_by": "sparkctl", "root": self.upstreams[stack].served_name}
+            for alias, stack in sorted(self.aliases.items()) if stack in self.upstreams]
         cards += [{"id": u.served_name, "object": "model", "owned_by": "sparkctl", "root": u.served_name}
                   for u in sorted(self.upstreams.values(), key=lambda u: u.served_name)]
+        cards += [{"id": name, "object": "model", "owned_by": "sparkctl", "root": stack, "parked": True}
+                  for name, stack in sorted(self.parked.items())]
         return cards
 
 
 def build_table(*, aliases: dict[str, str], stacks: dict[str, tuple[str, int, int | None]],
-                running: set[str]) -> RouteTable:
-    """Routes to the running stacks: `stacks` maps a name to (served name, port, concurrency cap)."""
+                running: set[str], parked: set[str] = frozenset()) -> RouteTable:
+    """Routes to the running stacks: `stacks` maps a name to (served name, port, concurrency cap).
+    A parked stack's names lead to it too, for the gateway to wake it on demand."""
     upstreams = {name: Upstream(name, f"http://127.0.0.1:{port}", served, cap)
                  for name, (served, port, cap) in stacks.items() if name in running}
-    return RouteTable(upstreams, {alias: stack for alias, stack in aliases.items() if stack in upstreams})
+    asleep = {name: stack for stack in parked if stack in stacks for name in (stack, stacks[stack][0])}
+    asleep |= {alias: stack for alias, stack in aliases.items() if stack in parked and stack in stacks}
+    return RouteTable(upstreams, {alias: stack for alias, stack in aliases.items() if stack in upstreams}, asleep)
