@@ -22,7 +22,7 @@ from ruamel.yaml import YAML
 from sparkctl.deploy.memory import GIB, available, meminfo
 from sparkctl.sim.tinymodel import write_model
 from tests.conftest import port
-from tests.integration.agents import A, B, Load, routed, switch, switch_quietly
+from tests.integration.agents import A, B, Load, amend, routed, switch, switch_quietly
 from tests.integration.conftest import containers, wait_for
 
 PORTS = {A: 8107, B: 8110}
@@ -264,3 +264,18 @@ def test_requests_for_a_parked_stack_wake_it_on_demand(switching, engine, monkey
         agent.completions.create(model="primary", prompt="hi", max_tokens=4)
     assert refused.value.status_code == 503 and "waking aeon-gemma4-v2 failed" in str(refused.value.body)
     assert "does not fit" in str(refused.value.body) and sleeping(B) is True
+
+
+def test_an_idle_stack_parks_itself_and_the_next_request_wakes_it(switching, world, monkeypatch) -> None:
+    for key, value in SPARK.items():
+        monkeypatch.setenv(key, value)
+    daemon = switching(small=True, park="auto")
+    amend(world / "stacks" / f"{B}.yaml", switch={"bench": "off", "park": "auto", "idle_park": 1})
+    assert last(daemon, "/v1/up", stack=B)["ok"]
+    agent = openai.OpenAI(base_url=daemon.gateway + "/v1", api_key="x", max_retries=0, timeout=60)
+    with Load(daemon.gateway + "/v1", width=2) as load:  # primary (A, no idle_park) keeps busy meanwhile
+        wait_for(lambda: daemon.client.get("/v1/desired")["parked"] == {B: 1}, timeout=30, what="B idle-parked",
+                 logs=daemon.logs)
+        assert sleeping(B) is True and sleeping(A) is False
+        assert agent.completions.create(model="aeon-gemma4", prompt="hi", max_tokens=4).model == "aeon-gemma4"
+    assert load.failures() == [] and daemon.client.get("/v1/desired")["parked"] == {}

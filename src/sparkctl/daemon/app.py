@@ -54,9 +54,16 @@ class Daemon:
                                      settled=lambda: self.loops.kick())
         self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired)
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
-                           instance=settings.instance, resync=settings.resync_interval, after_pass=self.routes.refresh)
+                           instance=settings.instance, resync=settings.resync_interval, after_pass=self._after_pass)
         self.operations = Operations(settings, self.machine, self.reconciler, self.routes, self.bus,
                                      kick=self.loops.kick)
+        self.gateway: Gateway | None = None  # once it listens
+
+    def _after_pass(self) -> None:
+        """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
+        self.routes.refresh()
+        if self.gateway is not None:
+            self.operations.park_idle(self.gateway.ledger.quiet_since)
 
     def _recover(self) -> None:
         """What a killed daemon left: unfinished deployments and switches, parked stacks awake,
@@ -91,6 +98,7 @@ class Daemon:
         gateway = Gateway(lambda: self.routes.table, api_keys=keys, hosts=s.gateway_names,
                           metrics_key=s.gateway_metrics_key, limits=limits)
         gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
+        self.gateway = gateway
         self.operations.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                               hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
         handed = process.handed_socket()

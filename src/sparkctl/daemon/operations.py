@@ -34,7 +34,7 @@ from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
-from sparkctl.wire import DownDone, UpDone
+from sparkctl.wire import DownDone, Note, UpDone
 
 
 @dataclass
@@ -69,6 +69,9 @@ class Operations:
     kick: Callable[[], None]  # ask the reconcile loop for a pass
     metrics: DaemonMetrics = field(default_factory=DaemonMetrics)
     gateway: GatewayControl | None = None  # set once the gateway listens; a switch needs it
+    # When each stack last came up or woke (monotonic): its idle time counts from there at least.
+    serving_since: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def store(self) -> Store:
@@ -111,6 +114,7 @@ class Operations:
             raise SparkctlError(f"{stack} was taken down while it was being deployed")
         self.metrics.outcome(stack, ok=True)
         self.metrics.phase("deploy", time.time() - started)
+        self.serving_since[stack] = time.monotonic()
         return UpDone(stack, result.fingerprint, unchanged=not result.changed)
 
     def down(self, stack: str, *, ticket: int | None = None) -> DownDone:
@@ -146,6 +150,7 @@ class Operations:
             try:
                 return switcher.run(plan)
             finally:
+                self.serving_since[spec.name] = time.monotonic()
                 self.kick()
 
     def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None) -> dict[str, Any]:
@@ -181,6 +186,7 @@ class Operations:
                                     "another stack first")
             with self.reconciler.holding(stack):
                 woken = self.machine.wake(stack)
+            self.serving_since[stack] = time.monotonic()
             self._record_wake(stack, woken)
             self.routes.refresh()
             return {"stack": stack} | asdict(woken)
@@ -202,6 +208,26 @@ class Operations:
                 done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopped instead")
                 self.machine.park(stack, 0)
         return done
+
+    def park_idle(self, quiet_since: Callable[[str], float | None]) -> None:
+        """Park each stack whose `switch.idle_park` went by without a request through the gateway
+        (`quiet_since`: when its last one finished, None while it has some). Called after each
+        reconcile pass."""
+        catalog, desired, now = self.machine.catalog(), self.machine.desired(), time.monotonic()
+        for c in self.machine.docker.containers():
+            spec = catalog.stacks.get(c.stack)
+            if not c.running or c.stack in desired.parked or spec is None or spec.switch.idle_park is None:
+                continue
+            quiet = quiet_since(c.stack)
+            busy = self.reconciler.history.get(c.stack, planner.History()).busy
+            if quiet is None or busy:
+                continue
+            idle = now - max(quiet, self.serving_since.get(c.stack, self.started))
+            if idle >= spec.switch.idle_park:
+                try:
+                    self.park(c.stack, how=spec.switch.park)
+                except SparkctlError as e:
+                    self.bus.publish(Note(c.stack, f"{c.stack} was idle {idle:.0f} s but did not park: {e}"))
 
     def wake_on_demand(self, stack: str) -> None:
         """A request named the parked stack (the gateway holds it meanwhile)."""

@@ -9,6 +9,7 @@ accepted request finishes, so a switch never polls. Lives on the gateway's event
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ class Ledger:
         self._peak: defaultdict[str, int] = defaultdict(int)
         self._served: defaultdict[tuple[str, int], int] = defaultdict(int)
         self._drained: dict[str, asyncio.Event] = {}  # stack -> set when its last accepted request finishes
+        self._last: dict[str, float] = {}  # stack -> when its last request finished (monotonic)
 
     def accepted(self, stack: str) -> None:
         """Routed to `stack`; counted before any wait at a cap, so a drain waits for it too."""
@@ -49,8 +51,13 @@ class Ledger:
         if forwarded:
             self._in_flight[stack] -= 1
         self._accepted[stack] -= 1
+        self._last[stack] = time.monotonic()
         if not self._accepted[stack] and (drained := self._drained.pop(stack, None)) is not None:
             drained.set()
+
+    def quiet_since(self, stack: str) -> float | None:
+        """When the stack's last request finished (0.0: none yet); None while it has requests."""
+        return None if self._accepted.get(stack) else self._last.get(stack, 0.0)
 
     async def wait_drained(self, stack: str, timeout: float) -> bool:
         """Wait until the stack has no accepted request left; False if `timeout` passed first."""

@@ -66,6 +66,8 @@ class SwitchOver(Spec):
     # deepest-keeping level whose memory peaks fit; see policy/parking.py). Anything but `stop`
     # runs the engine with --enable-sleep-mode.
     park: Park = Park.AUTO
+    # Park the stack (as `park` says) once the gateway has sent it no request for this long.
+    idle_park: Seconds | None = None
 
 
 class KnownIssue(Spec):
