@@ -143,9 +143,10 @@ class DockerEngine:
             self.client.api.start(name_or_id)
 
     def kill(self, name_or_id: str) -> None:
-        """SIGKILL the container's processes at once (no grace period)."""
+        """SIGKILL the container's processes at once (no grace period); returns once it stopped."""
         with _translated(f"kill container {name_or_id}"):
             self.client.api.kill(name_or_id)
+            self.client.api.wait(name_or_id, timeout=30)
 
     def logs(self, name_or_id: str, *, tail: int = 30) -> str:
         with _translated(f"read the logs of {name_or_id}"):

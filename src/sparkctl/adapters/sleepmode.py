@@ -52,8 +52,9 @@ class SleepMode:
             self._call("POST", "/wake_up")
 
     def warm_up(self, served_name: str) -> None:
-        """One token, so the first real request meets a warm engine."""
-        self._call("POST", "/v1/completions", {"model": served_name, "prompt": "Hi", "max_tokens": 1})
+        """One token, so the first real request meets a warm engine; and proof that the wake
+        worked (a hybrid model's failed wake can leave /health green while completions hang)."""
+        self._call("POST", "/v1/completions", {"model": served_name, "prompt": "Hi", "max_tokens": 1}, timeout=60)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
               timeout: float | None = None) -> dict[str, Any]:

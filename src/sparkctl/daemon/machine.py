@@ -95,8 +95,9 @@ class DockerMachine:
             self.store.events.record(stack, "parked", f"level {level}" if level else "stopped")
 
     def wake(self, stack: str) -> Woken:
-        """Wake a parked stack and warm it up with one token. If MemAvailable falls under the
-        floor meanwhile, the engine is killed at once and started cold instead."""
+        """Wake a parked stack and warm it up with one token, under the wake watchdog. A wake that
+        fails, or brings MemAvailable under the floor, is killed at once and the stack started
+        cold instead; so is one whose engine died while it slept."""
         with self.turns.turn(stack):
             level = self.desired().parked.get(stack, 0)
             spec = self.catalog().stack(stack)
@@ -104,28 +105,38 @@ class DockerMachine:
             if container is None:
                 raise SparkctlError(f"{stack} is parked but has no container; `sparkctl up {stack}` deploys it again")
             killed, lowest, began = None, None, time.monotonic()
-            if level:
-                engine = SleepMode(spec.url)
-                with MemoryWatch(self.wake_floor, lambda _: self.docker.kill(container)) as watch:
-                    try:
-                        engine.wake(level)
-                    except SparkctlError:
-                        if watch.tripped is None:
-                            raise
-                lowest = watch.lowest
-                if watch.tripped is not None:
-                    killed = (f"MemAvailable fell to {watch.tripped / GIB:.2f} GiB while it woke from level {level}, "
-                              f"under the floor {self.wake_floor / GIB:.2f} GiB: killed, started cold")
-                    log.warning("wake_killed", stack=stack, reason=killed)
-                    self.store.events.record(stack, "wake killed", killed)
-                else:
-                    engine.warm_up(spec.served_name)
-            if not level or killed:
+            asleep = level and self.docker.state(container)[0] == "running"
+            if asleep:
+                killed, lowest = self._wake_watched(stack, spec.url, spec.served_name, container, level)
+            if not asleep or killed:
                 self.start(container)
             self.update_desired(lambda d: d.awake(stack))
-            how = killed or (f"from level {level}" if level else "started cold: it was parked stopped")
+            how = killed or (f"from level {level}" if asleep else "started cold: it was stopped")
             self.store.events.record(stack, "woke", how)
             return Woken(level, round(time.monotonic() - began, 3), lowest, killed)
+
+    def _wake_watched(self, stack: str, url: str, served: str, container: str, level: int
+                      ) -> tuple[str | None, int | None]:
+        """The wake and its warm-up under the watchdog: why it was killed (None: it was not), and
+        the least memory seen available."""
+        engine, failed = SleepMode(url), None
+        with MemoryWatch(self.wake_floor, lambda _: self.docker.kill(container)) as watch:
+            try:
+                engine.wake(level)
+                engine.warm_up(served)
+            except SparkctlError as e:
+                failed = str(e).splitlines()[0]
+        if watch.tripped is not None:
+            why = (f"MemAvailable fell to {watch.tripped / GIB:.2f} GiB while it woke from level {level}, under the "
+                   f"floor {self.wake_floor / GIB:.2f} GiB: killed, started cold")
+        elif failed:
+            self.docker.kill(container)
+            why = f"the wake from level {level} failed ({failed}): killed, started cold"
+        else:
+            return None, watch.lowest
+        log.warning("wake_killed", stack=stack, reason=why)
+        self.store.events.record(stack, "wake killed", why)
+        return why, watch.lowest
 
     def remove(self, container: str) -> None:
         self.docker.remove(container)
