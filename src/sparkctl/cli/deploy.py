@@ -60,7 +60,8 @@ def switch(
     names: list[str] = typer.Argument(..., metavar="[ALIAS] STACK", help="Alias (default primary), then stack."),
 ) -> None:
     """Point ALIAS (default `primary`) at STACK without failing the agent: blue/green when both fit in
-    memory, else hold/swap (the gateway holds the alias's requests meanwhile). Rolled back on failure."""
+    memory, else hold/swap (the gateway holds the alias's requests meanwhile). The old stack is
+    parked (vLLM sleep mode) where it can be, a parked STACK woken. Rolled back on failure."""
     if len(names) > 2:
         raise SparkctlError(f"switch takes [ALIAS] STACK, got {' '.join(names)}")
     alias, stack = names if len(names) == 2 else ("primary", names[0])
@@ -77,6 +78,7 @@ def switch(
         return
     timings = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in result["timings"].items())
     rt.console.print(f"[green]{alias} -> {stack}[/] ({result['mode']}; {timings})")
+    rt.console.print(f"plan: {result['why']}")
     if result.get("held_requests"):
         rt.console.print(f"{result['held_requests']} request(s) were held and then served by {stack}")
     bench = result.get("bench")
