@@ -201,3 +201,11 @@ def test_a_switch_left_unfinished_by_a_kill_is_completed_or_undone(tmp_path, des
     assert store.switches.list(unfinished=True) == []
     assert store.switches.list()[0]["ok"] is (desired.aliases["primary"] == "b")
     assert recover(world, store) == []
+
+
+def test_a_switch_that_fits_in_no_mode_is_refused_even_when_the_old_stack_sleeps() -> None:
+    with pytest.raises(SparkctlError, match="does not fit: b wakes from level 1"):
+        plan_switch("primary", "b", footprint=Footprint(0.45, 0.3), aliases={"primary": "a"},
+                    memory=Memory({"a": 0.3, "b": 0.3, "c": 0.5}, 0.9, parked={"a": 1, "b": 1}))
+    with pytest.raises(SparkctlError, match="does not fit: b starts"):
+        plan_switch("new-alias", "b", footprint=Footprint(0.85, 0.1), aliases={}, memory=Memory({"c": 0.5}, 0.9))

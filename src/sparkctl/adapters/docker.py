@@ -143,9 +143,14 @@ class DockerEngine:
             self.client.api.start(name_or_id)
 
     def kill(self, name_or_id: str) -> None:
-        """SIGKILL the container's processes at once (no grace period); returns once it stopped."""
+        """SIGKILL the container's processes at once (no grace period); returns once it stopped.
+        One that is not running (it died on its own) is left as it is."""
         with _translated(f"kill container {name_or_id}"):
-            self.client.api.kill(name_or_id)
+            try:
+                self.client.api.kill(name_or_id)
+            except docker.errors.APIError as e:
+                if "is not running" not in str(e):
+                    raise
             self.client.api.wait(name_or_id, timeout=30)
 
     def logs(self, name_or_id: str, *, tail: int = 30) -> str:
@@ -244,6 +249,8 @@ def _translated(call: str) -> Iterator[None]:
         kind = TransientDockerError if status in (500, 502, 503, 504) and "not found" not in str(e).lower() \
             else DockerError
         raise kind(f"{call}: Docker said {status}: {e.explanation or e}") from e
+    except requests.exceptions.ReadTimeout as e:
+        raise DockerError(f"{call}: the Docker engine did not answer in time") from e
     except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
         raise TransientDockerError(
             f"{call}: cannot reach the Docker engine ({type(e).__name__}). Is dockerd running and is "

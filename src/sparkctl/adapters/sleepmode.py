@@ -35,7 +35,10 @@ class SleepMode:
 
     def sleeping(self) -> bool:
         """vLLM answers after a sleep or wake under way (a level-2 reload takes seconds)."""
-        return bool(self._call("GET", "/is_sleeping", timeout=120)["is_sleeping"])
+        answer = self._call("GET", "/is_sleeping", timeout=120).get("is_sleeping")
+        if not isinstance(answer, bool):
+            raise SleepModeError(f"GET /is_sleeping on {self.url}: no `is_sleeping` in the answer")
+        return answer
 
     def sleep(self, level: int) -> None:
         self._call("POST", f"/sleep?level={level}")

@@ -93,7 +93,7 @@ def park(
                                                    "whose memory peaks fit under the ceiling."),
 ) -> None:
     """Put STACK to sleep (vLLM sleep mode; its process, graphs and compiled kernels stay) or stop it.
-    A stack an alias names is parked by switching the alias away instead."""
+    Its requests finish first; a later request that names it (or its alias) wakes it."""
     result = _ask_daemon(ctx, "park", how=how, stack=stack)
     rt = runtime(ctx)
     rt.console.print(f"{stack}: {result['why']}" if result["park"] != "unchanged" else f"{stack} is parked already")

@@ -112,9 +112,10 @@ class Daemon:
         """A parked stack a request named: woken on a worker thread; None once it serves."""
         try:
             await asyncio.to_thread(self.operations.wake_on_demand, stack)
-        except SparkctlError as e:
-            log.warning("wake_on_demand_failed", stack=stack, error=str(e).splitlines()[0][:300])
-            return f"waking {stack} failed: {str(e).splitlines()[0]}"
+        except Exception as e:  # noqa: BLE001 - the held requests get the reason, the daemon goes on
+            reason = str(e).splitlines()[0] if isinstance(e, SparkctlError) else f"{type(e).__name__}: {e}"
+            log.warning("wake_on_demand_failed", stack=stack, error=reason[:300])
+            return f"waking {stack} failed: {reason}"
         return None
 
     async def _report_refusals(self, limits: Limits) -> None:

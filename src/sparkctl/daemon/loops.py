@@ -62,6 +62,8 @@ class Loops:
             timeout = self.resync if wake is None else max(0.0, min(self.resync, wake - time.time()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout)
+            if self._stopping:  # a swallowed cancel (see `stop`): no pass after the stop
+                break
             self._kick.clear()
             try:
                 await asyncio.to_thread(self._pass)

@@ -83,15 +83,21 @@ class DockerMachine:
                                    logs=lambda n: self.docker.logs(container, tail=n))
             health.wait_healthy(stack, stack.url, engine, reporter=self.reporter)
 
-    def park(self, stack: str, level: int) -> None:
+    def park(self, stack: str, level: int, *, before: Callable[[], None] = lambda: None) -> None:
         """Asleep at `level` 1 or 2 (the container keeps running), or stopped (0). Recorded in
-        desired.yaml before the engine is asked: a daemon killed meanwhile parks it again."""
+        desired.yaml before the engine is asked (a daemon killed meanwhile parks it again), then
+        `before` runs (the gateway lets go of it); if the engine refuses, the record is undone."""
         with self.turns.turn(stack):
             self.update_desired(lambda d: d.park(stack, level))
-            if level:
-                SleepMode(self.catalog().stack(stack).url).sleep(level)
-            else:
-                self.stop(stack)
+            try:
+                before()
+                if level:
+                    SleepMode(self.catalog().stack(stack).url).sleep(level)
+                else:
+                    self.stop(stack)
+            except SparkctlError:
+                self.update_desired(lambda d: d.awake(stack))
+                raise
             self.store.events.record(stack, "parked", f"level {level}" if level else "stopped")
 
     def wake(self, stack: str) -> Woken:

@@ -72,6 +72,9 @@ class Operations:
     # When each stack last came up or woke (monotonic): its idle time counts from there at least.
     serving_since: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    # Held from a memory decision (switch, park, wake) until it is carried out, so two of them
+    # never both count on the same free memory. Taken before any stack's turn, never after.
+    memory_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def store(self) -> Store:
@@ -90,10 +93,11 @@ class Operations:
     def up(self, stack: str, *, refresh: bool = False, replace: bool = False, ticket: int | None = None
            ) -> UpDone:
         started = time.time()
+        if stack in self.machine.desired().parked:  # `up` wants it serving: wake it (in its turn), then confirm it
+            self.wake(stack, ticket=ticket)
+            ticket = None
         with self.turns.turn(stack, ticket):
             was_desired = stack in self.machine.desired().stacks
-            if stack in self.machine.desired().parked:  # `up` wants it serving: wake it, then confirm it
-                self.wake(stack)
             self.machine.update_desired(lambda d: d.with_stack(stack))
             self.reconciler.forget(stack)
             try:
@@ -127,19 +131,19 @@ class Operations:
 
     def switch(self, alias: str, stack: str, *, ticket: int | None = None) -> dict[str, Any]:
         """Move `alias` to `stack` (blue/green or hold/swap); rolled back on any failure."""
-        with self.turns.turn(f"alias:{alias}", ticket):  # one switch of an alias at a time
+        with self.turns.turn(f"alias:{alias}", ticket), self.memory_lock:  # one switch of an alias at a time
             spec = self.machine.catalog().stack(stack)
             if self.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
                 return {"alias": alias, "stack": spec.name, "mode": "unchanged", "timings": {},
                         "up": asdict(self.up(spec.name))}
             desired, view = self.machine.desired(), self.memory()
-            old = desired.aliases.get(alias)
+            old, memory = desired.aliases.get(alias), view.now(desired.parked)
             leaving = Leaving()
-            if old in self.machine.catalog().stacks:
+            if old in self.machine.catalog().stacks and old in memory.held and old not in memory.parked:
                 old_spec = self.machine.catalog().stack(old)
                 leaving = Leaving(old_spec.switch.park, view.footprint(old), self.cannot_sleep(old_spec))
             plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=desired.aliases,
-                               memory=view.now(desired.parked), leaving=leaving)
+                               memory=memory, leaving=leaving)
             assert self.gateway is not None, "the gateway starts before the API"
             self.reconciler.forget(spec.name)
             verdicts = Verdicts(self.settings, self.store, self.bus, lambda name: self.machine.catalog().stack(name))
@@ -153,27 +157,37 @@ class Operations:
                 self.serving_since[spec.name] = time.monotonic()
                 self.kick()
 
-    def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None) -> dict[str, Any]:
-        """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow."""
-        with self.turns.turn(stack, ticket):
+    def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
+             still: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+        """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
+        requests drain first. `still`: checked once in the stack's turn (an idle park that a
+        request or a switch overtook does nothing)."""
+        with self.memory_lock, self.turns.turn(stack, ticket):
             spec, desired = self.machine.catalog().stack(stack), self.machine.desired()
-            if stack in desired.parked:
-                return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already"}
+            if stack in desired.parked or not still():
+                return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already or in use"}
             view = self.memory()
             memory = view.now(desired.parked)
-            if stack not in memory.held:
-                raise SparkctlError(f"{stack} is not running; nothing to park")
+            if stack not in desired.stacks or stack not in memory.held:
+                raise SparkctlError(f"{stack} is not running as a desired stack; nothing to park")
             beside = memory.beside(stack)
             choice = choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
                             unable=self.cannot_sleep(spec))
             with self.reconciler.holding(stack):
-                self.machine.park(stack, choice.park.level)
+                self.machine.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
             self.routes.refresh()
             return {"stack": stack, "park": str(choice.park), "why": choice.why}
 
+    def quiesce(self, stack: str) -> None:
+        """Before a stack sleeps: the gateway stops routing to it (its names now wake it) and its
+        accepted requests finish."""
+        self.routes.refresh()
+        if self.gateway is not None:
+            self.gateway.drain(stack)
+
     def wake(self, stack: str, *, ticket: int | None = None) -> dict[str, Any]:
         """Wake a parked stack, if its wake peak fits beside what runs."""
-        with self.turns.turn(stack, ticket):
+        with self.memory_lock, self.turns.turn(stack, ticket):
             desired = self.machine.desired()
             if stack not in desired.parked:
                 raise SparkctlError(f"{stack} is not parked")
@@ -184,11 +198,13 @@ class Operations:
                 raise SparkctlError(f"{stack} does not fit: waking it from level {level} would hold {peak:.2f} of "
                                     f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
                                     "another stack first")
-            with self.reconciler.holding(stack):
-                woken = self.machine.wake(stack)
+            try:
+                with self.reconciler.holding(stack):
+                    woken = self.machine.wake(stack)
+            finally:
+                self.routes.refresh()
             self.serving_since[stack] = time.monotonic()
             self._record_wake(stack, woken)
-            self.routes.refresh()
             return {"stack": stack} | asdict(woken)
 
     def settle_parked(self) -> list[str]:
@@ -205,34 +221,40 @@ class Operations:
                     self.machine.park(stack, level)
                     done.append(f"{stack} was awake though recorded parked: parked again at level {level}")
             except SparkctlError as e:
-                done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopped instead")
-                self.machine.park(stack, 0)
+                done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopping it")
+                try:
+                    self.machine.park(stack, 0)
+                except SparkctlError as again:
+                    done.append(f"{stack} could not be stopped either: {again}")
         return done
 
     def park_idle(self, quiet_since: Callable[[str], float | None]) -> None:
         """Park each stack whose `switch.idle_park` went by without a request through the gateway
         (`quiet_since`: when its last one finished, None while it has some). Called after each
         reconcile pass."""
-        catalog, desired, now = self.machine.catalog(), self.machine.desired(), time.monotonic()
+        catalog, desired = self.machine.catalog(), self.machine.desired()
         for c in self.machine.docker.containers():
             spec = catalog.stacks.get(c.stack)
             if not c.running or c.stack in desired.parked or spec is None or spec.switch.idle_park is None:
                 continue
-            quiet = quiet_since(c.stack)
-            busy = self.reconciler.history.get(c.stack, planner.History()).busy
-            if quiet is None or busy:
-                continue
-            idle = now - max(quiet, self.serving_since.get(c.stack, self.started))
-            if idle >= spec.switch.idle_park:
+            def idle(stack: str = c.stack, ttl: float = spec.switch.idle_park) -> bool:
+                quiet = quiet_since(stack)
+                busy = self.reconciler.history.get(stack, planner.History()).busy
+                since = max(quiet or 0.0, self.serving_since.get(stack, self.started))
+                return quiet is not None and not busy and time.monotonic() - since >= ttl
+
+            if idle():
                 try:
-                    self.park(c.stack, how=spec.switch.park)
+                    self.park(c.stack, how=spec.switch.park, still=idle)  # checked again in its turn
                 except SparkctlError as e:
-                    self.bus.publish(Note(c.stack, f"{c.stack} was idle {idle:.0f} s but did not park: {e}"))
+                    self.bus.publish(Note(c.stack, f"{c.stack} was idle but did not park: {e}"))
 
     def wake_on_demand(self, stack: str) -> None:
         """A request named the parked stack (the gateway holds it meanwhile)."""
         if stack in self.machine.desired().parked:
             self.wake(stack)
+        else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
+            self.routes.refresh()
 
     def memory(self) -> MemoryView:
         return MemoryView(self.settings, self.store, self.machine.catalog(), self.machine.docker)
@@ -242,12 +264,16 @@ class Operations:
         if stack.kind is Kind.COMPOSE:
             return "stop: a compose project's engine is not run by sparkctl, so it does not sleep"
         if not stack.sleeps:
-            return None  # switch.park is stop: `choose` says so
+            return "stop: switch.park is stop, so its engine runs without sleep mode"
         latest = self.store.deployments.latest(stack.name)
         refused = imagefile.policy_for(self.settings).wake_refused(latest.parts.get("image") if latest else None)
         if refused:
             return f"stop: {refused}"
-        if not SleepMode(stack.url).available():
+        try:
+            available = SleepMode(stack.url).available()
+        except SparkctlError as e:
+            return f"stop: its engine did not answer ({str(e).splitlines()[0]})"
+        if not available:
             return ("stop: the engine has no sleep-mode endpoints (GET /is_sleeping: 404): its platform has no "
                     "sleep mode (vLLM's CPU backend has none) or it runs without VLLM_SERVER_DEV_MODE=1")
         return None
@@ -260,7 +286,11 @@ class Operations:
             return
         known = imagefile.policy_for(self.settings).wakes.get(digest)
         if woken.killed or known is None:
-            imagefile.record_wake(self.settings.images_file, digest, ok=not woken.killed, reason=woken.killed or "")
+            try:
+                imagefile.record_wake(self.settings.images_file, digest, ok=not woken.killed,
+                                      reason=woken.killed or "")
+            except (SparkctlError, OSError) as e:  # the wake stands; the ledger learns next time
+                self.bus.publish(Note(stack, f"could not record how {digest} woke in images.yaml: {e}"))
 
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""

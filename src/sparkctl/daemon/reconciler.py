@@ -89,8 +89,9 @@ class Reconciler:
             h = self.history.get(stack, History())
             # Busy is our own stop or `down`, not a crash; but a pass may have seen the engine dead
             # and be starting it again before this event arrived: that death still counts.
-            if (h.busy and stack not in self._restarting) or stack not in self.machine.desired().stacks:
-                return False
+            desired = self.machine.desired()
+            if (h.busy and stack not in self._restarting) or stack not in desired.stacks or stack in desired.parked:
+                return False  # our own stop, a stack not wanted, or a parked one (waking starts it cold)
             self.history[stack] = replace(h, failures=(*h.failures, self.clock()))
         cause = "OOM-killed" if oom else f"exited with code {exit_code}"
         log.warning("engine_died", stack=stack, cause=cause)

@@ -117,9 +117,12 @@ class Switcher:
                 with switch.timed("stop_old_s"):
                     self._retire(switch, plan.old)
             else:
-                with switch.timed("park_old_s"):
-                    self.machine.park(plan.old, plan.park.level)
-                self.refresh_routes()  # its names now wake it on demand
+                try:
+                    with switch.timed("park_old_s"):
+                        self._park(plan.old, plan.park.level)
+                except SparkctlError as e:  # the switch stands: the old stack goes as a stopped one would
+                    switch.facts["park_error"] = str(e)
+                    self._retire(switch, plan.old)
 
     def _hold_swap(self, switch: Switch) -> None:
         plan = switch.plan
@@ -129,11 +132,18 @@ class Switcher:
         try:
             with switch.timed("drain_s"):
                 switch.facts["drained"] = self.gateway.drain(plan.old)
-            stopped = self._leave(switch)
+            try:
+                stopped = self._leave(switch)
+            except SparkctlError as e:  # it still serves: nothing to undo
+                self.refresh_routes()
+                raise self._rolled_back(plan, e) from None
             try:
                 self._bring_up(switch)
             except SparkctlError as e:
-                self._remove(plan.new)
+                if switch.new_was_desired:  # e.g. a parked stack that failed to wake: kept, stopped
+                    self.machine.park(plan.new, 0)
+                else:
+                    self._remove(plan.new)
                 with switch.timed("restart_old_s"):
                     if plan.park is Park.STOP:
                         for container in stopped:
@@ -160,15 +170,24 @@ class Switcher:
             with switch.timed("stop_old_s"):
                 return self.machine.stop(plan.old)
         with switch.timed("park_old_s"):
-            self.machine.park(plan.old, plan.park.level)
-        self.refresh_routes()  # its served name now wakes it on demand
+            self._park(plan.old, plan.park.level)
         return []
+
+    def _park(self, stack: str, level: int) -> None:
+        """Park a stack once the gateway stopped routing to it and its requests finished; its
+        names then wake it on demand."""
+        def before() -> None:
+            self.refresh_routes()
+            self.gateway.drain(stack)
+
+        self.machine.park(stack, level, before=before)
+        self.refresh_routes()
 
     def _bring_up(self, switch: Switch) -> None:
         """The new stack woken, or through the whole pipeline; then the benchmark gate if it has one."""
         new = switch.plan.new
         self.machine.update_desired(lambda d: d.with_stack(new))
-        if switch.plan.wake:
+        if switch.plan.wake or new in self.machine.desired().parked:  # asleep, or parked stopped
             with switch.timed("wake_s"):
                 woken = self.machine.wake(new)
             self.woke(new, woken)
@@ -248,6 +267,8 @@ def recover(machine: Machine, store: Store) -> list[str]:
             elif flipped and old and s["stop_old"] and old not in machine.desired().parked:
                 machine.park(old, park.level)
             elif not flipped:
+                if s["new_was_desired"] and s.get("wake") and new not in machine.desired().parked:
+                    machine.park(new, s["wake"])  # it was woken for the switch: back to sleep first
                 if not s["new_was_desired"]:
                     machine.update_desired(lambda d, new=new: d.without_stack(new))
                     if park is not Park.STOP:  # its memory must be free before the old stack wakes

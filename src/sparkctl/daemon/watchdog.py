@@ -10,7 +10,11 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
+import structlog
+
 from sparkctl.deploy.memory import available
+
+log = structlog.get_logger()
 
 EVERY = 0.05  # seconds between two reads (one costs well under a millisecond)
 
@@ -34,11 +38,15 @@ class MemoryWatch:
 
     def _watch(self) -> None:
         while True:
-            now = self.available()
-            self.lowest = now if self.lowest is None else min(self.lowest, now)
-            if now < self.floor:
-                self.tripped = now
-                self.breach(now)
+            try:
+                now = self.available()
+                self.lowest = now if self.lowest is None else min(self.lowest, now)
+                if now < self.floor:
+                    self.breach(now)
+                    self.tripped = now
+                    return
+            except Exception as e:  # noqa: BLE001 - say so: the wake goes on unwatched
+                log.error("wake_watchdog_failed", error=f"{type(e).__name__}: {e}"[:300])
                 return
             if self._done.wait(self.every):
                 return

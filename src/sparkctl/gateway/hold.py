@@ -23,9 +23,12 @@ class Hold:
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
     refused: int = 0
     failure: str | None = None  # why the hold ended without a serving stack
+    done: bool = False  # released or failed: a late arrival does not wait
 
     async def wait(self) -> str | None:
         """Wait for the release; None once released, else why the request is refused."""
+        if self.done:
+            return self.failure
         if len(self.waiting) >= self.limit:
             self.refused += 1
             return f"{len(self.waiting)} requests are already waiting for the switch of {self.alias}"
@@ -48,6 +51,7 @@ class Hold:
 
     def release(self) -> None:
         """Let every waiting request go, first come first served."""
+        self.done = True
         while self.waiting:
             self.waiting.popleft().set_result(None)
 

@@ -175,8 +175,12 @@ class Gateway:
 
     async def _woken(self, stack: str) -> None:
         assert self.waker is not None
-        failure = await self.waker.wake(stack)
-        del self.waking[stack]
+        try:
+            failure = await self.waker.wake(stack)
+        except Exception as e:  # noqa: BLE001 - its held requests must be answered whatever happened
+            failure = f"waking {stack} failed: {type(e).__name__}: {e}"
+        finally:
+            del self.waking[stack]
         for name in [n for n, h in self.holds.items() if h.old is None and h.new == stack]:
             hold = self.holds.pop(name)
             if failure:

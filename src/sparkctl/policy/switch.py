@@ -73,7 +73,10 @@ def plan_switch(alias: str, new: str, *, footprint: Footprint, aliases: Mapping[
     coming = f"{new} {'wakes from level ' + str(wake) if wake else 'starts'} (peak {peak:.2f})"
     old_awake = old in memory.held and old not in memory.parked
     together = others + memory.held.get(old, 0.0) + peak  # type: ignore[arg-type]
-    if together <= ceiling + 1e-9 or not old_awake:
+    if together > ceiling + 1e-9 and not old_awake:  # nothing awake to make room
+        raise SparkctlError(f"{new} does not fit: {coming} beside {together - peak:.2f} held by the other stacks, "
+                            f"over the ceiling {ceiling:.2f}; park or stop another stack first")
+    if together <= ceiling + 1e-9:
         plan = SwitchPlan(alias, old, new, Mode.BLUE_GREEN, not sharing, f"{coming} beside the rest: "
                           f"{together:.2f} of memory <= ceiling {ceiling:.2f}", wake=wake)
         if old and old in memory.parked:  # it sleeps already: it stays as it is

@@ -7,6 +7,7 @@ themselves live in `policy/images.py`.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -113,22 +114,25 @@ def _same(key: str, ref: str) -> bool:
 
 
 def _round_trip(path: Path, apply: Callable[[CommentedMap], None]) -> None:
-    """Load with comments, apply, validate the result, and replace the file atomically."""
+    """Load with comments, apply, validate the result, and replace the file atomically; one
+    writer at a time (the daemon records wakes while the CLI may pin), so no edit is lost."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
 
     yaml = YAML()
     yaml.preserve_quotes = True
     yaml.width = 4096
-    doc = yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None
-    doc = doc if isinstance(doc, CommentedMap) else CommentedMap()
-    apply(doc)
-    tmp = path.with_suffix(".yaml.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        yaml.dump(doc, out)
-    try:
-        load_policy(tmp)
-    except SpecError:
-        tmp.unlink()
-        raise
-    os.replace(tmp, path)
+    with open(path.with_suffix(".yaml.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        doc = yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None
+        doc = doc if isinstance(doc, CommentedMap) else CommentedMap()
+        apply(doc)
+        tmp = path.with_suffix(".yaml.tmp")
+        with tmp.open("w", encoding="utf-8") as out:
+            yaml.dump(doc, out)
+        try:
+            load_policy(tmp)
+        except SpecError:
+            tmp.unlink()
+            raise
+        os.replace(tmp, path)
