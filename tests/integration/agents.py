@@ -103,3 +103,27 @@ def switch_quietly(daemon, stack: str) -> None:
         switch(daemon, stack)
     except (OSError, ValueError):
         pass
+
+
+def kill_during_switches(daemon, start_daemon, *, points: int, seed: int, within: float, settled):
+    """Switch `primary` back and forth, `kill -9` the daemon at a random moment of each switch,
+    start it again and wait until `settled(daemon)`; returns the last daemon."""
+    import os
+    import random
+
+    rng = random.Random(seed)
+    for point in range(points):
+        target = A if routed(daemon.gateway) == B else B
+        worker = threading.Thread(target=switch_quietly, args=(daemon, target))
+        worker.start()
+        time.sleep(rng.uniform(0.0, within))
+        daemon.kill9()
+        worker.join()
+        daemon = start_daemon()
+        daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+        deadline = time.monotonic() + 60
+        while not settled(daemon):
+            assert time.monotonic() < deadline, f"not settled after kill point {point}\n{daemon.logs()[-4000:]}"
+            time.sleep(0.1)
+    return daemon
+

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import statistics
 import threading
 import time
 import urllib.request
-from functools import partial
 from pathlib import Path
 
 import openai
@@ -22,7 +20,7 @@ from ruamel.yaml import YAML
 from sparkctl.deploy.memory import GIB, available, meminfo
 from sparkctl.sim.tinymodel import write_model
 from tests.conftest import port
-from tests.integration.agents import A, B, Load, amend, routed, switch, switch_quietly
+from tests.integration.agents import A, B, Load, amend, kill_during_switches, routed, switch
 from tests.integration.conftest import containers, wait_for
 
 PORTS = {A: 8107, B: 8110}
@@ -90,7 +88,6 @@ def test_a_daemon_killed_while_stacks_park_or_wake_comes_back_as_recorded(switch
                                                                            monkeypatch) -> None:
     for key, value in SPARK.items():
         monkeypatch.setenv(key, value)
-    rng = random.Random(20261201)
     daemon = switching(small=False, park="auto")
     assert switch(daemon, B)["ok"]  # A is parked from here on
     awake_together = threading.Event()
@@ -105,17 +102,7 @@ def test_a_daemon_killed_while_stacks_park_or_wake_comes_back_as_recorded(switch
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        for point in range(6):
-            target = A if routed(daemon.gateway) == B else B
-            worker = threading.Thread(target=switch_quietly, args=(daemon, target))
-            worker.start()
-            time.sleep(rng.uniform(0.0, 0.8))
-            daemon.kill9()
-            worker.join()
-            daemon = start_daemon()
-            daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
-            wait_for(partial(settled, daemon), timeout=60, what=f"settling after kill point {point}",
-                     logs=daemon.logs)
+        kill_during_switches(daemon, start_daemon, points=6, seed=20261201, within=0.8, settled=settled)
     finally:
         stop.set()
         watcher.join()

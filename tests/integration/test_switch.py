@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from sparkctl.state.store import Store
-from tests.integration.agents import FAST_LOAD, A, B, Load, amend, routed, switch, switch_quietly
+from tests.integration.agents import FAST_LOAD, A, B, Load, amend, kill_during_switches, routed, switch, switch_quietly
 from tests.integration.conftest import containers, wait_for
 
 
@@ -117,19 +116,8 @@ def switched_cleanly(daemon, engine) -> bool:
 
 
 def test_kill9_at_random_points_of_switches_settles(switching, start_daemon, engine, world) -> None:
-    rng = random.Random(20261130)
-    daemon = switching(small=False)
-    for point in range(10):
-        target = B if routed(daemon.gateway) == A else A
-        worker = threading.Thread(target=switch_quietly, args=(daemon, target))
-        worker.start()
-        time.sleep(rng.uniform(0.0, 1.5))
-        daemon.kill9()
-        worker.join()
-        daemon = start_daemon()
-        daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
-        wait_for(partial(switched_cleanly, daemon, engine), timeout=60, what=f"settling after kill point {point}",
-                 logs=daemon.logs)
+    kill_during_switches(switching(small=False), start_daemon, points=10, seed=20261130, within=1.5,
+                         settled=partial(switched_cleanly, engine=engine))
     store = Store(world / "state" / "sparkctl.db")
     assert store.integrity_ok() and store.switches.list(unfinished=True) == []
     assert 0 < len(store.switches.list()) <= 10  # a kill can come before the daemon took the request

@@ -52,3 +52,15 @@ def test_the_stream_ends_when_the_action_does_not_when_its_result_arrives() -> N
     assert [line["kind"] for line in lines] == ["note", "outcome"]
     assert lines[-1]["ok"] and lines[-1]["result"] == {"stack": "a", "fingerprint": "f" * 12, "unchanged": True}
     assert took < 5, f"the stream waited {took:.1f} s for the next event poll"
+
+
+def test_a_park_request_with_an_unknown_depth_is_refused_before_it_queues() -> None:
+    async def main() -> tuple[int, dict, int]:
+        service = Service()
+        async with TestClient(TestServer(api.build(service))) as client:
+            response = await client.post("/v1/park", json={"stack": "a", "how": "sleep3"})
+            return response.status, await response.json(), service.turns.ticket("a")
+
+    status, body, next_ticket = asyncio.run(main())
+    assert status == 400 and body["error"]["message"] == "`how` must be one of auto, sleep1, sleep2, stop"
+    assert next_ticket == 0  # it took no place in the stack's queue

@@ -91,20 +91,13 @@ async def desired(request: web.Request) -> web.Response:
 
 
 async def up(request: web.Request) -> web.StreamResponse:
-    ask = await _request(request, wire.UpRequest)
-    service: Service = request.app[SERVICE]
-    async with _queued(service, ask.stack) as ticket:
-        stack = await asyncio.to_thread(service.check_stack, ask.stack)
-    return await _stream_action(request, (stack,), lambda: service.up(stack, refresh=ask.refresh, replace=ask.replace,
-                                                                      ticket=ticket))
+    return await _on_stack(request, wire.UpRequest, lambda service, ask, stack, ticket: service.up(
+        stack, refresh=ask.refresh, replace=ask.replace, ticket=ticket))
 
 
 async def down(request: web.Request) -> web.StreamResponse:
-    ask = await _request(request, wire.DownRequest)
-    service: Service = request.app[SERVICE]
-    async with _queued(service, ask.stack) as ticket:
-        stack = await asyncio.to_thread(service.check_stack, ask.stack)
-    return await _stream_action(request, (stack,), lambda: service.down(stack, ticket=ticket))
+    return await _on_stack(request, wire.DownRequest,
+                           lambda service, ask, stack, ticket: service.down(stack, ticket=ticket))
 
 
 async def switch(request: web.Request) -> web.StreamResponse:
@@ -118,21 +111,27 @@ async def switch(request: web.Request) -> web.StreamResponse:
 
 
 async def park(request: web.Request) -> web.StreamResponse:
-    ask = await _request(request, wire.ParkRequest)
-    if ask.how not in set(Park):
-        raise _bad(400, f"`how` must be one of {', '.join(Park)}")
-    service: Service = request.app[SERVICE]
-    async with _queued(service, ask.stack) as ticket:
-        stack = await asyncio.to_thread(service.check_stack, ask.stack)
-    return await _stream_action(request, (stack,), lambda: service.park(stack, how=Park(ask.how), ticket=ticket))
+    return await _on_stack(request, wire.ParkRequest,
+                           lambda service, ask, stack, ticket: service.park(stack, how=Park(ask.how), ticket=ticket),
+                           check=lambda ask: ask.how in set(Park) or f"`how` must be one of {', '.join(Park)}")
 
 
 async def wake(request: web.Request) -> web.StreamResponse:
-    ask = await _request(request, wire.WakeRequest)
+    return await _on_stack(request, wire.WakeRequest,
+                           lambda service, ask, stack, ticket: service.wake(stack, ticket=ticket))
+
+
+async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Service, Any, str, int], Any],
+                    check: Callable[[Any], bool | str] = lambda ask: True) -> web.StreamResponse:
+    """An action on one stack: the request checked, a ticket for the stack's turn taken as it
+    arrives, the stack name checked, then the action streamed."""
+    ask = await _request(request, kind)
+    if (problem := check(ask)) is not True:
+        raise _bad(400, str(problem))
     service: Service = request.app[SERVICE]
     async with _queued(service, ask.stack) as ticket:
         stack = await asyncio.to_thread(service.check_stack, ask.stack)
-    return await _stream_action(request, (stack,), lambda: service.wake(stack, ticket=ticket))
+    return await _stream_action(request, (stack,), lambda: act(service, ask, stack, ticket))
 
 
 @contextlib.asynccontextmanager
