@@ -202,3 +202,24 @@ def test_drain_waits_for_accepted_requests_including_those_queued_at_a_cap(gatew
     assert gateway.gateway.ledger.snapshot().accepted["qwen"] == 0
     for t in calls:
         t.join()
+
+
+def test_a_stopping_gateway_answers_held_requests_at_once(gateway) -> None:
+    on_loop(gateway, lambda: gateway.gateway.hold("primary", "gemma", "qwen", limit=8, timeout=300))
+    refused: list[openai.InternalServerError] = []
+
+    def held() -> None:
+        try:
+            client(gateway).completions.create(model="primary", prompt="x", max_tokens=1)
+        except openai.InternalServerError as e:
+            refused.append(e)
+
+    waiting = threading.Thread(target=held)
+    waiting.start()
+    while not gateway.gateway.holds["primary"].waiting:
+        time.sleep(0.01)
+    started = time.monotonic()
+    finished = asyncio.run_coroutine_threadsafe(gateway.gateway.finish(timeout=30), gateway.loop).result(40)
+    waiting.join(10)
+    assert finished and time.monotonic() - started < 5
+    assert refused[0].status_code == 503 and "the gateway is stopping" in refused[0].body["message"]

@@ -104,8 +104,11 @@ class Gateway:
 
     async def finish(self, timeout: float) -> bool:
         """A graceful stop (the listener already closed): every connection closes after its next
-        answer, and this waits until all have; False if `timeout` passed first."""
+        answer, and this waits until all have; False if `timeout` passed first. Held requests
+        (a switch, a wake) are answered 503 at once: their clients retry against the next daemon."""
         self.limits.finish()
+        for hold in self.holds.values():
+            hold.fail("the gateway is stopping")
         deadline = time.monotonic() + timeout
         while self.limits.live:
             if time.monotonic() >= deadline:
