@@ -10,9 +10,9 @@ plan; policy and deploy code read it and never change it.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, model_validator
 
 from sparkctl.policy.parking import Park
 from sparkctl.spec.base import Fraction, Name, Seconds, Spec
@@ -56,6 +56,8 @@ class Expectations(Spec):
     min_acceptance: float | None = Field(default=None, ge=0, le=1)
     max_drop: float | None = Field(default=None, gt=0, lt=1)  # vs the last known-good run
     min_concurrency: int | None = Field(default=None, ge=1)  # must not crash at this many
+    # KV-cache tokens the engine must report after health (vllm:cache_config_info); less is a warning.
+    min_kv_tokens: int | None = Field(default=None, ge=1)
 
 
 class SwitchOver(Spec):
@@ -70,9 +72,21 @@ class SwitchOver(Spec):
     idle_park: Seconds | None = None
 
 
+# Where a known issue was seen: a seed's file and line, a URL, or a measurement of this project.
+Source = Annotated[str, Field(pattern=r"^(seed \d{3}:\d+|https?://\S+|measured run \d+)$")]
+
+
 class KnownIssue(Spec):
     text: str = Field(min_length=1)
-    max_concurrency: int | None = Field(default=None, ge=1)  # enforced by the gateway
+    # The gateway enforces the cap when the issue has a source, or when the user opts in
+    # (`enforce: true`); an unsourced cap is advice, shown by `stacks show`.
+    max_concurrency: int | None = Field(default=None, ge=1)
+    source: Source | None = None
+    enforce: bool = False
+
+    @property
+    def enforced(self) -> bool:
+        return self.max_concurrency is not None and (self.source is not None or self.enforce)
 
 
 class Stack(Spec):
@@ -95,6 +109,9 @@ class Stack(Spec):
     expectations: Expectations = Expectations()
     switch: SwitchOver = SwitchOver()
     known_issues: tuple[KnownIssue, ...] = ()
+    # Request parameters the gateway adds to each request to this stack unless the client set
+    # them (objects merge key by key), e.g. `chat_template_kwargs: {enable_thinking: true}`.
+    request_defaults: dict[str, JsonValue] = Field(default_factory=dict)
     allow: tuple[Risk, ...] = ()  # opt-ins for what is sometimes right: see `risks`
 
     @model_validator(mode="after")
@@ -162,6 +179,6 @@ class Stack(Spec):
 
     @property
     def max_concurrency(self) -> int | None:
-        caps = [i.max_concurrency for i in self.known_issues if i.max_concurrency]
+        caps = [i.max_concurrency for i in self.known_issues if i.enforced]
         return min(caps) if caps else None
 

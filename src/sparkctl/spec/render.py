@@ -95,8 +95,9 @@ class ContainerPlan:
 
 
 def spec_hash(stack: Stack) -> str:
-    """A short, stable hash of everything the stack file says (after `extends`)."""
-    canonical = json.dumps(stack.model_dump(mode="json", by_alias=True), sort_keys=True)
+    """A short, stable hash of everything the stack file says (after `extends`). Defaults are left
+    out, so a new optional field in a later sparkctl does not redeploy every stack."""
+    canonical = json.dumps(stack.model_dump(mode="json", by_alias=True, exclude_defaults=True), sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
