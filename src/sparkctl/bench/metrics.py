@@ -1,6 +1,6 @@
 """Engine counters between two /metrics readings: speculative acceptance rate, mean acceptance
 length and per-position acceptance (vLLM's spec_decode counters), and committed tokens per
-denoising step for diffusion engines. Pure."""
+denoising step for diffusion engines; the KV-cache capacity an engine reports. Pure."""
 
 from __future__ import annotations
 
@@ -47,3 +47,21 @@ def between(before: dict[str, float], after: dict[str, float]) -> EngineStats:
         acceptance_length=1 + accepted / drafts if drafts > 0 else None,
         per_position=tuple(round(p, 4) for p in per_position),
         committed_per_step=delta("vllm:diffusion_num_committed_tokens") / steps if steps > 0 else None)
+
+
+CACHE_INFO = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+# vLLM V1's startup line: "GPU KV cache size: 322,368 tokens" (the CPU build says "CPU KV cache").
+KV_LOG = re.compile(r'KV cache size: ([\d,]+) tokens')
+
+
+def kv_tokens(text: str) -> int | None:
+    """The engine's KV-cache capacity in tokens: `num_gpu_blocks x block_size` from the
+    `vllm:cache_config_info` metric, else the last `KV cache size: N tokens` line of its log."""
+    if found := CACHE_INFO.search(text):
+        labels = dict(LABEL.findall(found[1]))
+        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if blocks.isdigit() and size.isdigit():
+            return int(blocks) * int(size)
+    lines = KV_LOG.findall(text)
+    return int(lines[-1].replace(",", "")) if lines else None
