@@ -25,6 +25,13 @@ from sparkctl.sim import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Pinned for this process and everything it starts (daemons, CLI subprocesses, llama-benchy): no
+# test decides "online" by probing the internet (the corpus's `auto` would try a TCP connect to
+# Project Gutenberg), and the engines here (the sim, random weights) cannot answer llama-benchy's
+# coherence question. The one test of `auto` sets its own value.
+os.environ["SPARKCTL_BENCH_CORPUS"] = "loopback"
+os.environ["SPARKCTL_BENCH_SKIP_COHERENCE"] = "1"
+
 
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -86,6 +86,13 @@ class Settings(BaseSettings):
     switch_hold_timeout: float = Field(default=300.0, gt=0)
     switch_hold_queue: int = Field(default=1024, ge=1)
     switch_drain_timeout: float = Field(default=120.0, ge=0)
+    # Benchmarks: llama-benchy's prompt corpus. "book": its own default book (the seeds' method;
+    # downloaded once, then cached in ~/.cache/llama-benchy); "loopback": sparkctl's generated
+    # corpus, served on 127.0.0.1; "auto": the book when cached or its host answers, else loopback.
+    bench_corpus: Literal["auto", "book", "loopback"] = "auto"
+    # Skip llama-benchy's coherence check (it asks for the capital of France and wants "Paris"):
+    # for engines that serve random weights or the simulated engine, whose replies mean nothing.
+    bench_skip_coherence: bool = False
     # The machine's memory bandwidth, for the report's decode efficiency (GB10: ~273 GB/s).
     memory_bandwidth_gbs: float = Field(default=273.0, gt=0)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))

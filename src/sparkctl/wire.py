@@ -45,7 +45,14 @@ class WakeRequest:
     stack: str
 
 
-Request = UpRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest
+@dataclass(frozen=True)
+class RetestRequest:
+    ref: str  # the blacklisted tag
+    stack: str = ""  # the stack to measure it with (default: the one using its repository)
+    force: bool = False  # measure even an unchanged or itself blacklisted digest
+
+
+Request = UpRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest | RetestRequest
 
 
 def parse(kind: type[Request], body: object) -> Request:

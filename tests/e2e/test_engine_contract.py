@@ -11,6 +11,7 @@ from pathlib import Path
 import openai
 from tokenizers import Tokenizer
 
+from sparkctl.bench.metrics import kv_tokens
 from sparkctl.deploy.health import metrics
 from tests.e2e.conftest import assert_measured, llama_benchy
 
@@ -74,6 +75,17 @@ def test_metrics_present_and_increasing(served) -> None:
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 8
     assert after["vllm:prompt_tokens_total"] > before["vllm:prompt_tokens_total"]
     assert after["vllm:time_to_first_token_seconds_count"] > before["vllm:time_to_first_token_seconds_count"]
+
+
+def test_kv_cache_size_is_reported(served) -> None:
+    """The KV headroom `up` shows: real vLLM 0.32 labels vllm:cache_config_info with
+    kv_cache_size_tokens; the sim, like vLLM 0.20, with num_gpu_blocks and block_size only."""
+    with urllib.request.urlopen(served.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    [info] = [line for line in text.splitlines() if line.startswith("vllm:cache_config_info{")]
+    assert 'block_size="' in info and 'num_gpu_blocks="' in info and info.endswith(" 1.0")
+    assert ("kv_cache_size_tokens=" in info) == (served.kind == "vllm-cpu")
+    assert kv_tokens(text) >= 2048  # at least one request at its max_model_len
 
 
 def test_unknown_model_is_a_404_in_the_error_envelope(served) -> None:

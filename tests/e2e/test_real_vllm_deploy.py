@@ -55,6 +55,9 @@ def test_a_stack_on_real_vllm_goes_through_every_phase_and_parks_by_stopping(wor
             assert phase in out
         assert "local build" in out and "tiny-cpu up (fingerprint" in out
         assert "its platform has no sleep mode" in out and "started again without it" in out
+        assert "full-context requests fit (KV cache" in out  # read from the real engine, through the daemon
+        [row] = json.loads(cli("status", "--json")[1])
+        assert row["kv"]["max_model_len"] == 2048 and row["kv"]["kv_tokens"] >= 2048
         [(digest, wake)] = YAML(typ="safe").load((workspace / "stacks" / "images.yaml").read_text())["wakes"].items()
         assert wake["ok"] is False and "Sleep mode is not supported on current platform" in wake["reason"]
         code, out, err = cli("park", "tiny-cpu")

@@ -1,14 +1,20 @@
 """Benchmarks on a real dockerd with sim engines: `bench run` stores a gated run with its
-fingerprint and engine counters, and `bench sweep` deploys configs one at a time and writes a
-comparison report with seed 000's shape (NVFP4 ~2x BF16, DFlash n=8 up to ~3x, then the cliff)."""
+fingerprint, engine counters and environment (the vLLM version the engine reports, its command
+line, the corpus, the temperature), `auto` takes llama-benchy's own book when its cache holds it,
+and `bench sweep` deploys configs one at a time and writes a comparison report with seed 000's
+shape (NVFP4 ~2x BF16, DFlash n=8 up to ~3x, then the cliff)."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
 
+from sparkctl.bench import corpus
+from sparkctl.sim.engine import VERSION
 from sparkctl.state.store import Store
 from tests.conftest import ours
 
@@ -21,19 +27,48 @@ def scaled(world, monkeypatch):
     return world
 
 
-def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli) -> None:
+def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # llama-benchy's cache: the run leaves nothing there
     assert cli("up", "qwen36-dflash")[0] == 0
-    code, out, err = cli("bench", "run", "qwen36-dflash", "--profile", "quick", "--depths", "0,4096")
+    code, out, err = cli("bench", "run", "qwen36-dflash", "--profile", "quick", "--depths", "0,4096",
+                         "--temperature", "1.0")
     assert code == 0, err
     assert "pass" in out
     [run] = Store(scaled / "state" / "sparkctl.db").bench.runs("qwen36-dflash")
     assert run.verdict == "pass" and run.parts["draft"] and run.parts["patches"]
-    assert [r["depth"] for r in run.rows] == [0, 4096]
+    assert [(r["depth"], r["temperature"]) for r in run.rows] == [(0, 1.0), (4096, 1.0)]
+    env = json.loads((Path(run.folder) / "environment.json").read_text())
+    assert env["engine"]["vllm_version"] == VERSION and env["engine"]["image"].endswith(run.parts["image"])
+    assert "--speculative-config" in env["engine"]["flags"] and env["engine"]["flags"].startswith("vllm serve")
+    assert env["temperature"] == 1.0 and env["corpus"]["kind"] == "loopback"  # pinned for tests (conftest)
+    command = (Path(run.folder) / "command.txt").read_text()
+    assert "--extra-body temperature=1.0" in command and "--book-url http://127.0.0.1:" in command
+    assert (tmp_path / "home" / ".cache" / "llama-benchy").is_dir()  # llama-benchy cached our corpus there...
+    assert not list((tmp_path / "home" / ".cache" / "llama-benchy").iterdir())  # ...and the run removed it
     assert all(0.5 < r["acceptance"] < 0.8 and r["acceptance_length"] > 4 and len(r["per_position"]) == 8
                for r in run.rows)  # the sim's DFlash profile accepts ~65% of drafted tokens
     pins = YAML(typ="safe").load((scaled / "stacks" / "images.yaml").read_text())["pins"]
     [pin] = [p for ref, p in pins.items() if "aeon-vllm-ultimate" in ref]
     assert pin["known_good"] and pin["digest"] == run.parts["image"] and f"run {run.id}" in pin["provenance"]
+
+
+def test_auto_takes_llama_benchys_cached_book(scaled, cli, monkeypatch, tmp_path) -> None:
+    """The one test of `auto`: llama-benchy's cache (under a private HOME) holds its book, so the run
+    uses it, decided and read without any network, and records that it did."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPARKCTL_BENCH_CORPUS", "auto")
+    book = corpus.cached_book(tmp_path / "home")
+    book.parent.mkdir(parents=True)
+    book.write_text(corpus.text(words=20_000))
+    assert cli("up", "qwen36-nvfp4-stock")[0] == 0
+    code, _, err = cli("bench", "run", "qwen36-nvfp4-stock", "--profile", "quick", "--depths", "0")
+    assert code == 0, err
+    [run] = Store(scaled / "state" / "sparkctl.db").bench.runs("qwen36-nvfp4-stock")
+    env = json.loads((Path(run.folder) / "environment.json").read_text())
+    assert env["corpus"] == {"kind": "book", "url": corpus.BOOK_URL,
+                             "note": f"llama-benchy's default book, from its cache {book}"}
+    assert "--book-url" not in (Path(run.folder) / "command.txt").read_text()
+    assert f"Loading text from cache: {book}" in (Path(run.folder) / "llama-benchy.log").read_text()
 
 
 def test_sweep_writes_a_comparison_report_with_the_seed_shape(scaled, cli, engine, tmp_path) -> None:
@@ -47,6 +82,13 @@ def test_sweep_writes_a_comparison_report_with_the_seed_shape(scaled, cli, engin
     assert decode[("qwen36-nvfp4-stock", 0)] / decode[("qwen36-bf16-stock", 0)] == pytest.approx(2.0, rel=0.15)
     assert decode[("qwen36-nvfp4-stock", 0)] == pytest.approx(decode[("qwen36-nvfp4-aeon", 0)], rel=0.1)
     assert 2.3 < decode[("qwen36-dflash", 0)] / decode[("qwen36-nvfp4-aeon", 0)] < 3.5
-    text = (tmp_path / "report" / "report.md").read_text()
+    text = (tmp_path / "report" / "comparison.md").read_text()
     assert "faster through depth 8192, slower from 12288 (crossover)" in text
+    headline = next(line for line in text.splitlines() if line.startswith("**Headline:**"))
+    quant = re.search(r"NVFP4 = ([\d.]+)× decode over BF16", headline)
+    assert quant and float(quant[1]) == pytest.approx(2.0, rel=0.15), headline
+    assert "qwen36-dflash (dflash n=8 on NVFP4) hits " in headline and ", then falls below it from " in headline
+    assert f"(vLLM {VERSION})" in text and "| Benchmark tool | llama-benchy 0.4.0 |" in text  # environment.json
+    assert {p.name for p in (tmp_path / "report" / "results").iterdir()} == \
+        {f"{r['config']}.json" for r in data}  # each run's raw llama-benchy JSON
     assert not [c for c in ours(engine) if c["State"] == "running"]  # one at a time, then down

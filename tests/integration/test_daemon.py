@@ -226,13 +226,18 @@ def test_the_gateway_routes_an_alias_to_the_daemons_stack(start_daemon, world) -
 
     (world / "state").mkdir(exist_ok=True)
     (world / "state" / "desired.yaml").write_text("stacks: [qwen36-dflash]\naliases: {primary: qwen36-dflash}\n")
+    with (world / "stacks" / "qwen36-dflash.yaml").open("a") as f:
+        f.write("request_defaults: {chat_template_kwargs: {enable_thinking: true}}\n")
     start_daemon()
     agent = openai.OpenAI(base_url=f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}/v1", api_key="x",
                           max_retries=0)
     wait_for(lambda: "primary" in [m.id for m in agent.models.list().data], timeout=60, what="the alias")
-    reply = agent.chat.completions.create(model="primary", messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=8)
+    raw = agent.chat.completions.with_raw_response.create(model="primary", messages=[{"role": "user", "content": "hi"}],
+                                                          max_tokens=8)
+    reply = raw.parse()
     assert reply.model == "qwen36-dflash" and reply.choices[0].message.content
+    # the stack's request defaults reached the engine (the sim echoes the kwargs it received)
+    assert raw.headers["x-sim-chat-template-kwargs"] == '{"enable_thinking":true}'
     with pytest.raises(openai.NotFoundError) as e:
         agent.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
     assert e.value.body["source"] == "sparkctl"

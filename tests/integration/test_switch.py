@@ -225,5 +225,5 @@ def test_a_new_tag_that_measures_badly_is_rolled_back_and_its_digest_blacklisted
     assert cli("bench", "run", A, "--profile", "quick", "--depths", "0")[0] == 0
     code, out, _ = cli("bench", "report", A, "--out", str(world / "report"))
     assert code == 0 and f"`{digest}`: ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:next: canary speculative " \
-        "acceptance" in (world / "report" / "report.md").read_text()
+        "acceptance" in (world / "report" / "comparison.md").read_text()
     assert cli("image", "unblacklist", digest)[0] == 0

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl.policy.headroom import tokens
+from sparkctl.sim.engine import KV_BLOCK_SIZE
+from sparkctl.sim.profiles import PROFILES, kv_capacity
 from sparkctl.sim.repos import QWEN_NVFP4
 from tests.conftest import FAST, instance, name, ours, port
 
@@ -21,6 +24,11 @@ VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
 
 def stack_file(workspace: Path, name: str, text: str) -> None:
     (workspace / "stacks" / f"{name}.yaml").write_text(f"name: {name}\n{text}")
+
+
+def kv_tokens_of(profile: str, fraction: float) -> int:
+    """The KV capacity the sim reports for a profile and memory fraction: whole blocks."""
+    return kv_capacity(PROFILES[profile], fraction) // KV_BLOCK_SIZE * KV_BLOCK_SIZE
 
 
 def test_up_qwen36_dflash_reaches_canary_with_overlays_and_shim(world, cli, engine) -> None:
@@ -41,10 +49,15 @@ def test_up_qwen36_dflash_reaches_canary_with_overlays_and_shim(world, cli, engi
     assert write.exit_code != 0 and "Read-only" in write.output.decode()
     env = container.attrs["Config"]["Env"]
     assert "HF_HUB_OFFLINE=1" in env and not any("TOKEN" in e for e in env)
+    rendered = json.loads(cli("stacks", "render", "qwen36-dflash", "--format", "json")[1])  # vLLM's dir now known
+    assert {m["target"] for m in rendered["mounts"]} >= set(targets)
 
 
 def test_up_again_is_a_no_op_and_status_shows_it(world, cli, engine) -> None:
-    assert cli("up", "qwen36-dflash")[0] == 0
+    code, out, _ = cli("up", "qwen36-dflash")
+    kv = kv_tokens_of("qwen36-dflash-n8", 0.8)
+    assert code == 0 and f"qwen36-dflash: {kv / 131072:.1f} full-context requests fit (KV cache {tokens(kv)} tokens, " \
+                         "max_model_len 131,072)" in " ".join(out.split())
     started = engine.client.containers.get(name("qwen36-dflash")).attrs["State"]["StartedAt"]
     since = time.time()
     code, out, _ = cli("up", "qwen36-dflash")
@@ -57,6 +70,11 @@ def test_up_again_is_a_no_op_and_status_shows_it(world, cli, engine) -> None:
     [row] = json.loads(out)
     assert (row["stack"], row["phase"], row["memory"]) == ("qwen36-dflash", "running", 0.8)
     assert row["endpoint"] == f"http://127.0.0.1:{port(8107)}/v1" and len(row["fingerprint"]) == 16
+    # the KV headroom read when it started, still shown after an `up` that read nothing
+    assert row["kv"] == {"kv_tokens": kv, "max_model_len": 131072, "max_num_seqs": None, "min_kv_tokens": None,
+                         "full_context": round(kv / 131072, 1), "warnings": [],
+                         "summary": f"{kv / 131072:.1f} full-context requests fit (KV cache {tokens(kv)} tokens, "
+                                    "max_model_len 131,072)"}
     code, out, _ = cli("logs", "qwen36-dflash", "-n", "5")
     assert "Starting vLLM API server" in out
     code, out, _ = cli("down", "qwen36-dflash")
@@ -98,8 +116,37 @@ def test_compose_stack_comes_up_and_down(world, cli, engine, monkeypatch) -> Non
     monkeypatch.setenv("COLUMNS", "80")
     code, out, _ = cli("status")
     assert f"http://127.0.0.1:{port(8111)}/v1" in out and "0.85" in out  # whole at 80 columns; its share
+    kv = kv_tokens_of("diffusiongemma", 0.85)  # at the context and seqs compose ran it with
+    assert f"diffusiongemma: {kv / 262144:.1f} full-context requests fit" in " ".join(out.split())
+    [row] = json.loads(cli("status", "--json")[1])
+    assert (row["kv"]["kv_tokens"], row["kv"]["max_model_len"], row["kv"]["max_num_seqs"]) == (kv, 262144, 4)
     code, out, _ = cli("down", "diffusiongemma")
     assert code == 0 and not ours(engine)
+
+
+def test_kv_headroom_short_of_the_stack_warns_in_up_status_and_the_daemon_log(world, cli, engine,
+                                                                               start_daemon) -> None:
+    """Through the daemon: a deploy stands whatever the engine says of its KV cache, and what falls
+    short is a warning in `up`'s output, in the daemon's log and in `status`, also once the daemon
+    has restarted (the headroom is kept with the deployment)."""
+    stack_file(world, "tight", "extends: qwen36-dflash\nvllm: {max_num_seqs: 8}\n"
+                               "expectations: {min_kv_tokens: 5000000}\n")
+    daemon = start_daemon()
+    code, out, err = cli("up", "tight")
+    assert code == 0, err + out
+    kv, flat = kv_tokens_of("qwen36-dflash-n8", 0.8), " ".join(out.split())
+    assert f"warning: only {kv / 131072:.2f} full-context requests fit in the KV cache" in flat
+    assert f"max_num_seqs is 8: requests beyond {kv // 131072} at full context will queue" in flat
+    assert f"holds {kv:,} tokens, under the stack's expectations.min_kv_tokens 5,000,000" in flat
+    logged = [json.loads(line) for line in daemon.logs().splitlines() if '"kv_headroom' in line]
+    assert [(e["event"], e["stack"], e["kv_tokens"]) for e in logged] == \
+        [("kv_headroom", "tight", kv)] + [("kv_headroom_short", "tight", kv)] * 2
+    assert logged[2]["needed"] == 8 * 131072 and logged[2]["level"] == "warning"
+    daemon.stop()
+    start_daemon()
+    [row] = json.loads(cli("status", "--json")[1])
+    assert row["kv"]["kv_tokens"] == kv and len(row["kv"]["warnings"]) == 2
+    assert " ".join(cli("status")[1].split()).count("warning tight:") == 2
 
 
 def test_a_compose_file_cannot_hand_the_token_to_its_container(world, cli, engine, monkeypatch) -> None:

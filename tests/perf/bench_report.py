@@ -1,4 +1,4 @@
-"""Report figure: generating the comparison report (dataset, four PNG graphs, report.md) for a
+"""Report figure: generating the comparison report (dataset, four PNG graphs, comparison.md) for a
 9-config x 14-depth dataset with seed 000's shape, beside the 10 s goal. Median of 3, each in a
 fresh process (matplotlib's import included, as a user's `sparkctl bench report` pays it).
 

@@ -43,10 +43,10 @@ def main() -> None:
     spread = (max(engines) - min(engines)) / min(engines)
     quant = decode[("qwen36-nvfp4-stock", 0)] / decode[("qwen36-bf16-stock", 0)]
     gain = {d: r["speedup_vs_twin"] for (c, d), r in ((k, _row(data, *k)) for k in decode) if c == "qwen36-dflash"}
-    crossover = next(line for line in (OUT / "report.md").read_text().splitlines()
+    crossover = next(line for line in (OUT / "comparison.md").read_text().splitlines()
                      if line.startswith("- qwen36-dflash vs"))
     print(f"sweep of 9 configs x {len(DEPTHS.split(','))} depths (seed profile, 1 run): {took:.0f} s; "
-          f"report in {OUT / 'report.md'}")
+          f"report in {OUT / 'comparison.md'}")
     print(f"  engines on NVFP4 at depth 0 differ by {spread:.1%} (seed: identical, bandwidth-bound)")
     print(f"  NVFP4 / BF16 decode at depth 0: {quant:.2f}x (seed: 2x, 8.9 vs 4.5 tok/s)")
     print(f"  DFlash n=8 over its no-spec twin: {', '.join(f'{g:.2f}x @{d}' for d, g in sorted(gain.items()))} "

@@ -61,6 +61,8 @@ def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
                    "SPARKCTL_STATE_DIR": str(root / "state"), "SPARKCTL_GPUS": "none",
                    "SPARKCTL_ENGINE_ENV": f"SPARKCTL_SIM_TIME_SCALE={time_scale}",
                    "SPARKCTL_STACKS_DIR": str(root / "stacks"), "SPARKCTL_PATCHES_DIR": str(root / "patches"),
+                   # Offline (no internet probe) and the sim, whose replies cannot pass a coherence check.
+                   "SPARKCTL_BENCH_CORPUS": "loopback", "SPARKCTL_BENCH_SKIP_COHERENCE": "1",
                    "PERF_ROOT": str(root), "PERF_HUB": hub.endpoint, **instance}
             try:
                 yield env, hub.hub

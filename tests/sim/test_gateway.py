@@ -223,3 +223,30 @@ def test_a_stopping_gateway_answers_held_requests_at_once(gateway) -> None:
     waiting.join(10)
     assert finished and time.monotonic() - started < 5
     assert refused[0].status_code == 503 and "the gateway is stopping" in refused[0].body["message"]
+
+
+def test_request_defaults_reach_the_engine_unless_the_client_set_them(sim) -> None:
+    engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.01)
+    engine.wait_ready()
+    defaults = {"chat_template_kwargs": {"enable_thinking": True, "effort": "high"}, "max_tokens": 5,
+                "ignore_eos": True}
+    table = RouteTable(upstreams={"think": Upstream("think", engine.url, "tiny", request_defaults=defaults),
+                                  "plain": Upstream("plain", engine.url, "tiny")}, aliases={"primary": "think"})
+    running = Running(Gateway(lambda: table))
+    chat = client(running).chat.completions.with_raw_response
+    hi = [{"role": "user", "content": "hi"}]
+    try:
+        filled = chat.create(model="primary", messages=hi)  # the engine echoes the kwargs it received
+        assert filled.headers["x-sim-chat-template-kwargs"] == '{"effort":"high","enable_thinking":true}'
+        assert filled.parse().usage.completion_tokens == 5  # max_tokens 5 and ignore_eos, both defaults
+        mine = chat.create(model="think", messages=hi, max_tokens=3, stream=True,
+                           stream_options={"include_usage": True},
+                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert mine.headers["x-sim-chat-template-kwargs"] == '{"effort":"high","enable_thinking":false}'
+        assert list(mine.parse())[-1].usage.completion_tokens == 3  # the client's max_tokens wins
+        completion = client(running).completions.with_raw_response.create(model="think", prompt="x")
+        assert completion.parse().usage.completion_tokens == 5 and "x-sim-chat-template-kwargs" in completion.headers
+        other = chat.create(model="plain", messages=hi, max_tokens=2)  # another stack gets none of them
+        assert "x-sim-chat-template-kwargs" not in other.headers
+    finally:
+        running.stop()

@@ -108,6 +108,8 @@ def stream_timed(url: str, body: dict) -> tuple[list[float], dict]:
 
 
 @pytest.mark.parametrize(("profile", "depth"), [("qwen36-dflash-n8", 0), ("qwen36-dflash-n8", 8192),
+                                                ("qwen36-dflash-n8", 20480),  # ~10K prompt tokens: past the cliff
+                                                ("qwen36-dflash-v4", 0),
                                                 ("aeon-gemma4-v2", 0), ("qwen36-nvfp4", 8192),
                                                 ("diffusiongemma", 0)])
 def test_decode_speed_matches_the_profile(sim, profile: str, depth: int) -> None:

@@ -28,7 +28,7 @@ def test_edits_keep_comments_and_order(workspace: Path, cli) -> None:
 
     assert cli("image", "unpin", "vllm/vllm-openai:v0.24.0")[0] == 0
     assert cli("image", "unblacklist", "docker.io/eugr/spark-vllm:latest")[0] == 0
-    assert imagefile.load_policy(path).pins == {}
+    assert imagefile.load_policy(path).pins == imagefile.load_policy(SHIPPED).pins
     assert cli("image", "check", "eugr/spark-vllm:latest", "--allow-latest")[0] == 0
     for line in before.splitlines():
         assert line in path.read_text() or line == "pins: {}"
@@ -51,3 +51,87 @@ def test_a_broken_file_names_itself(workspace: Path, cli) -> None:
     (workspace / "stacks" / "images.yaml").write_text("pins:\n  x:v1:\n    digest: nope\n")
     code, _, err = cli("image", "list")
     assert code == 1 and "images.yaml: pins.x:v1.digest" in err
+
+
+def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(workspace: Path, cli) -> None:
+    """Seed 003's qwen36-v4 tag ships pinned without a digest (none was published): the first
+    deploy's digest fills the pin in, once; later deploys and unpinned tags change nothing."""
+    path = workspace / "stacks" / "images.yaml"
+    ref = "ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4"
+    shipped = imagefile.load_policy(path).pin_for(ref)
+    assert shipped.known_good and not shipped.settled and shipped.provenance.startswith("seed 003:21,25")
+    code, out, _ = cli("image", "check", ref)
+    assert code == 0 and "pinned to (none yet: the first `up` records it)" in out
+
+    assert imagefile.settle_pin(path, ref, digest=D1)
+    settled = imagefile.load_policy(path).pin_for(ref)
+    assert (settled.digest, settled.known_good) == (D1, True)
+    assert settled.provenance.startswith("seed 003:21,25")
+    assert "digest recorded at first deploy on" in settled.provenance
+    assert not imagefile.settle_pin(path, ref, digest="sha256:" + "b" * 64)  # pinned now: a moved tag stays pinned
+    assert not imagefile.settle_pin(path, "vllm/vllm-openai:v0.24.0", digest=D1)  # no pin: nothing to settle
+    policy = imagefile.load_policy(path)
+    assert policy.pin_for(ref).digest == D1 and policy.pin_for("vllm/vllm-openai:v0.24.0") is None
+    text = path.read_text()
+    assert all(line in text for line in SHIPPED.read_text().splitlines() if line.startswith("#"))
+
+
+POLICY_TEXT = """# the policy
+pins: {}
+blacklist:
+  # broken since June
+  ghcr.io/a/b:latest:
+    reason: acceptance ~10%
+    date: 2026-06-10
+  eugr/spark-vllm:latest:
+    reason: crashes at load
+"""
+
+
+def test_a_failed_retest_is_appended_to_its_ban_in_place(tmp_path: Path) -> None:
+    import datetime as dt
+
+    from sparkctl.policy.images import Measurement
+
+    path = tmp_path / "images.yaml"
+    path.write_text(POLICY_TEXT)
+    first = Measurement(date=dt.date(2026, 7, 1), digest=D1, verdict="fail: acceptance 0.10 < 0.40 floor (run 4)",
+                        run=4, deployment=9)
+    second = Measurement(date=dt.date(2026, 7, 2), digest=D1, verdict="fail: canary", deployment=11)
+    assert imagefile.record_retest(path, "ghcr.io/a/b:latest", first)
+    assert imagefile.record_retest(path, "ghcr.io/a/b:latest", second)
+    text = path.read_text()
+    assert "# the policy" in text and "# broken since June" in text
+    assert text.index("ghcr.io/a/b:latest") < text.index("retests:") < text.index("eugr/spark-vllm:latest")
+    ban = imagefile.load_policy(path).blacklist["ghcr.io/a/b:latest"]
+    assert ban.retests == (first, second) and ban.reason == "acceptance ~10%"
+    assert not imagefile.record_retest(path, "ghcr.io/a/b:v9", first)  # lifted meanwhile: nothing to add to
+
+
+def test_a_passed_retest_lifts_its_bans_and_pins_in_one_edit(tmp_path: Path) -> None:
+    path = tmp_path / "images.yaml"
+    path.write_text(POLICY_TEXT.replace("blacklist:\n", f"blacklist:\n  {D1}:\n    reason: canary\n"))
+    pin = imagefile.requalify(path, lift=("ghcr.io/a/b:latest", D1), ref="ghcr.io/a/b:latest", digest=D1,
+                              provenance="retest with s: benchmark run 5 passed its gate")
+    policy = imagefile.load_policy(path)
+    assert list(policy.blacklist) == ["eugr/spark-vllm:latest"]
+    assert policy.pin_for("ghcr.io/a/b:latest") == pin and pin.known_good and "run 5" in pin.provenance
+    assert "# the policy" in path.read_text()
+
+
+def test_blacklist_records_what_the_tag_names(workspace: Path, cli) -> None:
+    assert cli("image", "blacklist", "eugr/spark-vllm:latest", "--reason", "crashes", "--digest", D1)[0] == 0
+    ban = imagefile.load_policy(workspace / "stacks" / "images.yaml").ban_for("eugr/spark-vllm:latest")[1]
+    assert ban.digest == D1 and ban.reason == "crashes"
+    code, _, err = cli("image", "blacklist", "eugr/spark-vllm:latest", "--reason", "x", "--digest", "sha256:nope")
+    assert code == 1 and "--digest takes sha256:<64 hex>" in err and "Traceback" not in err
+
+
+def test_image_list_shows_the_last_retest_of_a_ban(workspace: Path, cli) -> None:
+    path = workspace / "stacks" / "images.yaml"
+    path.write_text(POLICY_TEXT.replace("    date: 2026-06-10\n", "    date: 2026-06-10\n    retests:\n"
+                                        f"    - {{date: 2026-07-01, digest: '{D1}', verdict: 'fail: canary', "
+                                        "deployment: 3}\n"))
+    code, out, _ = cli("image", "list")
+    cells = " ".join(line.split("│")[4].strip() for line in out.splitlines() if line.count("│") == 5)
+    assert code == 0 and "2026-07-01 sha256:aaaaaaaaaaaa: fail: canary (1 in all)" in cells

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from sparkctl.deploy.patches import planned_mounts
 from sparkctl.spec.load import load_catalog
 from sparkctl.spec.models import Stack
 from sparkctl.spec.render import Sources, render, spec_hash, vllm_args
@@ -22,8 +24,6 @@ CATALOG = load_catalog(ROOT / "stacks", ROOT / "patches")
 SOURCES = Sources(
     model_dir="/hf/models--target/snapshots/c0ffee",
     draft_dir="/hf/models--draft/snapshots/d1ce",
-    overlays=(("/state/overlays/ab12/qwen3_dflash.py",
-               "/usr/local/lib/python3.12/site-packages/vllm/model_executor/models/qwen3_dflash.py"),),
     compile_cache_dir="/state/compile-cache/x",
 )
 
@@ -31,7 +31,12 @@ SOURCES = Sources(
 @pytest.mark.parametrize("name", ["qwen36-dflash", "aeon-gemma4-v2", "qwen36-nvfp4-stock"])
 def test_golden(name: str) -> None:
     stack = CATALOG.stack(name)
-    sources = SOURCES if stack.draft else Sources(SOURCES.model_dir, compile_cache_dir=SOURCES.compile_cache_dir)
+    # Each file the stack's patch sets change, as `sparkctl stacks render` shows it once vLLM's
+    # dir in the image is known: the overlay folder's name (a hash) is known only at deploy.
+    overlays = planned_mounts([CATALOG.patch_sets[p] for p in stack.patches], patches_dir=ROOT / "patches",
+                              overlays_dir=Path("/state/overlays/default"),
+                              vllm_dir="/usr/local/lib/python3.12/site-packages/vllm")
+    sources = replace(SOURCES, draft_dir=SOURCES.draft_dir if stack.draft else None, overlays=overlays)
     plan = render(stack, sources, fingerprint="fp-test")
     rendered = plan.to_json() + "\n" + plan.docker_run() + "\n"
     golden = GOLDEN / f"{name}.txt"

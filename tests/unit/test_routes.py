@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from sparkctl.gateway.routes import build_table
+from sparkctl.gateway.routes import Upstream, build_table
 
-STACKS = {"qwen36-dflash": ("qwen36-dflash", 8107, 1), "aeon-gemma4-v2": ("aeon-gemma4", 8110, None)}
+STACKS = {"qwen36-dflash": Upstream("qwen36-dflash", "http://127.0.0.1:8107", "qwen36-dflash", 1),
+          "aeon-gemma4-v2": Upstream("aeon-gemma4-v2", "http://127.0.0.1:8110", "aeon-gemma4")}
 
 
 def test_routes_only_to_running_stacks_and_live_aliases() -> None:
@@ -20,3 +21,11 @@ def test_served_names_and_stack_names_both_resolve() -> None:
     table = build_table(aliases={}, stacks=STACKS, running=set(STACKS))
     assert table.resolve("aeon-gemma4").stack == table.resolve("aeon-gemma4-v2").stack == "aeon-gemma4-v2"
     assert table.resolve("unknown") is None
+
+
+def test_a_parked_stacks_names_and_aliases_lead_to_it() -> None:
+    table = build_table(aliases={"batch": "aeon-gemma4-v2"}, stacks=STACKS, running={"qwen36-dflash"},
+                        parked={"aeon-gemma4-v2"})
+    assert table.parked == {"aeon-gemma4-v2": "aeon-gemma4-v2", "aeon-gemma4": "aeon-gemma4-v2",
+                            "batch": "aeon-gemma4-v2"}
+    assert table.resolve("batch") is None

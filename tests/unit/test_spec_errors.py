@@ -113,7 +113,7 @@ def test_validate_a_good_extra_file(workspace: Path, cli, tmp_path: Path) -> Non
 def test_the_shipped_stacks_are_valid(workspace: Path, cli) -> None:
     code, out, err = cli("stacks", "validate")
     assert (code, err) == (0, "")
-    assert "11 stacks valid" in out
+    assert "13 stacks valid" in out
 
 
 def test_an_opted_in_risk_loads_and_says_so(workspace: Path, cli) -> None:

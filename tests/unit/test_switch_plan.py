@@ -103,6 +103,10 @@ class World:
         self._do(f"down {stack}")
         return 1
 
+    def park(self, stack: str, level: int, *, before=lambda: None) -> None:
+        before()
+        self._do(f"park {stack} {level}")
+
     def stop(self, stack: str) -> list[str]:
         self._do(f"stop {stack}")
         return [f"{stack}-container"]
@@ -209,3 +213,23 @@ def test_a_switch_that_fits_in_no_mode_is_refused_even_when_the_old_stack_sleeps
                     memory=Memory({"a": 0.3, "b": 0.3, "c": 0.5}, 0.9, parked={"a": 1, "b": 1}))
     with pytest.raises(SparkctlError, match="does not fit: b starts"):
         plan_switch("new-alias", "b", footprint=Footprint(0.85, 0.1), aliases={}, memory=Memory({"c": 0.5}, 0.9))
+
+
+def test_other_parked_stacks_are_stopped_to_make_room_largest_first_and_no_more() -> None:
+    memory = Memory({"a": 0.8, "p": 0.09, "q": 0.04, "r": 0.01}, 0.9, parked={"p": 1, "q": 2, "r": 2})
+    plan = plan_switch("primary", "b", footprint=Footprint(0.85, 0.1), aliases={"primary": "a"}, memory=memory)
+    assert (plan.mode, plan.evict) == (Mode.HOLD_SWAP, ("p",))
+    assert "parked p stopped first to make room" in plan.why
+    awake = Memory({"a": 0.8, "c": 0.09}, 0.9)  # an awake stack is never stopped for room
+    with pytest.raises(SparkctlError, match="does not fit even once a stops"):
+        plan_switch("primary", "b", footprint=Footprint(0.85, 0.1), aliases={"primary": "a"}, memory=awake)
+
+
+def test_the_switch_stops_the_evicted_parked_stacks_before_the_new_one_comes_up(tmp_path) -> None:
+    world = World()
+    plan = replace(plan_switch("primary", "b", footprint=Footprint(0.4, 0.1), aliases={"primary": "a"},
+                               memory=Memory({"a": 0.4}, 0.9)), evict=("p",))
+    Switcher(machine=world, reconciler=world, gateway=world, refresh_routes=lambda: None,
+             store=Store(tmp_path / "s.db"), reporter=RecordingReporter(), bench=world.bench,
+             bench_mode=lambda _: "off").run(plan)
+    assert world.calls.index("park p 0") < world.calls.index("deploy b")

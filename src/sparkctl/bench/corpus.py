@@ -1,14 +1,95 @@
-"""The prompt corpus llama-benchy cuts its prompts from, served on loopback (`--book-url`): no
-benchmark fetches anything from the internet. The text is generated, deterministic prose about
-running models on a small machine; llama-benchy only needs enough ordinary tokens."""
+"""The prompt corpus llama-benchy cuts its prompts from, and which one a run uses. The seeds ran
+llama-benchy with its own default book (Sherlock Holmes from Project Gutenberg, `BOOK_URL`), which
+llama-benchy downloads once and caches at `~/.cache/llama-benchy/<md5 of the url>.txt`. A run uses
+that book when the `bench_corpus` setting says `book`, or says `auto` and the book is cached or its
+host answers a TCP connect; otherwise (offline, or `loopback`) it uses sparkctl's own corpus,
+generated deterministic prose served on loopback (`--book-url`), and the run records that, since
+DFlash's acceptance depends on the text. Used by the benchmark runner.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import random
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+# llama-benchy 0.4.0's default `--book-url` (its config.py); a unit test checks it still is.
+BOOK_URL = "https://www.gutenberg.org/files/1661/1661-0.txt"
+LOOPBACK_NOTE = ("sparkctl's generated prose served on loopback, not llama-benchy's default book: prompts differ "
+                 "from the seeds' method, and DFlash acceptance depends on the text")
+
+Setting = Literal["auto", "book", "loopback"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The corpus a run uses: `book` (llama-benchy's default, `url`) or `loopback` (ours), and why."""
+
+    kind: Literal["book", "loopback"]
+    url: str | None
+    note: str
+
+    def record(self) -> dict[str, str | None]:
+        return {"kind": self.kind, "url": self.url, "note": self.note}
+
+
+def choose(setting: Setting, *, home: Path, reachable: Callable[[str], bool]) -> Choice:
+    """The corpus for `setting`. `auto` takes the book when llama-benchy's cache under `home` holds
+    it (no network needed), else when `reachable(BOOK_URL)`; only then does anything leave the machine."""
+    if setting == "loopback":
+        return Choice("loopback", None, f"loopback corpus (bench_corpus=loopback): {LOOPBACK_NOTE}")
+    if setting == "book":
+        return Choice("book", BOOK_URL, "llama-benchy's default book (bench_corpus=book)")
+    if (cache := cached_book(home)).is_file():
+        return Choice("book", BOOK_URL, f"llama-benchy's default book, from its cache {cache}")
+    if reachable(BOOK_URL):
+        return Choice("book", BOOK_URL, "llama-benchy's default book, downloaded (the machine is online)")
+    host = urlsplit(BOOK_URL).hostname
+    return Choice("loopback", None, f"offline ({host} unreachable, no cached copy): {LOOPBACK_NOTE}")
+
+
+def cached_book(home: Path) -> Path:
+    """Where llama-benchy keeps its downloaded default book."""
+    return cache_file(BOOK_URL, home)
+
+
+def cache_file(url: str, home: Path) -> Path:
+    """Where llama-benchy caches the text at `url` (its corpus.py: `~/.cache/llama-benchy/<md5>.txt`)."""
+    return home / ".cache" / "llama-benchy" / f"{hashlib.md5(url.encode()).hexdigest()}.txt"  # noqa: S324
+
+
+def reachable(url: str, timeout: float = 2.0) -> bool:
+    """Whether a TCP connect to `url`'s host and port succeeds within `timeout` seconds."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def book_args(choice: Choice, *, home: Path) -> Iterator[list[str]]:
+    """llama-benchy's `--book-url` arguments while the block runs: none for its own book (it
+    fetches or reads its cache itself), our corpus on loopback otherwise. llama-benchy caches
+    whatever it downloads under `home`, and our URL's port changes every run: that copy goes."""
+    if choice.kind == "book":
+        yield []
+        return
+    with served() as url:
+        try:
+            yield ["--book-url", url]
+        finally:
+            cache_file(url, home).unlink(missing_ok=True)
 
 SUBJECTS = ("the engine", "a small model", "the draft head", "the scheduler", "every request", "the operator",
             "the cache", "a long prompt", "the kernel", "the gateway", "the benchmark", "our tokenizer",

@@ -1,13 +1,15 @@
 """The regression gate: a benchmark run against the stack's `expectations` and its last
 known-good run. Fails on decode below the floor at depth 0, a drop past `max_drop` against the
 known-good run, speculative acceptance under the floor, or failed requests at or under the
-declared concurrency. Pure: the caller records the verdict and acts on it (known-good pin,
-rollback, blacklist)."""
+declared concurrency (a retest counts every level it ran: `requalifying` takes it past the
+point where the banned image fell over). Pure: the caller records the verdict and acts on it
+(known-good pin, rollback, blacklist, a retest's ban kept or lifted)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkctl.bench.profiles import PROFILES, Profile
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.models import Expectations
 from sparkctl.state.bench import BenchRun
@@ -32,7 +34,10 @@ class GateFailed(SparkctlError):
         self.verdict = verdict
 
 
-def judge(run: BenchRun, expect: Expectations, *, baseline: BenchRun | None = None) -> Verdict:
+def judge(run: BenchRun, expect: Expectations, *, baseline: BenchRun | None = None,
+          up_to: int | None = None) -> Verdict:
+    """`up_to`: failed requests fail the gate at or under this concurrency (default: the stack's
+    `min_concurrency`; with neither, at any)."""
     rows = [r for r in run.rows if r["concurrency"] == 1]
     reasons = []
     decode = next((r["tg_tps"] for r in rows if r["depth"] == 0), None) or None  # 0: llama-benchy could not time it
@@ -47,7 +52,19 @@ def judge(run: BenchRun, expect: Expectations, *, baseline: BenchRun | None = No
     if expect.min_acceptance and rates and (acceptance := sum(rates) / len(rates)) < expect.min_acceptance:
         reasons.append(f"acceptance {acceptance:.2f} < {expect.min_acceptance:.2f} floor")
     crashed = sorted({r["concurrency"] for r in run.rows if r.get("failed")
-                      and r["concurrency"] <= (expect.min_concurrency or r["concurrency"])})
+                      and r["concurrency"] <= (up_to or expect.min_concurrency or r["concurrency"])})
     if crashed:
         reasons.append(f"requests failed at concurrency {', '.join(map(str, crashed))}")
     return Verdict(run.id, tuple(reasons))
+
+
+def requalifying(expect: Expectations, *, cap: int | None = None) -> Profile:
+    """The benchmark a retest of a banned image runs: one stream at depth 0 (the decode floor and
+    speculative acceptance), then the declared concurrency and twice it, past where the banned
+    image fell over (without a declared one, the `concurrency` profile's levels). Levels over an
+    enforced concurrency cap are left out: the gateway never lets that many through."""
+    base = PROFILES["concurrency"]
+    declared = expect.min_concurrency
+    levels = (1, declared, 2 * declared) if declared else base.concurrency
+    kept = tuple(sorted({c for c in levels if cap is None or c <= cap} | {1}))
+    return Profile("retest", base.pp, base.tg, (0,), runs=1, concurrency=kept)

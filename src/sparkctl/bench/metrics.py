@@ -51,17 +51,24 @@ def between(before: dict[str, float], after: dict[str, float]) -> EngineStats:
 
 CACHE_INFO = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
-# vLLM V1's startup line: "GPU KV cache size: 322,368 tokens" (the CPU build says "CPU KV cache").
+# vLLM V1's startup line: "GPU KV cache size: 322,368 tokens" (0.32 adds ", Maximum concurrency
+# for 2,048 tokens per request: 1.23x" on the same line; its CPU build says "CPU KV cache size").
 KV_LOG = re.compile(r'KV cache size: ([\d,]+) tokens')
 
 
 def kv_tokens(text: str) -> int | None:
-    """The engine's KV-cache capacity in tokens: `num_gpu_blocks x block_size` from the
-    `vllm:cache_config_info` metric, else the last `KV cache size: N tokens` line of its log."""
-    if found := CACHE_INFO.search(text):
-        labels = dict(LABEL.findall(found[1]))
-        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
-        if blocks.isdigit() and size.isdigit():
-            return int(blocks) * int(size)
-    lines = KV_LOG.findall(text)
-    return int(lines[-1].replace(",", "")) if lines else None
+    """The engine's KV-cache capacity in tokens, from its /metrics text, its log, or both joined;
+    the best source first. vLLM 0.24 and later put it in `vllm:cache_config_info`'s
+    `kv_cache_size_tokens` label (0.20 has none); the startup log line gives the same figure;
+    `num_gpu_blocks x block_size` of that metric comes last, since it is wrong for hybrid models
+    (sliding-window or Mamba layers: a request holds blocks in several KV-cache groups)."""
+    found = CACHE_INFO.search(text)
+    labels = dict(LABEL.findall(found[1])) if found else {}
+    if labels.get("kv_cache_size_tokens", "").isdigit():
+        return int(labels["kv_cache_size_tokens"])
+    if lines := KV_LOG.findall(text):
+        return int(lines[-1].replace(",", ""))
+    blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    if blocks.isdigit() and size.isdigit():
+        return int(blocks) * int(size)
+    return None

@@ -1,6 +1,7 @@
 """Benchmark profiles: what llama-benchy runs. Named in stack specs (`bench_profile`) and on
 the CLI. `quick` runs at switch-over; `seed` is seed 000's methodology; `concurrency` finds
-engines that fall over under parallel load."""
+engines that fall over under parallel load. A profile may set a sampling temperature (seed 000:
+DFlash gains more under T=1.0 sampling than under llama-benchy's near-greedy default)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class Profile:
     depths: tuple[int, ...]
     runs: int
     concurrency: tuple[int, ...] = (1,)
+    temperature: float | None = None  # None: the engine's default (llama-benchy sends none)
 
     def within(self, max_model_len: int | None) -> Profile:
         """The profile without the depths whose requests would not fit the context window."""
@@ -28,9 +30,10 @@ class Profile:
         return [(d, c) for d in self.depths for c in self.concurrency]
 
     def args(self) -> list[str]:
+        sampling = [] if self.temperature is None else ["--extra-body", f"temperature={float(self.temperature)!r}"]
         return ["--pp", str(self.pp), "--tg", str(self.tg), "--depth", *map(str, self.depths),
                 "--runs", str(self.runs), "--concurrency", *map(str, self.concurrency), "--exact-tg",
-                "--latency-mode", "generation"]
+                "--latency-mode", "generation", *sampling]
 
 
 SEED_DEPTHS = (0, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536)

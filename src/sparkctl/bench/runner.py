@@ -1,9 +1,11 @@
 """One benchmark run: llama-benchy 0.4.0 (the seeds' tool) as a subprocess, against an OpenAI
-endpoint (the gateway or an engine), with the model's own tokenizer directory and the loopback
-corpus. The engine's /metrics is read after every test run (`--post-run-cmd`), so each row
-carries that test's speculative and diffusion counters. Live progress comes from llama-benchy's
-event stream. The raw JSON, CSV and readings stay in the run folder. Called by `sparkctl bench`,
-the switch-over hook and the sweep.
+endpoint (the gateway or an engine), with the model's own tokenizer directory, the prompt corpus
+the `Method` picks (llama-benchy's own book when it can have it, else ours on loopback: see
+`corpus`) and llama-benchy's coherence check unless the method skips it. The engine's /metrics is
+read after every test run (`--post-run-cmd`), so each row carries that test's speculative and
+diffusion counters. Live progress comes from llama-benchy's event stream. The environment
+(`environment.json`), raw JSON, CSV, readings and llama-benchy's output stay in the run folder.
+Called by `sparkctl bench`, the switch-over hook and the sweep.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sparkctl.bench import corpus, metrics, scrape
+from sparkctl.bench import corpus, environment, metrics, scrape
 from sparkctl.bench.profiles import Profile
 from sparkctl.errors import SparkctlError
 
@@ -45,6 +47,16 @@ class Row:
     acceptance_length: float | None = None
     per_position: tuple[float, ...] = ()
     committed_per_step: float | None = None
+    temperature: float | None = None  # the sampling temperature the requests asked for (None: the engine's)
+
+
+@dataclass(frozen=True)
+class Method:
+    """How llama-benchy runs beyond the profile: where its prompts come from (the `bench_corpus`
+    setting) and whether it checks the model answers coherently first."""
+
+    corpus: corpus.Setting = "auto"
+    skip_coherence: bool = False
 
 
 @dataclass
@@ -59,17 +71,25 @@ class Progress:
     errored: set[tuple[int, int]] = field(default_factory=set)  # (depth, concurrency) of tests with a failed request
 
 
-def run(target: Target, profile: Profile, *, folder: Path, on_progress: Callable[[Progress], None] | None = None,
+def run(target: Target, profile: Profile, *, folder: Path, method: Method | None = None,
+        engine: environment.Engine | None = None, on_progress: Callable[[Progress], None] | None = None,
         timeout: float = 6 * 3600) -> list[Row]:
-    profile = profile.within(target.max_model_len)
+    """Run `profile` against `target`; `engine` describes what serves it, for `environment.json`."""
+    profile, method = profile.within(target.max_model_len), method or Method()
     folder.mkdir(parents=True, exist_ok=True)
     readings = folder / "metrics.jsonl"
     readings.unlink(missing_ok=True)
     if target.metrics_url:
         scrape.main([target.metrics_url, str(readings)])
-    with corpus.served() as book:
+    home = Path.home()  # llama-benchy caches its book under the home it runs with (it inherits HOME)
+    choice = corpus.choose(method.corpus, home=home, reachable=corpus.reachable)
+    engine = engine or environment.Engine(target.model, metrics_url=target.metrics_url)
+    environment.write(folder, environment.capture(engine, profile=profile, corpus=choice,
+                                                  coherence=not method.skip_coherence))
+    with corpus.book_args(choice, home=home) as book:
         command = [sys.executable, "-m", "llama_benchy", "--base-url", target.base_url, "--model", target.model,
-                   "--tokenizer", str(target.tokenizer), "--book-url", book, *profile.args(), "--skip-coherence",
+                   "--tokenizer", str(target.tokenizer), *book, *profile.args(),
+                   *(["--skip-coherence"] if method.skip_coherence else []),
                    "--format", "json", "--save-result", str(folder / "llama-benchy.json"), "--emit-progress", "-"]
         if target.api_key:
             command += ["--api-key", target.api_key]
@@ -94,24 +114,43 @@ def _run_benchy(command: list[str], folder: Path, profile: Profile, on_progress:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         assert proc.stdout is not None
         for line in proc.stdout:
-            _follow(line, progress, on_progress)
+            if not _follow(line, progress, on_progress):  # llama-benchy's own output: kept with its errors
+                log.write(line)
+                log.flush()
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise SparkctlError(f"llama-benchy ran past {timeout:g} s; see {folder}/llama-benchy.log") from None
     if code != 0 or not (folder / "llama-benchy.json").exists():
-        tail = (folder / "llama-benchy.log").read_text().strip().splitlines()[-5:]
-        raise SparkctlError(f"llama-benchy exited with code {code}: " + " | ".join(tail))
+        raise SparkctlError(failure(code, (folder / "llama-benchy.log").read_text(), folder=folder))
     return progress
 
 
-def _follow(line: str, progress: Progress, on_progress: Callable | None) -> None:
-    """Fold one llama-benchy progress event into `progress`."""
+def failure(code: int, log: str, *, folder: Path) -> str:
+    """What went wrong in a llama-benchy run, from its output, and what to do about it."""
+    lines = log.strip().splitlines()
+    coherence = next((line for line in lines if "Coherence test FAILED" in line), None)
+    if coherence:
+        return (f"llama-benchy's coherence check failed: asked for the capital of France, the model did not answer "
+                f"'Paris' ({coherence.strip()[:200]}). A model that answers nonsense is broken: check its image, "
+                "quantization and draft. An engine that serves random weights (or the simulated engine) cannot "
+                "pass it: run with --skip-coherence (or SPARKCTL_BENCH_SKIP_COHERENCE=1)")
+    if any("Error downloading or processing book" in line for line in lines):
+        return (f"llama-benchy could not download its default book ({corpus.BOOK_URL}); offline, set "
+                f"SPARKCTL_BENCH_CORPUS=loopback (or auto), or put the book at {corpus.cached_book(Path.home())}. "
+                f"Its output is in {folder}/llama-benchy.log")
+    return f"llama-benchy exited with code {code}: " + " | ".join(lines[-5:])
+
+
+def _follow(line: str, progress: Progress, on_progress: Callable | None) -> bool:
+    """Fold one llama-benchy progress event into `progress`; False if the line is not an event."""
     try:
         event = json.loads(line)
     except ValueError:
-        return
+        return False
+    if not isinstance(event, dict):
+        return False
     kind = event.get("type")
     test = (event.get("context_size"), event.get("concurrency"))
     if kind == "request_start" and test != (progress.depth, progress.concurrency):
@@ -123,9 +162,10 @@ def _follow(line: str, progress: Progress, on_progress: Callable | None) -> None
         if event.get("decode_seconds"):
             progress.tok_s.append(event["total_tokens"] / event["decode_seconds"])
     else:
-        return
+        return True
     if on_progress:
         on_progress(progress)
+    return True
 
 
 def _rows(result: dict, profile: Profile, readings: list[dict[str, float] | None], *,
@@ -145,7 +185,7 @@ def _rows(result: dict, profile: Profile, readings: list[dict[str, float] | None
                         pp_tps=round(_mean(bench, "pp_throughput"), 2), tg_tps=round(tg, 3),
                         ttft_ms=round(_mean(bench, "e2e_ttft"), 2),
                         failed=(bench["context_size"], bench["concurrency"]) in errored
-                        or (bool(readings) and after is None), **asdict(stats)))
+                        or (bool(readings) and after is None), **asdict(stats), temperature=profile.temperature))
     return rows
 
 

@@ -1,6 +1,8 @@
 """Benchmark a deployed stack and keep the result: the run is stored with the deployment's
 fingerprint and parts (image digest, model and draft commits, patch-set hash) and its folder
-under the state dir (`bench/<run id>/`). The gate's verdict is recorded on the run; a pass makes
+under the state dir (`bench/<run id>/`), with the environment it ran in (`environment.json`:
+the engine's image and the command line its container runs, read from Docker when a handle is
+given, else rendered from the spec). The gate's verdict is recorded on the run; a pass makes
 it the stack's last known-good run and pins its image digest as known-good (provenance: the run).
 A failure tied to a digest that never passed blacklists that digest with the measured reason.
 Used by `sparkctl bench run`, the switch-over hook, the sweep.
@@ -8,12 +10,14 @@ Used by `sparkctl bench run`, the switch-over hook, the sweep.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkctl.adapters.hub import repo_folder
-from sparkctl.bench import runner
+from sparkctl.bench import environment, runner
 from sparkctl.bench.gate import Verdict, judge
 from sparkctl.bench.profiles import PROFILES, Profile
 from sparkctl.errors import SparkctlError
@@ -21,14 +25,20 @@ from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
+from sparkctl.spec.render import vllm_args
 from sparkctl.state.bench import BenchRun
 from sparkctl.state.store import Store
 
+if TYPE_CHECKING:
+    from sparkctl.adapters.docker import DockerEngine
+
 
 def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool = False,
-              profile: Profile | None = None, on_progress: Callable[[runner.Progress], None] | None = None) -> BenchRun:
+              profile: Profile | None = None, skip_coherence: bool = False, docker: DockerEngine | None = None,
+              on_progress: Callable[[runner.Progress], None] | None = None) -> BenchRun:
     """Run `profile` (default: the stack's) against the running stack: at its engine, or through the
-    gateway (so its concurrency cap holds while agents use it too)."""
+    gateway (so its concurrency cap holds while agents use it too). The corpus comes from the
+    settings; the coherence check is skipped when asked here or in the settings."""
     deployment = store.deployments.latest(stack.name)
     if deployment is None or deployment.phase is not Phase.RUNNING:
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
@@ -43,7 +53,10 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
     run_id = store.bench.begin(stack.name, deployment.fingerprint, deployment.parts, profile.name)
     folder = settings.state_dir / "bench" / str(run_id)
     try:
-        rows = runner.run(target, profile, folder=folder, on_progress=on_progress)
+        method = runner.Method(corpus=settings.bench_corpus,
+                               skip_coherence=skip_coherence or settings.bench_skip_coherence)
+        rows = runner.run(target, profile, folder=folder, method=method, on_progress=on_progress,
+                          engine=engine_facts(stack, deployment.parts, docker))
     except SparkctlError as e:
         store.bench.finish(run_id, folder=str(folder), rows=[], error=str(e))
         raise
@@ -72,6 +85,31 @@ def blacklist_if_new(stack: Stack, digest: str, reason: str, *, settings: Settin
         return False
     imagefile.blacklist(settings.images_file, digest, reason=f"{stack.image.ref}: {reason}")
     return True
+
+
+def engine_facts(stack: Stack, parts: dict[str, str], docker: DockerEngine | None) -> environment.Engine:
+    """What serves the stack, for the run's environment: its image (with the deployment's digest)
+    and the command line of its running container, or the flags its spec renders to."""
+    digest = parts.get("image", "")
+    image = stack.image.ref if stack.image.digest or not digest.startswith("sha256:") else f"{stack.image.ref}@{digest}"
+    return environment.Engine(stack.served_name, url=stack.url, metrics_url=f"{stack.url}/metrics", image=image,
+                              flags=_container_command(stack, docker) or _spec_flags(stack))
+
+
+def _container_command(stack: Stack, docker: DockerEngine | None) -> str | None:
+    if docker is None:
+        return None
+    try:
+        running = [c for c in docker.containers(stack.name) if c.running]
+        config = (docker.inspect(running[0].id).get("Config") or {}) if running else {}
+    except SparkctlError:
+        return None
+    command = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+    return shlex.join(command) if command else None
+
+
+def _spec_flags(stack: Stack) -> str | None:
+    return shlex.join(vllm_args(stack)) if stack.vllm is not None else None
 
 
 def tokenizer_dir(stack: Stack, parts: dict[str, str], settings: Settings) -> Path:

@@ -13,6 +13,8 @@ from sparkctl.errors import SparkctlError
 app = typer.Typer(help="Benchmark stacks (llama-benchy) and report.", no_args_is_help=True)
 
 PROFILE_HELP = "quick | seed | concurrency (default: the stack's bench_profile)."
+TEMPERATURE_HELP = "Sample at this temperature (e.g. 1.0 for DFlash's sampled gains); default: the engine's."
+COHERENCE_HELP = "Skip llama-benchy's coherence check (for random weights or the simulated engine)."
 
 
 @app.command("run")
@@ -22,12 +24,14 @@ def run(
     profile: str | None = typer.Option(None, "--profile", "-p", help=PROFILE_HELP),
     depths: str | None = typer.Option(None, "--depths", help="Override the profile's depths: 0,4096,8192."),
     runs: int | None = typer.Option(None, "--runs", help="Override the profile's runs per depth."),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help=TEMPERATURE_HELP),
+    skip_coherence: bool = typer.Option(False, "--skip-coherence", help=COHERENCE_HELP),
 ) -> None:
     """Benchmark the running STACK, store the run with its fingerprint, judge it with its gate."""
     rt = runtime(ctx)
     spec = rt.catalog.stack(stack)
-    chosen = _profile(profile or spec.bench_profile, depths, runs)
-    result, verdict = _measure(rt, spec, chosen)
+    chosen = _profile(profile or spec.bench_profile, depths, runs, temperature)
+    result, verdict = _measure(rt, spec, chosen, skip_coherence=skip_coherence)
     colour = "green" if verdict.passed else "red"
     rt.console.print(f"run {result.id} ({chosen.name}) of {stack}: [{colour}]{verdict.describe()}[/]; "
                      f"raw files in {result.folder}")
@@ -45,7 +49,7 @@ def list_runs(ctx: typer.Context, stack: str | None = typer.Argument(None)) -> N
     rt.console.print(table)
 
 
-def _profile(name: str, depths: str | None, runs: int | None):
+def _profile(name: str, depths: str | None, runs: int | None, temperature: float | None = None):
     from dataclasses import replace
 
     from sparkctl.bench.profiles import PROFILES
@@ -58,15 +62,18 @@ def _profile(name: str, depths: str | None, runs: int | None):
             chosen = replace(chosen, depths=tuple(int(d) for d in depths.split(",")))
         except ValueError:
             raise SparkctlError(f"--depths takes comma-separated token counts, got {depths!r}") from None
+    if temperature is not None:
+        chosen = replace(chosen, temperature=temperature)
     return replace(chosen, runs=runs) if runs else chosen
 
 
-def _measure(rt, spec, profile):
+def _measure(rt, spec, profile, *, skip_coherence: bool):
     """Benchmark the running stack with a live progress table, judge it with its gate, show the rows."""
     from sparkctl.bench import stack as bench_stack
 
     with Live(_progress_table(None), console=rt.console, transient=True) as live:
         result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=profile,
+                                       skip_coherence=skip_coherence, docker=rt.docker,
                                        on_progress=lambda p: live.update(_progress_table(p)))
     verdict = bench_stack.gate(spec, result, settings=rt.settings, store=rt.store)
     rt.console.print(_rows_table(result))
@@ -103,9 +110,12 @@ def report_cmd(
     out: str | None = typer.Option(None, "--out", "-o", help="Folder (default: STATE_DIR/reports/<time>)."),
     label: str = typer.Option("", "--label", help="A line under the title (e.g. where it was measured)."),
 ) -> None:
-    """Write report.md, PNG graphs and dataset.csv/json comparing benchmark runs."""
+    """Write comparison.md (headline, environment, tables, caveats), graphs/, results/ (raw
+    llama-benchy JSON) and dataset.csv/json comparing benchmark runs."""
+    from sparkctl.deploy.retest import reported_spec
+
     rt = runtime(ctx)
-    entries = [(rt.catalog.stack(run.stack), run) for run in _runs(rt, targets or [])]
+    entries = [(reported_spec(rt.catalog, run.stack), run) for run in _runs(rt, targets or [])]  # retests too
     path = _write_report(rt, entries, out, label=label)
     rt.console.print(f"report of {len(entries)} config(s): {path}")
 
@@ -118,19 +128,21 @@ def sweep(
                                                                                        "seed")),
     depths: str | None = typer.Option(None, "--depths", help="Override the profile's depths: 0,4096,8192."),
     runs: int | None = typer.Option(None, "--runs", help="Override the profile's runs per depth."),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help=TEMPERATURE_HELP),
+    skip_coherence: bool = typer.Option(False, "--skip-coherence", help=COHERENCE_HELP),
     out: str | None = typer.Option(None, "--out", "-o", help="Folder for the comparison report."),
     label: str = typer.Option("", "--label", help="A line under the report's title."),
 ) -> None:
     """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
     write one comparison report: seed 000's study, repeatable."""
     rt = runtime(ctx)
-    chosen, entries = _profile(profile, depths, runs), []
+    chosen, entries = _profile(profile, depths, runs, temperature), []
     for name in _expand(rt, stacks):
         spec = rt.catalog.stack(name)
         rt.console.rule(f"{name}")
         _up(rt, name)
         try:
-            result, verdict = _measure(rt, spec, chosen)
+            result, verdict = _measure(rt, spec, chosen, skip_coherence=skip_coherence)
             rt.console.print(f"run {result.id}: {verdict.describe()}")
             entries.append((spec, result))
         finally:

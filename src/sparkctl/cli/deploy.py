@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sparkctl.cli.console import ConsoleReporter
@@ -119,7 +120,8 @@ def _ask_daemon(ctx: typer.Context, verb: str, **request: str) -> dict:
 
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory."""
+    """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory; below, how
+    many full-context requests each engine's KV cache holds, and what falls short."""
     rt = runtime(ctx)
     if rt.daemon.available():
         report = rt.daemon.get("/v1/status")
@@ -142,6 +144,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         table.add_row(row["stack"], row["phase"], row["endpoint"], *fingerprint, _duration(row["uptime_s"]),
                       f"{row['memory']:.2f}" if row["memory"] is not None else "")
     rt.console.print(table if rows else f"no stacks are deployed (instance {rt.instance})")
+    _headroom(rt.console, rows)
     if others:
         listed = "; ".join(f"{name}: {', '.join(stacks)}" for name, stacks in others.items())
         rt.console.print(f"[dim]other sparkctl instances on this engine (not touched): {listed}[/]")
@@ -208,6 +211,16 @@ def through_daemon(rt, path: str, request: wire.Request) -> dict:
 def _no_daemon(rt) -> None:
     rt.console.print("[yellow]note[/]: no daemon is running; deploying in this process. The gateway and "
                      "auto-restart need `sparkctl daemon` (or `sparkctl service install`).")
+
+
+def _headroom(console, rows: list[dict]) -> None:
+    """Each stack's KV headroom (the daemon's rows carry it too), then its warnings."""
+    for row in rows:
+        kv = row.get("kv")
+        if kv:
+            console.print(f"{escape(row['stack'])}: {escape(kv['summary'])}")
+            for warning in kv["warnings"]:
+                console.print(f"[yellow]warning[/] {escape(row['stack'])}: {escape(warning)}")
 
 
 def _duration(seconds: float | None) -> str:

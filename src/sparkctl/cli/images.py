@@ -1,5 +1,5 @@
-"""`sparkctl image list | pin | unpin | blacklist | unblacklist | forget-wake | check`: the image
-policy."""
+"""`sparkctl image list | pin | unpin | blacklist | unblacklist | retest | forget-wake | check`: the
+image policy, and re-qualifying a blacklisted tag by measuring it again."""
 
 from __future__ import annotations
 
@@ -12,16 +12,22 @@ from sparkctl.errors import SparkctlError
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
 
+UNSETTLED = "(none yet: the first `up` records it)"  # a known-good tag whose digest was never published
+
+
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """Show pins, the blacklist, and how each digest's first watched wake from sleep mode went."""
     rt = runtime(ctx)
     pins = Table("pinned ref", "digest", "known good", "provenance", "since", title="pins")
     for ref, pin in rt.policy.pins.items():
-        pins.add_row(ref, pin.digest, "yes" if pin.known_good else "", pin.provenance, str(pin.pinned or ""))
-    bans = Table("blacklisted ref or digest", "reason", "date", title="blacklist")
+        pins.add_row(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else "", pin.provenance,
+                     str(pin.pinned or ""))
+    bans = Table("blacklisted ref or digest", "reason", "date", "last retest", title="blacklist")
     for ref, ban in rt.policy.blacklist.items():
-        bans.add_row(ref, ban.reason, str(ban.date or ""))
+        last = ban.retests[-1] if ban.retests else None
+        retested = f"{last.date} {last.digest[:19]}: {last.verdict} ({len(ban.retests)} in all)" if last else ""
+        bans.add_row(ref, ban.reason, str(ban.date or ""), retested)
     wakes = Table("digest", "sleeps and wakes", "reason", "date", title="sleep mode")
     for digest, wake in rt.policy.wakes.items():
         wakes.add_row(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""))
@@ -76,12 +82,17 @@ def blacklist(
     ctx: typer.Context,
     ref: str = typer.Argument(..., help="repo:tag, repo@sha256:..., or a bare sha256:... digest"),
     reason: str = typer.Option(..., "--reason", help="What is broken, for whoever meets the refusal."),
+    digest: str = typer.Option(None, "--digest", help="For a tag: the digest it names now, so `image retest` "
+                                                      "can tell when the tag has moved."),
 ) -> None:
     """Refuse REF (or a digest) from now on, with the reason."""
+    from sparkctl.policy.images import DIGEST
     from sparkctl.spec import imagefile
 
     rt = runtime(ctx)
-    imagefile.blacklist(rt.settings.images_file, ref, reason=reason)
+    if digest is not None and not DIGEST.match(digest):
+        raise SparkctlError(f"--digest takes sha256:<64 hex>, got {digest!r}")
+    imagefile.blacklist(rt.settings.images_file, ref, reason=reason, digest=digest)
     rt.console.print(f"blacklisted {ref}: {reason}")
 
 
@@ -109,4 +120,54 @@ def check(
     rt = runtime(ctx)
     check_ref(rt.policy, ref, digest=digest, allow_latest=allow_latest)
     pin = rt.policy.pin_for(ref)
-    rt.console.print(f"[green]allowed[/]: {ref}" + (f" (pinned to {pin.digest})" if pin else ""))
+    rt.console.print(f"[green]allowed[/]: {ref}" + (f" (pinned to {pin.digest or UNSETTLED})" if pin else ""))
+
+
+@app.command()
+def retest(
+    ctx: typer.Context,
+    ref: str = typer.Argument(..., help="The blacklisted tag (repo:tag)."),
+    stack: str = typer.Option(None, "--stack", help="The stack whose model, flags and gate measure it "
+                                                   "(default: the one that runs the tag's repository)."),
+    force: bool = typer.Option(False, "--force", help="Measure even a digest that is unchanged since the ban "
+                                                      "or blacklisted itself."),
+) -> None:
+    """Measure what the blacklisted tag REF names on its registry now: deployed alone as a trial of
+    its stack (not desired, in no alias, removed afterwards) and judged by the stack's gate. A pass
+    lifts the ban and pins the digest as known-good; a failure keeps the ban, with the measurement."""
+    rt = runtime(ctx)
+    if rt.daemon.available():
+        from sparkctl import wire
+        from sparkctl.cli.deploy import through_daemon
+
+        result = through_daemon(rt, "/v1/retest", wire.RetestRequest(ref, stack or "", force))
+    else:
+        from sparkctl.cli.console import ConsoleReporter
+        from sparkctl.deploy import retest as retests
+
+        with ConsoleReporter(rt.console) as reporter:
+            deployer = rt.deployer(reporter)
+            trial = retests.prepare(ref, stack=stack, force=force, deployer=deployer)
+            result = retests.run(trial, deployer).as_dict()
+    _show_retest(rt, result)
+
+
+def _show_retest(rt, result: dict) -> None:
+    """The measured rows, then one line: re-qualified, or still broken (exit 1)."""
+    if result["rows"]:
+        table = Table("depth", "concurrency", "decode tok/s", "acceptance", "failed",
+                      title=f"{result['ref']} @ {result['digest'][:19]} with {result['stack']} — run {result['run']}")
+        for r in result["rows"]:
+            acceptance = "" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+            table.add_row(str(r["depth"]), str(r["concurrency"]), f"{r['tg_tps']:.1f}", acceptance,
+                          "yes" if r["failed"] else "", style="red" if r["failed"] else None)
+        rt.console.print(table)
+    if result["passed"]:
+        rt.console.print(f"[green]{result['ref']} re-qualified[/]: {result['digest']} passed {result['stack']}'s gate "
+                         f"in benchmark run {result['run']}; lifted {', '.join(result['lifted'])} and pinned the tag "
+                         "to that digest as known-good")
+        return
+    kept = ("the ban stays, with this measurement added to it in images.yaml" if result["recorded"]
+            else "the ban was lifted by hand meanwhile, so the measurement was not recorded")
+    raise SparkctlError(f"{result['ref']} at {result['digest']} still fails {result['stack']}'s gate: "
+                        f"{result['verdict'].removeprefix('fail: ')}; {kept}")

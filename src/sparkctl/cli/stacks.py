@@ -16,7 +16,7 @@ from sparkctl.errors import ImageRefused, SpecError
 if TYPE_CHECKING:  # the spec layer is imported when a command runs, not when the CLI starts
     from sparkctl.spec.engine import Weights
     from sparkctl.spec.load import Catalog
-    from sparkctl.spec.models import Stack
+    from sparkctl.spec.models import KnownIssue, Stack
 
 app = typer.Typer(help="List, show, validate and render stacks.", no_args_is_help=True)
 
@@ -43,7 +43,8 @@ def list_(ctx: typer.Context) -> None:
 
 @app.command()
 def show(ctx: typer.Context, name: str) -> None:
-    """Print a stack as resolved (after `extends`), with its spec hash."""
+    """Print a stack as resolved (after `extends`), with its spec hash; then what the gateway does
+    with it: each known issue's source and whether its cap is enforced, and the request defaults."""
     from ruamel.yaml import YAML
 
     from sparkctl.spec.render import spec_hash
@@ -53,6 +54,8 @@ def show(ctx: typer.Context, name: str) -> None:
     data = stack.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     rt.console.print(f"# {rt.catalog.files[name]}  spec-hash {spec_hash(stack)}")
     YAML().dump(data, rt.console.file)
+    for line in _gateway_lines(stack):
+        rt.console.print(f"# {line}", markup=False)
 
 
 @app.command()
@@ -83,7 +86,8 @@ def render_(
     name: str,
     fmt: Format = typer.Option(Format.DOCKER_RUN, "--format", "-f", help="Output format."),
 ) -> None:
-    """Print the container a vLLM stack runs as (weights shown at their HF cache paths)."""
+    """Print the container a vLLM stack runs as: weights at their HF cache paths, and each file
+    its patch sets change mounted over vLLM's (paths only the image can tell are placeholders)."""
     from ruamel.yaml import YAML
 
     from sparkctl.spec.models import Kind
@@ -97,15 +101,75 @@ def render_(
     sources = Sources(
         model_dir=_cache_path(rt, stack.model),
         draft_dir=_cache_path(rt, stack.draft) if stack.draft else None,
+        overlays=_overlays(rt, stack),
         compile_cache_dir=str(rt.settings.state_dir / "compile-cache" / stack.name),
     )
     plan = render(stack, sources, instance=rt.settings.instance)
+    if any("<" in m.source or "<" in m.target for m in plan.mounts):
+        typer.echo(f"note: the paths in <...> are known once the image is: `sparkctl patch check {name}` "
+                   "shows them", err=True)
     if fmt is Format.JSON:
         print(plan.to_json())
     elif fmt is Format.COMPOSE:
         YAML().dump(json.loads(json.dumps(plan.compose_service())), rt.console.file)
     else:
         print(plan.docker_run())
+
+
+def _gateway_lines(stack: Stack) -> list[str]:
+    """What the gateway does with the stack's requests: its concurrency cap, each known issue's
+    source and whether its cap is enforced or advice, and the request defaults."""
+    cap = stack.max_concurrency
+    lines = [f"gateway: at most {cap} request(s) at once to this stack" if cap else "gateway: no concurrency cap"]
+    for number, issue in enumerate(stack.known_issues, 1):
+        lines.append(f'known issue {number}, "{_gist(issue.text)}": {_enforcement(issue)}')
+    if stack.request_defaults:
+        lines.append("request defaults (added to each request unless the client sets them): "
+                     + json.dumps(stack.request_defaults, sort_keys=True))
+    else:
+        lines.append("request defaults: none")
+    return lines
+
+
+def _enforcement(issue: KnownIssue) -> str:
+    source = f"source: {issue.source}" if issue.source else "unsourced"
+    if issue.max_concurrency is None:
+        return f"no cap; {source}"
+    cap = f"cap {issue.max_concurrency}"
+    if issue.source:
+        return f"{cap}, enforced by the gateway ({source})"
+    if issue.enforce:
+        return f"{cap}, enforced by the gateway (unsourced; `enforce: true`)"
+    return f"{cap}, advice only (unsourced: set `enforce: true` to enforce)"
+
+
+def _gist(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
+
+
+def _overlays(rt: Runtime, stack: Stack) -> tuple[tuple[str, str], ...]:
+    """The patch sets' mounts. vLLM's dir in the image is known once a deploy or `patch check` has
+    looked into the digest `up` would run; the overlay folder's name is known only at deploy."""
+    if not stack.patches:
+        return ()
+    from sparkctl.deploy.patches import VLLM_DIRS, known_vllm_dir, planned_mounts
+
+    digest = _known_digest(rt, stack)
+    vllm_dir = known_vllm_dir(digest, cache=rt.settings.state_dir / VLLM_DIRS) if digest else None
+    return planned_mounts([rt.catalog.patch_sets[p] for p in stack.patches], patches_dir=rt.settings.patches_dir,
+                          overlays_dir=rt.settings.overlays_dir, vllm_dir=vllm_dir)
+
+
+def _known_digest(rt: Runtime, stack: Stack) -> str | None:
+    """The digest `up` would run without asking the registry (as `deploy/image.py` picks it): the
+    stack's own, else the pin, else the one an earlier `up` resolved. None: the registry decides."""
+    from sparkctl.policy.images import parse_ref
+
+    tagged = parse_ref(stack.image.ref).tagged
+    pin = rt.policy.pin_for(tagged)
+    recorded = rt.store.digests.get(tagged) if rt.settings.store_path.is_file() else None
+    return stack.image.digest or (pin.digest if pin else None) or recorded
 
 
 def _catalog_with(rt: Runtime, paths: list[Path]) -> Catalog:
@@ -131,7 +195,9 @@ def _verdict(rt: Runtime, stack: Stack) -> str:
     except ImageRefused as e:
         return f"[red]refused[/]: {str(e).split(':')[0]}"
     pin = rt.policy.pin_for(stack.image.ref)
-    return f"pinned {pin.digest[7:19]}" if pin else "ok"
+    if pin is None:
+        return "ok"
+    return f"pinned {pin.digest[7:19]}" if pin.digest else "known-good tag, digest at first up"
 
 
 def _weights(weights: Weights | None) -> str:

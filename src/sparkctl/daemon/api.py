@@ -1,9 +1,9 @@
 """The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
 
-Routes: GET /v1/status, GET /v1/desired, POST /v1/up, /v1/down, /v1/switch, /v1/park, /v1/wake
-(these stream NDJSON events until the outcome), GET /v1/events?since=N (NDJSON, long-lived), GET /v1/history,
-GET /metrics. Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the
-daemon.
+Routes: GET /v1/status, GET /v1/desired, POST /v1/up, /v1/down, /v1/switch, /v1/park, /v1/wake,
+/v1/retest (these stream NDJSON events until the outcome), GET /v1/events?since=N (NDJSON,
+long-lived), GET /v1/history, GET /metrics. Errors are JSON `{"error": {"message", "type"}}`; a
+bad request never stops the daemon.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ class Service(Protocol):
 
     def wake(self, stack: str, *, ticket: int) -> dict[str, Any]: ...
 
+    def retest_target(self, ref: str, stack: str) -> tuple[str, str]: ...
+
+    def retest(self, ref: str, *, stack: str, force: bool, ticket: int) -> dict[str, Any]: ...
+
     def status(self) -> dict[str, Any]: ...
 
     def history(self, stack: str | None) -> dict[str, Any]: ...
@@ -74,6 +78,7 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
     app.router.add_post("/v1/switch", switch)
     app.router.add_post("/v1/park", park)
     app.router.add_post("/v1/wake", wake)
+    app.router.add_post("/v1/retest", retest)
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/history", history)
     app.router.add_get("/metrics", metrics)
@@ -119,6 +124,16 @@ async def park(request: web.Request) -> web.StreamResponse:
 async def wake(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.WakeRequest,
                            lambda service, ask, stack, ticket: service.wake(stack, ticket=ticket))
+
+
+async def retest(request: web.Request) -> web.StreamResponse:
+    """One retest at a time; its events are those of the trial of the stack it measures with."""
+    ask = await _request(request, wire.RetestRequest)
+    service: Service = request.app[SERVICE]
+    async with _queued(service, "retest:") as ticket:
+        trial, stack = await asyncio.to_thread(service.retest_target, ask.ref, ask.stack)
+    return await _stream_action(request, (trial, stack),
+                                lambda: service.retest(ask.ref, stack=stack, force=ask.force, ticket=ticket))
 
 
 async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Service, Any, str, int], Any],

@@ -24,6 +24,7 @@ from sparkctl.deploy.memory import GIB
 from sparkctl.deploy.pipeline import Deployer, UpResult
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.policy.headroom import Headroom
 from sparkctl.spec.load import Catalog
 from sparkctl.state import desired as desired_file
 from sparkctl.state.desired import Desired
@@ -58,7 +59,10 @@ class DockerMachine:
         with self.turns.turn(stack):
             if stack not in self.desired().stacks:
                 return None
-            return self.deployer().up(stack, refresh=refresh, replace=replace)
+            result = self.deployer().up(stack, refresh=refresh, replace=replace)
+        if result.changed:  # a new engine: its KV headroom was read (the pipeline showed it as notes)
+            log_headroom(stack, result.headroom)
+        return result
 
     def down(self, stack: str) -> int:
         with self.turns.turn(stack):
@@ -156,3 +160,15 @@ class DockerMachine:
             new = change(desired_file.load(self.desired_path))
             desired_file.save(self.desired_path, new)
             return new
+
+
+def log_headroom(stack: str, headroom: Headroom | None) -> None:
+    """A deployed engine's KV headroom in the daemon's log; each shortfall a warning of its own."""
+    if headroom is None:
+        log.warning("kv_headroom_unknown", stack=stack)
+        return
+    log.info("kv_headroom", stack=stack, kv_tokens=headroom.kv_tokens, max_model_len=headroom.max_model_len,
+             max_num_seqs=headroom.max_num_seqs, full_context=headroom.full_context)
+    for warning in headroom.warnings():
+        log.warning("kv_headroom_short", stack=stack, kv_tokens=headroom.kv_tokens, needed=headroom.needed,
+                    min_kv_tokens=headroom.min_kv_tokens, warning=warning)

@@ -1,4 +1,4 @@
-"""What the daemon does when asked: up, down, switch, park, wake, status, history and metrics. The API's
+"""What the daemon does when asked: up, down, switch, park, wake, retest, status, history and metrics. The API's
 handlers call these on a worker thread (through the `Service` protocol in `api.py`); each
 action on a stack runs in its turn (`turns.py`), marked busy so reconcile passes leave it alone.
 Results are returned as values; the store only records them."""
@@ -22,10 +22,11 @@ from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.switch import GatewayControl, Switcher
 from sparkctl.daemon.turns import Turns
 from sparkctl.daemon.verdicts import Verdicts
+from sparkctl.deploy import retest
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.status import other_instances, status_rows
 from sparkctl.errors import ImageRefused, SparkctlError
-from sparkctl.gateway.routes import RouteTable, build_table
+from sparkctl.gateway.routes import RouteTable, Upstream, build_table
 from sparkctl.policy.parking import Park, choose
 from sparkctl.policy.switch import Leaving, plan_switch
 from sparkctl.settings import Settings
@@ -54,9 +55,15 @@ class Routes:
             desired = self.desired()
             running = {c.stack for c in self.docker.containers() if c.running and c.stack not in desired.parked
                        and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
-            stacks = {s.name: (s.served_name, s.port, s.max_concurrency) for s in self.catalog().deployable()}
+            stacks = {s.name: upstream_of(s) for s in self.catalog().deployable()}
             self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running,
                                      parked=set(desired.parked))
+
+
+def upstream_of(stack: Stack) -> Upstream:
+    """What the gateway needs of a stack: where it listens, its served name, its enforced
+    concurrency cap (known issues with a source or `enforce: true`) and its request defaults."""
+    return Upstream(stack.name, stack.url, stack.served_name, stack.max_concurrency, stack.request_defaults)
 
 
 @dataclass
@@ -146,7 +153,8 @@ class Operations:
                                memory=memory, leaving=leaving)
             assert self.gateway is not None, "the gateway starts before the API"
             self.reconciler.forget(spec.name)
-            verdicts = Verdicts(self.settings, self.store, self.bus, lambda name: self.machine.catalog().stack(name))
+            verdicts = Verdicts(self.settings, self.store, self.bus, lambda name: self.machine.catalog().stack(name),
+                                self.machine.docker)
             switcher = Switcher(machine=self.machine, reconciler=self.reconciler, gateway=self.gateway,
                                 refresh_routes=self.routes.refresh, store=self.store, reporter=BusReporter(self.bus),
                                 bench=verdicts.bench, blame=verdicts.blame, woke=self._record_wake,
@@ -292,6 +300,20 @@ class Operations:
             except (SparkctlError, OSError) as e:  # the wake stands; the ledger learns next time
                 self.bus.publish(Note(stack, f"could not record how {digest} woke in images.yaml: {e}"))
 
+    def retest_target(self, ref: str, stack: str) -> tuple[str, str]:
+        """The trial a retest of `ref` runs and the stack it measures with (before the action streams)."""
+        chosen = retest.choose_stack(self.machine.catalog(), ref, stack or None).name
+        return retest.trial_name(chosen), chosen
+
+    def retest(self, ref: str, *, stack: str, force: bool = False, ticket: int | None = None) -> dict[str, Any]:
+        """Measure what a blacklisted tag names now, as a trial of `stack` that no pass touches
+        (`deploy/retest.py`): the ban lifted on a pass, kept with the measurement on a failure."""
+        with self.turns.turn("retest:", ticket):  # one at a time (no stack name has a colon)
+            deployer = self.machine.deployer()
+            trial = retest.prepare(ref, stack=stack, force=force, deployer=deployer)
+            with self.reconciler.holding(trial.spec.name):
+                return retest.run(trial, deployer).as_dict()
+
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
         desired = self.machine.desired()
@@ -300,7 +322,7 @@ class Operations:
         history = self.reconciler.history
         rows += [{"stack": s, "phase": "failed" if history.get(s, planner.History()).failed else "pending",
                   "state": "absent", "endpoint": "", "fingerprint": None, "container": "", "uptime_s": None,
-                  "memory": None, "error": None} for s in desired.stacks if s not in seen]
+                  "memory": None, "error": None, "kv": None} for s in desired.stacks if s not in seen]
         for row in rows:
             h = history.get(row["stack"], planner.History())
             row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures),

@@ -6,7 +6,8 @@ restarted (`docker start`) after an exponential backoff counted over its recent 
 stack with no container is deployed; `crash_loop` failures inside `window` mark it failed (no
 more restarts) and move any alias it held to that alias's fallback. A parked stack whose
 container is not running is left as it is (its memory is free; waking starts it). Containers
-carrying sparkctl's labels that no desired stack claims are removed.
+carrying sparkctl's labels that no desired stack claims are removed, unless an action holds
+their stack (a retest's trial).
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def plan(stacks: tuple[str, ...], aliases: Mapping[str, str], fallbacks: Mapping
          parked: Mapping[str, int] | None = None) -> Plan:
     actions: list[Action] = []
     desired = set(stacks)
-    for o in observed:
-        if o.stack not in desired:
+    for o in observed:  # an action in flight on a stack (a retest's trial) holds its container
+        if o.stack not in desired and not history.get(o.stack, History()).busy:
             actions.append(Remove(o.container, f"no desired stack claims {o.stack}"))
     for stack in (s for s in stacks if s not in (parked or {}) or _running(observed, s)):
         actions += _for_stack(stack, [o for o in observed if o.stack == stack], history.get(stack, History()),

@@ -77,13 +77,15 @@ class Switcher:
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
         intent = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode),
                   "stop_old": plan.stop_old, "new_was_desired": switch.new_was_desired, "park": str(plan.park),
-                  "wake": plan.wake, "why": plan.why}
+                  "wake": plan.wake, "evict": list(plan.evict), "why": plan.why}
         switch_id = self.store.switches.begin(intent)  # a daemon killed mid-way finishes or undoes it on start
         error = None
         try:
             with ExitStack() as busy:  # the reconciler leaves both stacks alone meanwhile
                 for stack in filter(None, (plan.old, plan.new)):
                     busy.enter_context(self.reconciler.holding(stack))
+                for stack in plan.evict:  # parked already: stopping it changes no route
+                    self.machine.park(stack, 0)
                 if plan.mode is Mode.BLUE_GREEN:
                     self._blue_green(switch)
                 else:

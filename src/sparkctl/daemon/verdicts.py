@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
@@ -27,13 +28,14 @@ class Verdicts:
     store: Store
     bus: EventBus
     stack: Callable[[str], Stack]  # a stack by name, from the current catalog
+    docker: DockerEngine | None = None  # to record the engine's command line with the run
 
     def bench(self, name: str) -> dict[str, Any]:
         """The new primary's `quick` benchmark through the gateway, judged by its gate."""
         stack = self.stack(name)
         self.bus.publish(Note(name, f"switch-over benchmark of {name} (quick profile)"))
         run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
-                                    profile=PROFILES["quick"])
+                                    profile=PROFILES["quick"], docker=self.docker)
         verdict = bench_stack.gate(stack, run, settings=self.settings, store=self.store)
         if not verdict.passed:
             raise GateFailed(verdict)

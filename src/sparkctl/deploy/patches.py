@@ -5,7 +5,8 @@ container (both cached per digest: an image's files never change), applies overl
 files from the draft or model snapshot), unified diffs and class-attribute shims on the host,
 checks each result (it parses, the shim re-applies as a no-op), and writes them to an overlay
 dir keyed by their hash. The pipeline bind-mounts each file read-only over its path; the hash
-goes into the fingerprint.
+goes into the fingerprint. `planned_mounts` lists those mounts without the image, for
+`sparkctl stacks render`: what only the image can tell is a placeholder.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from sparkctl.spec.patchset import Overlay, PatchSet, Shim
 
 FIND_VLLM = ("import importlib.util as u; s = u.find_spec('vllm'); "
              "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
+VLLM_DIRS = "vllm-dirs.json"  # in the state dir: vLLM's package dir per image digest, once found
+# What `planned_mounts` cannot know without the image.
+VLLM_DIR_AT_DEPLOY = "<vLLM package dir in the image, found at deploy>"
+HASH_AT_DEPLOY = "<hash of the patched files, computed at deploy>"
 
 
 class PatchError(SparkctlError):
@@ -50,7 +55,7 @@ def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: Dock
     The patched files go to `overlays_dir` (the instance's), in a folder named by their hash."""
     if not patch_sets:
         return PatchResult("", (), "", "")
-    vllm_dir = find_vllm(docker, image, digest, cache=state_dir / "vllm-dirs.json")
+    vllm_dir = find_vllm(docker, image, digest, cache=state_dir / VLLM_DIRS)
     steps = _steps(patch_sets, patches_dir)
     originals = image_files(docker, image, digest, [f"{vllm_dir}/{rel}" for rel in steps],
                             cache=state_dir / "image-files" / f"{digest.replace(':', '-')}.json")
@@ -69,9 +74,23 @@ def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: Dock
     return PatchResult(vllm_dir, mounts, digest_of, diff)
 
 
+def planned_mounts(patch_sets: list[PatchSet], *, patches_dir: Path, overlays_dir: Path,
+                   vllm_dir: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The mounts `prepare` makes, one per file the patch sets change, as far as they are known
+    without the image: the overlay folder's name (a hash of the patched files) is a placeholder,
+    and so is vLLM's dir in the image unless `vllm_dir` is given."""
+    folder, where = overlays_dir / HASH_AT_DEPLOY, vllm_dir or VLLM_DIR_AT_DEPLOY
+    return tuple((str(folder / rel), f"{where}/{rel}") for rel in sorted(_steps(patch_sets, patches_dir)))
+
+
+def known_vllm_dir(digest: str, *, cache: Path) -> str | None:
+    """vLLM's package dir in the image `digest`, if a deploy or `patch check` found it before."""
+    return _found(cache).get(digest)
+
+
 def find_vllm(docker: DockerEngine, image: str, digest: str, *, cache: Path) -> str:
     """vLLM's package dir in the image, found with importlib (vLLM is not imported)."""
-    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    known = _found(cache)
     if digest in known:
         return known[digest]
     found = docker.run_once(image, ["python3"], ["-c", FIND_VLLM]).strip()
@@ -97,6 +116,10 @@ def image_files(docker: DockerEngine, image: str, digest: str, paths: list[str],
         scratch.write_text(json.dumps(known))
         scratch.replace(cache)
     return {p: known[p].encode() if known[p] is not None else None for p in paths}
+
+
+def _found(cache: Path) -> dict[str, str]:
+    return json.loads(cache.read_text()) if cache.is_file() else {}
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Every failure before the container step leaves the machine as it was. Past it, the stack's
 previous container is only stopped (and renamed) while the new one starts; if the new one
 fails its health phases it is removed and the previous one restarted, so a failed deploy
-leaves the previous state running. Each deployment and its phase transitions are recorded.
-Built by the CLI (and the daemon) with its adapters.
+leaves the previous state running. Each deployment and its phase transitions are recorded, and
+once it runs, the KV headroom its engine reports (`capacity.py`), shown as a note with any
+warning (the daemon also logs it). Built by the CLI (and the daemon) with its adapters.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
 from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
-from sparkctl.deploy import health, image, patches, weights
+from sparkctl.deploy import capacity, health, image, patches, weights
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.record import Phases
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.policy.admission import admit
+from sparkctl.policy.headroom import Headroom
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
@@ -48,6 +50,7 @@ class UpResult:
     url: str
     acceptance: float | None = None
     timings: dict[str, float] = field(default_factory=dict)  # engine start, health, canary (Phases.durations)
+    headroom: Headroom | None = None  # the engine's KV headroom (None: it reported no KV-cache size)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,9 @@ class Deployer:
             if prepared is not None:
                 prepared.image.settle()  # the moved-tag note comes before the outcome
         phases.enter(Phase.RUNNING, "unchanged" if not result.changed else "")
-        return dataclasses.replace(result, timings=phases.durations())  # `replace` is a flag here
+        headroom = (self._headroom(stack, deployment) if result.changed
+                    else self.store.deployments.headroom(stack.name, result.fingerprint))
+        return dataclasses.replace(result, timings=phases.durations(), headroom=headroom)  # `replace`: a flag here
 
     def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False) -> Prepared:
         """Resolve and fetch everything the stack needs, and patch; starts nothing."""
@@ -107,6 +112,7 @@ class Deployer:
         phases.enter(Phase.PULLING, resolved.run_ref)
         image.pull(resolved, stack=stack.name, docker=self.docker, reporter=self.reporter)
         self.store.digests.record(resolved.name.tagged, resolved.digest)
+        self._settle_pin(stack, resolved)
         phases.enter(Phase.FETCHING)
         model, draft = (weights.fetch(w, hub=self.hub, store=self.store, refresh=refresh, reporter=self.reporter,
                                       stack=stack.name, label=label) if w else None
@@ -133,6 +139,34 @@ class Deployer:
         if latest is not None and latest.phase is Phase.RUNNING:
             self.store.deployments.advance(latest.id, Phase.STOPPED, "sparkctl down")
         return len(removed)
+
+    def _settle_pin(self, stack: Stack, resolved: image.ResolvedImage) -> None:
+        """A pin without a digest (a tag known good whose digest was never published) takes the
+        digest this first deploy resolved from the registry; a local build pins nothing."""
+        pin = self.policy.pin_for(resolved.name.tagged)
+        if pin is None or pin.settled or resolved.run_ref == resolved.digest:
+            return
+        if imagefile.settle_pin(self.settings.images_file, resolved.name.tagged, digest=resolved.digest):
+            self.reporter.note(stack.name, f"pinned {resolved.name.tagged} to {resolved.digest}, the digest its "
+                                           "known-good tag names now (images.yaml had none)")
+
+    def _headroom(self, stack: Stack, deployment: int) -> Headroom | None:
+        """Read, record and show the running engine's KV headroom. Only shown: a deploy that
+        passed its health checks stands whatever the engine says of its KV cache."""
+        running = [c for c in self.docker.containers(stack.name) if c.running]
+        try:
+            if not running:
+                raise SparkctlError("its container is gone")
+            headroom = capacity.read(stack, stack.url, running[0].id, self.docker)
+        except SparkctlError as e:
+            unchecked = " (expectations.min_kv_tokens unchecked)" if stack.expectations.min_kv_tokens else ""
+            self.reporter.note(stack.name, f"KV cache size unknown{unchecked}: {e}")
+            return None
+        self.store.deployments.set_headroom(deployment, headroom)
+        self.reporter.note(stack.name, headroom.summary())
+        for warning in headroom.warnings():
+            self.reporter.note(stack.name, f"warning: {warning}")
+        return headroom
 
     def _admit(self, stack: Stack, *, replace: bool) -> tuple[str, ...]:
         """The stacks to stop for this one to fit (with --replace); refuses if it doesn't fit otherwise."""

@@ -1,5 +1,6 @@
-"""What runs, as rows: one per sparkctl container, joined with the store's latest deployment.
-Shared by `sparkctl status` (in-process) and the daemon's /v1/status."""
+"""What runs, as rows: one per sparkctl container, joined with the store's latest deployment
+and the KV headroom recorded for its build (`kv`: figures, full-context fit, summary, warnings;
+None when unknown). Shared by `sparkctl status` (in-process) and the daemon's /v1/status."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[di
             endpoint = f"{catalog.stack(name).url}/v1"
         except SparkctlError:
             endpoint = ""
+        headroom = store.deployments.headroom(name, c.fingerprint) if c.fingerprint else None
         rows.append({"stack": name, "phase": latest.phase.value if latest and c.running else c.state,
                      "state": c.state, "endpoint": endpoint, "fingerprint": c.fingerprint, "container": c.name,
                      "uptime_s": round(now - c.created) if c.running else None, "memory": c.memory,
-                     "error": latest.error if latest else None})
+                     "error": latest.error if latest else None, "kv": headroom.as_row() if headroom else None})
     return rows

@@ -1,7 +1,8 @@
 """A stack's concurrency cap: how many of its requests the gateway forwards at once.
 
 A stack's known issues can limit how many requests its engine takes at once
-(`Upstream.max_concurrency`); the `Gateway` keeps one cap per such stack and queues the excess
+(`Upstream.max_concurrency`: only issues with a source, or `enforce: true`, count; the others
+are advice `stacks show` prints); the `Gateway` keeps one cap per such stack and queues the excess
 here, in arrival order, rather than forwarding it. Lives on the gateway's event loop.
 """
 

@@ -3,9 +3,10 @@
 Routing and forwarding happen in the socket's callback as the request completes (`server.py`),
 and each piece of the engine's answer is written to the client from the engine socket's callback
 (`exchange.py`, `upstream.py`), so a streamed response is passed through as it arrives, with
-nothing queued in between. A client that goes away cancels its upstream request. A stack's
-concurrency cap (`cap.py`) queues requests rather than forwarding them. During a switch an alias
-can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
+nothing queued in between. A client that goes away cancels its upstream request. A routed
+request gets its stack's request defaults where the client left them out (`defaults.py`). A
+stack's concurrency cap (`cap.py`) queues requests rather than forwarding them. During a switch
+an alias can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
 a request that names a parked stack is held the same way while the daemon wakes it (`Waker`);
 and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. Errors the
 gateway itself raises use the OpenAI envelope (`pages.py`). Optional API keys are compared in
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from sparkctl.gateway.cap import Cap
+from sparkctl.gateway.defaults import with_defaults
 from sparkctl.gateway.exchange import Proxied
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.ledger import Ledger
@@ -157,6 +159,7 @@ class Gateway:
             error(exchange.conn, 404, f"The model `{model}` does not exist here; GET /v1/models lists what does.",
                   "model_not_found")
             return
+        exchange.payload = with_defaults(exchange.payload, upstream.request_defaults)
         exchange.payload["model"] = upstream.served_name
         exchange.upstream = upstream
         self.ledger.accepted(upstream.stack)

@@ -6,6 +6,7 @@ atomically as a whole, so a request sees either the old table or the new one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -14,7 +15,9 @@ class Upstream:
     stack: str
     url: str  # http://127.0.0.1:PORT
     served_name: str
-    max_concurrency: int | None = None  # from the stack's known issues; excess requests queue
+    max_concurrency: int | None = None  # the stack's enforced known-issue cap; excess requests queue
+    # Parameters added to each request unless the client set them (`defaults.py`); read-only.
+    request_defaults: Mapping[str, object] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -43,12 +46,11 @@ class RouteTable:
         return cards
 
 
-def build_table(*, aliases: dict[str, str], stacks: dict[str, tuple[str, int, int | None]],
-                running: set[str], parked: set[str] = frozenset()) -> RouteTable:
-    """Routes to the running stacks: `stacks` maps a name to (served name, port, concurrency cap).
+def build_table(*, aliases: dict[str, str], stacks: Mapping[str, Upstream], running: set[str],
+                parked: set[str] = frozenset()) -> RouteTable:
+    """Routes to the running stacks: `stacks` maps each deployable stack's name to its upstream.
     A parked stack's names lead to it too, for the gateway to wake it on demand."""
-    upstreams = {name: Upstream(name, f"http://127.0.0.1:{port}", served, cap)
-                 for name, (served, port, cap) in stacks.items() if name in running}
-    asleep = {name: stack for stack in parked if stack in stacks for name in (stack, stacks[stack][0])}
+    upstreams = {name: upstream for name, upstream in stacks.items() if name in running}
+    asleep = {name: stack for stack in parked if stack in stacks for name in (stack, stacks[stack].served_name)}
     asleep |= {alias: stack for alias, stack in aliases.items() if stack in parked and stack in stacks}
     return RouteTable(upstreams, {alias: stack for alias, stack in aliases.items() if stack in upstreams}, asleep)

@@ -1,8 +1,9 @@
 """The image policy: pins (tag -> digest, with provenance) and the blacklist.
 
 Pure: no I/O, no logging. `check` is asked before anything is pulled (with the ref as
-written) and again once the registry has resolved the digest. `spec/imagefile.py` reads and
-edits the YAML file this is built from.
+written) and again once the registry has resolved the digest; `plan_retest` decides whether a
+banned tag may be measured again (`sparkctl image retest`) and which bans its trial runs past.
+`spec/imagefile.py` reads and edits the YAML file this is built from.
 """
 
 from __future__ import annotations
@@ -73,10 +74,29 @@ def mirrored(name: ImageName, mirrors: Mapping[str, str]) -> str:
 class Pin(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    digest: str = Field(pattern=DIGEST.pattern)
+    # None: a tag known good by its provenance whose digest nobody published (seed 003's
+    # qwen36-v4); the first deploy records the digest it ran (`imagefile.settle_pin`).
+    digest: str | None = Field(default=None, pattern=DIGEST.pattern)
     provenance: str = ""  # why this digest is trusted, e.g. "benchmark run 12 passed"
     known_good: bool = False
     pinned: dt.date | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether the pin names its digest yet."""
+        return self.digest is not None
+
+
+class Measurement(BaseModel):
+    """One retest of a banned tag: what it named that day, and how the stack's gate judged it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    date: dt.date
+    digest: str = Field(pattern=DIGEST.pattern)
+    verdict: str = Field(min_length=1)  # the gate's: "fail: <why>", or the health check that stopped it
+    run: int | None = None  # the benchmark run (none when the trial never became healthy)
+    deployment: int | None = None  # the trial deployment
 
 
 class Ban(BaseModel):
@@ -84,6 +104,12 @@ class Ban(BaseModel):
 
     reason: str = Field(min_length=1)
     date: dt.date | None = None
+    digest: str | None = Field(default=None, pattern=DIGEST.pattern)  # what a banned tag named then
+    retests: tuple[Measurement, ...] = ()  # later measurements that kept the ban
+
+    def measured(self) -> set[str]:
+        """The digests this ban is known to hold for: the one banned, and each one retested since."""
+        return {d for d in (self.digest, *(m.digest for m in self.retests)) if d}
 
 
 class Wake(BaseModel):
@@ -133,6 +159,89 @@ class ImagePolicy(BaseModel):
                 return key, ban
         return None
 
+    def without(self, keys: tuple[str, ...]) -> ImagePolicy:
+        """This policy with those blacklist entries lifted (a retest's trial runs past them)."""
+        return self.model_copy(update={"blacklist": {k: b for k, b in self.blacklist.items() if k not in keys}})
+
+
+@dataclass(frozen=True)
+class Retrial:
+    """A retest that may go ahead: the banned tag, its digest now, the entry the measurement is
+    recorded on, and every blacklist key the trial runs past (lifted for good if it passes)."""
+
+    name: ImageName  # the tag, canonical
+    digest: str
+    key: str  # the entry a failed measurement is appended to
+    lift: tuple[str, ...]
+
+
+def plan_retest(policy: ImagePolicy, ref: str, digest: str, *, force: bool = False) -> Retrial:
+    """Whether the tag `ref`, which names `digest` on its registry now, may be retested. A tag
+    that is not banned has nothing to re-qualify; a digest banned itself, or the one the ban was
+    measured on (nothing changed), is refused unless `force`."""
+    name = retestable(policy, ref)
+    tag_ban = next(((k, b) for k, b in policy.blacklist.items() if _bans_tag(k, name)), None)
+    digest_bans = [(k, b) for k, b in policy.blacklist.items() if _bans_digest(k, digest)]
+    if tag_ban is None and not digest_bans:
+        raise _not_banned(name)
+    if not force:
+        _refuse_unchanged(name, digest, tag_ban, digest_bans)
+    bans = ([tag_ban] if tag_ban else []) + digest_bans
+    return Retrial(name, digest, bans[0][0], tuple(k for k, _ in bans))
+
+
+def retestable(policy: ImagePolicy, ref: str) -> ImageName:
+    """`ref` as a tag a retest may resolve: refused before any registry is asked when neither
+    the tag nor any digest is blacklisted (the digest it names could not be either)."""
+    name = retest_tag(ref)
+    if not any(_bans_tag(k, name) or _is_digest_ban(k) for k in policy.blacklist):
+        raise _not_banned(name)
+    return name
+
+
+def _not_banned(name: ImageName) -> ImageRefused:
+    return ImageRefused(f"{name.tagged} is not blacklisted: there is nothing to re-qualify "
+                        "(`sparkctl image list` shows the blacklist)")
+
+
+def retest_tag(ref: str) -> ImageName:
+    """`ref` as the tag a retest resolves again; a digest or an untagged ref is refused."""
+    name = parse_ref(ref)
+    if name.digest or not name.tag:
+        raise ImageRefused(f"retest takes a tag (repo:tag), got {ref}: a digest never changes, so measuring it "
+                           "again tells nothing new; `sparkctl image unblacklist` lifts a ban by hand")
+    return name
+
+
+def _refuse_unchanged(name: ImageName, digest: str, tag_ban: tuple[str, Ban] | None,
+                      digest_bans: list[tuple[str, Ban]]) -> None:
+    again = "; `--force` measures it anyway"
+    if digest_bans:
+        key, ban = digest_bans[0]
+        raise ImageRefused(f"{name.tagged} names {digest} on its registry now, and that digest is blacklisted "
+                           f"itself ({key}: {ban.reason}){again}")
+    assert tag_ban is not None
+    key, ban = tag_ban
+    if digest in ban.measured():
+        since = f" since {ban.date.isoformat()}" if ban.date else ""
+        raise ImageRefused(f"{name.tagged} still names {digest}, the digest its ban ({ban.reason}) was measured "
+                           f"on{since}: nothing changed, so a retest would measure the same image{again}")
+
+
+def _bans_tag(key: str, name: ImageName) -> bool:
+    if DIGEST.match(key):
+        return False
+    banned = parse_ref(key)
+    return not banned.digest and banned.tagged == name.tagged
+
+
+def _is_digest_ban(key: str) -> bool:
+    return bool(DIGEST.match(key)) or parse_ref(key).digest is not None
+
+
+def _bans_digest(key: str, digest: str) -> bool:
+    return key == digest or (not DIGEST.match(key) and parse_ref(key).digest == digest)
+
 
 def check(policy: ImagePolicy, ref: str, *, digest: str | None = None, allow_latest: bool = False) -> ImageName:
     """Refuse a blacklisted ref or digest, or a moving `latest`/untagged ref without opt-in."""
@@ -141,10 +250,10 @@ def check(policy: ImagePolicy, ref: str, *, digest: str | None = None, allow_lat
     if found:
         key, ban = found
         since = f" since {ban.date.isoformat()}" if ban.date else ""
-        raise ImageRefused(
-            f"image {ref} is blacklisted{since}: {ban.reason}. "
-            f"Use a known-good tag, or `sparkctl image unblacklist {key}` if it is fixed."
-        )
+        retest = name.tag and not name.digest and not _is_digest_ban(key)  # a tag may name a fixed image now
+        hint = (f"`sparkctl image retest {name.tagged}` measures what the tag names now and lifts the ban if it "
+                "passes the stack's gate" if retest else f"`sparkctl image unblacklist {key}` if it is fixed")
+        raise ImageRefused(f"image {ref} is blacklisted{since}: {ban.reason}. Use a known-good tag, or {hint}.")
     moving = name.tag in (None, "latest") and not name.digest
     if moving and not allow_latest:
         raise ImageRefused(

@@ -8,7 +8,9 @@ refused with the reason.
 
 The old stack leaves by parking (vLLM sleep mode, `policy/parking.py`) where its setting, its
 engine and the memory allow, else by stopping. A parked new stack wakes instead of starting
-cold; its wake peak is what must fit.
+cold; its wake peak is what must fit. When it fits only without what other parked stacks hold,
+they are stopped first (largest first, as few as needed): they stay desired, parked stopped,
+and start cold when next asked for.
 """
 
 from __future__ import annotations
@@ -59,11 +61,35 @@ class SwitchPlan:
     why: str
     park: Park = Park.STOP  # how the old stack leaves: parked at a level, or stopped
     wake: int = 0  # the level the new stack sleeps at (0: it is awake or absent)
+    evict: tuple[str, ...] = ()  # other parked stacks stopped first to make room
+
+
+class DoesNotFit(SparkctlError):
+    """The new stack does not fit in memory in any mode."""
 
 
 def plan_switch(alias: str, new: str, *, footprint: Footprint, aliases: Mapping[str, str], memory: Memory,
                 leaving: Leaving = Leaving()) -> SwitchPlan:
     """`footprint`: the new stack's; `memory`: what runs and sleeps now."""
+    try:
+        return _plan(alias, new, footprint=footprint, aliases=aliases, memory=memory, leaving=leaving)
+    except DoesNotFit:
+        old = aliases.get(alias)
+        sleeping = sorted((s for s in memory.parked if s not in (old, new) and memory.held.get(s, 0.0) > 0),
+                          key=lambda s: -memory.held[s])
+        for n in range(1, len(sleeping) + 1):
+            evict = tuple(sleeping[:n])
+            lighter = replace(memory, held={s: f for s, f in memory.held.items() if s not in evict})
+            try:
+                plan = _plan(alias, new, footprint=footprint, aliases=aliases, memory=lighter, leaving=leaving)
+            except DoesNotFit:
+                continue
+            return replace(plan, evict=evict, why=f"{plan.why}; parked {', '.join(evict)} stopped first to make room")
+        raise
+
+
+def _plan(alias: str, new: str, *, footprint: Footprint, aliases: Mapping[str, str], memory: Memory,
+          leaving: Leaving) -> SwitchPlan:
     old = aliases.get(alias)
     if old == new:
         raise SparkctlError(f"alias {alias} already names {new}")
@@ -74,7 +100,7 @@ def plan_switch(alias: str, new: str, *, footprint: Footprint, aliases: Mapping[
     old_awake = old in memory.held and old not in memory.parked
     together = others + memory.held.get(old, 0.0) + peak  # type: ignore[arg-type]
     if together > ceiling + 1e-9 and not old_awake:  # nothing awake to make room
-        raise SparkctlError(f"{new} does not fit: {coming} beside {together - peak:.2f} held by the other stacks, "
+        raise DoesNotFit(f"{new} does not fit: {coming} beside {together - peak:.2f} held by the other stacks, "
                             f"over the ceiling {ceiling:.2f}; park or stop another stack first")
     if together <= ceiling + 1e-9:
         plan = SwitchPlan(alias, old, new, Mode.BLUE_GREEN, not sharing, f"{coming} beside the rest: "
@@ -87,7 +113,7 @@ def plan_switch(alias: str, new: str, *, footprint: Footprint, aliases: Mapping[
         return _with(plan, choose(leaving.setting, leaving.footprint, beside=after, after=after, ceiling=ceiling,
                                   unable=leaving.unable))
     if others + peak > ceiling + 1e-9:
-        raise SparkctlError(f"{new} does not fit even once {old} stops: {coming} beside {others:.2f} held by the "
+        raise DoesNotFit(f"{new} does not fit even once {old} stops: {coming} beside {others:.2f} held by the "
                             f"other stacks, over the ceiling {ceiling:.2f}")
     if sharing:
         raise SparkctlError(f"{new} fits only once {old} stops, but {old} also serves alias "

@@ -1,62 +1,74 @@
-"""The comparison report of benchmark runs: report.md, PNG graphs, dataset.csv/json.
+"""The comparison report of benchmark runs, laid out as seed 000's study folder: comparison.md,
+graphs/ (PNGs), results/ (each run's raw llama-benchy JSON as `<config>.json`) and
+dataset.csv/json.
 
-`write` takes (stack spec, run) pairs, computes the twins, speedups, crossover and efficiency
-(`analysis.py`), and writes everything into one folder. Called by `sparkctl bench report`,
-the sweep and `make demo`.
+`write` takes (stack spec, run) pairs, reads each run folder's environment.json (the machine,
+engine and settings it ran with; absent for older runs), computes the twins, speedups, crossover
+and efficiency (`analysis.py`) and the headline (`headline.py`), and writes everything into one
+folder. Called by `sparkctl bench report`, the sweep and `make demo`.
 """
 
 from __future__ import annotations
 
-import os
-import platform
+import json
 import shutil
-import subprocess
 from pathlib import Path
 
-from sparkctl.report import dataset, markdown, plots
+from sparkctl.report import dataset, environment, markdown, plots
 from sparkctl.report.analysis import Config
+from sparkctl.report.environment import Entry
 from sparkctl.spec.models import Stack
 from sparkctl.state.bench import BenchRun
+
+REPORT = "comparison.md"
 
 
 def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs: float, title: str, label: str,
           bans: dict[str, str] | None = None) -> Path:
+    """Write the report into `folder` (created); returns the path of comparison.md."""
     folder.mkdir(parents=True, exist_ok=True)
-    configs = [_config(stack, run) for stack, run in entries]
-    runs = {stack.name: run for stack, run in entries}
-    data = dataset.rows(configs, runs, bandwidth_gbs=bandwidth_gbs)
+    studied = list({stack.name: Entry(stack, run, _environment(run)) for stack, run in entries}.values())
+    configs = [_config(e) for e in studied]
+    data = dataset.rows(configs, {e.stack.name: e.run for e in studied}, bandwidth_gbs=bandwidth_gbs)
     dataset.write(data, folder)
-    images = plots.draw(data, folder, subtitle=label)
-    text = markdown.render(data, title=title, label=label, hardware=hardware(), bandwidth_gbs=bandwidth_gbs,
-                           images=images, bans=bans or {})
-    (folder / "report.md").write_text(text)
-    return folder / "report.md"
+    (folder / "graphs").mkdir(exist_ok=True)
+    images = plots.draw(data, folder / "graphs", subtitle=label)
+    results = _copy_results(studied, folder / "results")
+    text = markdown.render(studied, data, configs, title=title, label=label, bandwidth_gbs=bandwidth_gbs,
+                           images=images, results=results, bans=bans or {})
+    (folder / REPORT).write_text(text)
+    return folder / REPORT
 
 
-def hardware() -> str:
-    """The GPU if there is one (nvidia-smi), else the CPU, plus memory."""
-    gpu = ""
-    if shutil.which("nvidia-smi"):
-        found = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                               capture_output=True, text=True, check=False)
-        gpu = found.stdout.strip().replace("\n", "; ")
-    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                if line.startswith("model name")), platform.processor() or platform.machine())
-    mem = next((int(line.split()[1]) // (1024 * 1024) for line in _read("/proc/meminfo").splitlines()
-                if line.startswith("MemTotal")), 0)
-    where = f"GPU {gpu}" if gpu else "no GPU"
-    return f"{where}; {os.cpu_count()} x {cpu}; {mem} GiB RAM; {platform.system()} {platform.release()}"
-
-
-def _config(stack: Stack, run: BenchRun) -> Config:
-    model = (stack.model.repo or stack.model.path or "") if stack.model else ""
+def _config(entry: Entry) -> Config:
+    stack, run = entry.stack, entry.run
     decode = {r["depth"]: r["tg_tps"] for r in run.rows if r["concurrency"] == 1}
-    return Config(stack.name, model, stack.image.repository, stack.extends,
-                  bool(stack.vllm and stack.vllm.speculative), stack.resources.read_per_token_gb, decode)
+    return Config(stack.name, environment.model(stack), stack.image.repository, stack.extends,
+                  bool(stack.vllm and stack.vllm.speculative), stack.resources.read_per_token_gb, decode,
+                  engine=stack.image.ref, speculation=environment.speculation(stack, detail=False),
+                  checkpoint=environment.checkpoint(stack))
 
 
-def _read(path: str) -> str:
+def _environment(run: BenchRun) -> dict:
+    """The run folder's environment.json, or {} (an older run, a moved folder, a torn file)."""
+    if not run.folder:
+        return {}
     try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
+        found = json.loads((Path(run.folder) / "environment.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _copy_results(entries: list[Entry], results: Path) -> list[str]:
+    """Each run's raw llama-benchy JSON as results/<config>.json; runs whose folder is gone are left out."""
+    copied = []
+    for stale in results.glob("*.json"):  # a report written here before, of other configs
+        stale.unlink()
+    for e in entries:
+        raw = Path(e.run.folder) / "llama-benchy.json" if e.run.folder else None
+        if raw is not None and raw.is_file():
+            results.mkdir(exist_ok=True)
+            shutil.copyfile(raw, results / f"{e.stack.name}.json")
+            copied.append(f"{e.stack.name}.json")
+    return copied

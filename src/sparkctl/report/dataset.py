@@ -11,8 +11,8 @@ from pathlib import Path
 from sparkctl.report.analysis import Config, efficiency, speedups, twin
 from sparkctl.state.bench import BenchRun
 
-COLUMNS = ("config", "run", "depth", "concurrency", "prefill_tps", "decode_tps", "ttft_ms", "acceptance",
-           "acceptance_length", "committed_per_step", "speedup_vs_twin", "twin", "efficiency", "failed",
+COLUMNS = ("config", "run", "depth", "concurrency", "temperature", "prefill_tps", "decode_tps", "ttft_ms",
+           "acceptance", "acceptance_length", "committed_per_step", "speedup_vs_twin", "twin", "efficiency", "failed",
            "image", "model_commit", "draft_commit", "patches")
 
 
@@ -26,6 +26,7 @@ def rows(configs: list[Config], runs: dict[str, BenchRun], *, bandwidth_gbs: flo
             single = r["concurrency"] == 1
             out.append({
                 "config": config.name, "run": run.id, "depth": r["depth"], "concurrency": r["concurrency"],
+                "temperature": r.get("temperature"),  # None: the run set none, so the engine's default
                 "prefill_tps": r["pp_tps"], "decode_tps": r["tg_tps"], "ttft_ms": r["ttft_ms"],
                 "acceptance": r.get("acceptance"), "acceptance_length": r.get("acceptance_length"),
                 "committed_per_step": r.get("committed_per_step"),

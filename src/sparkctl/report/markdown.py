@@ -1,21 +1,92 @@
-"""report.md: the headline table (decode per config and depth), TTFT and acceptance, speedups
-over the no-spec twin with the crossover depth, decode efficiency with its assumptions, each
-config's fingerprint, the hardware, and any blacklisted digests with their reasons."""
+"""comparison.md, in seed 000's layout: the headline (`headline.py`), the Environment and
+Configs tested tables (`environment.py`), the folder's contents and the commands that reproduce
+it, decode, prefill and TTFT by depth, the Caveats (`caveats.py`); then speculative acceptance,
+diffusion steps, speedups over the no-spec twin with the crossover depth, decode efficiency with
+its assumptions, failures under load, each config's fingerprint, the graphs and any blacklisted
+digests with their reasons. Pure: `report.write` writes the text."""
 
 from __future__ import annotations
 
-from sparkctl.report.analysis import crossover
+from sparkctl.bench.profiles import PROFILES
+from sparkctl.report import environment
+from sparkctl.report.analysis import Config, crossover
+from sparkctl.report.caveats import caveats
+from sparkctl.report.environment import Entry
+from sparkctl.report.headline import headline
 
 
-def render(data: list[dict], *, title: str, label: str, hardware: str, bandwidth_gbs: float,
-           images: list[str], bans: dict[str, str]) -> str:
+def render(entries: list[Entry], data: list[dict], configs: list[Config], *, title: str, label: str,
+           bandwidth_gbs: float, images: list[str], results: list[str], bans: dict[str, str]) -> str:
     single = [r for r in data if r["concurrency"] == 1]
-    configs = list(dict.fromkeys(r["config"] for r in data))
+    names = list(dict.fromkeys(r["config"] for r in data))
     depths = sorted({r["depth"] for r in single})
-    out = [f"# {title}", "", f"_{label}_", "", f"Hardware: {hardware}", ""]
-    out += ["## Decode tok/s by context depth (single stream)", "", *_grid(single, configs, depths, "decode_tps",
-                                                                             "{:.1f}"), ""]
-    out += ["## Time to first token (ms)", "", *_grid(single, configs, depths, "ttft_ms", "{:.0f}"), ""]
+    out = [f"# {title}", "", *([f"_{label}_", ""] if label else []), f"**Headline:** {headline(configs)}", ""]
+    out += ["## Environment", "", "| | |", "|---|---|",
+            *[f"| {key} | {_cell(value)} |" for key, value in environment.table(entries)], ""]
+    out += _configs(entries)
+    out += _contents(data, images, results)
+    out += _reproduce(entries)
+    out += ["## Decode tok/s by context depth (single stream)", "",
+            *_grid(single, names, depths, "decode_tps", "{:.1f}"), ""]
+    out += ["## Prefill tok/s by context depth", "", *_grid(single, names, depths, "prefill_tps", "{:.0f}"), ""]
+    out += ["## Time to first token (ms)", "", *_grid(single, names, depths, "ttft_ms", "{:.0f}"), ""]
+    out += ["## Caveats", "", *[f"- {line}" for line in caveats(entries)], ""]
+    out += _analysis(data, single, names, depths, bandwidth_gbs=bandwidth_gbs)
+    out += ["## Graphs", "", *[f"![{name}](graphs/{name})" for name in images], ""]
+    if bans:
+        out += ["## Blacklisted images", "", *[f"- `{ref}`: {reason}" for ref, reason in bans.items()], ""]
+    return "\n".join(out)
+
+
+def _configs(entries: list[Entry]) -> list[str]:
+    common = environment.common_flags(entries)
+    out = ["## Configs tested", "", "| config | checkpoint | engine | speculation | flags | KV cache |",
+           "|---|---|---|---|---|---|"]
+    for e in entries:
+        cells = (e.stack.name, environment.checkpoint(e.stack) or "-", environment.engine(e),
+                 environment.speculation(e.stack), environment.own_flags(e, common), environment.kv_headroom(e))
+        out.append("| " + " | ".join(map(_cell, cells)) + " |")
+    return [*out, ""]
+
+
+def _contents(data: list[dict], images: list[str], results: list[str]) -> list[str]:
+    configs = len({r["config"] for r in data})
+    depths = len({r["depth"] for r in data})
+    out = ["## Contents", "", "- comparison.md — headline, environment, tables, caveats, analysis",
+           f"- dataset.csv / dataset.json — every datapoint ({configs} configs × {depths} depths)",
+           f"- graphs/ — {', '.join(images)}"]
+    if results:
+        out.append(f"- results/ — raw llama-benchy JSON ({', '.join(results)})")
+    return [*out, ""]
+
+
+def _reproduce(entries: list[Entry]) -> list[str]:
+    """The sparkctl commands that measure these configs again (one sweep when the runs share a
+    profile and depths, else a run each) and write this report from the stored runs."""
+    shapes = {(e.run.profile, _depths(e)) for e in entries}
+    if len(shapes) == 1:
+        profile, depths = shapes.pop()
+        measure = [f"sparkctl bench sweep {' '.join(e.stack.name for e in entries)} --profile {profile}"
+                   f"{_depths_option(profile, depths)}"]
+    else:
+        measure = [f"sparkctl up {e.stack.name} && sparkctl bench run {e.stack.name} --profile {e.run.profile}"
+                   f"{_depths_option(e.run.profile, _depths(e))}" for e in entries]
+    report = "sparkctl bench report " + " ".join(str(e.run.id) for e in entries)
+    return ["## Reproduce", "", "```", *measure, report + "   # this report, from the stored runs", "```", ""]
+
+
+def _depths(entry: Entry) -> tuple[int, ...]:
+    return tuple(sorted({r["depth"] for r in entry.run.rows}))
+
+
+def _depths_option(profile: str, depths: tuple[int, ...]) -> str:
+    named = PROFILES.get(profile)
+    return "" if named and named.depths == depths else f" --depths {','.join(map(str, depths))}"
+
+
+def _analysis(data: list[dict], single: list[dict], names: list[str], depths: list[int], *,
+              bandwidth_gbs: float) -> list[str]:
+    out = []
     accepted = [r for r in single if r["acceptance"] is not None]
     if accepted:
         out += ["## Speculative acceptance (rate / mean acceptance length)", "",
@@ -26,27 +97,28 @@ def render(data: list[dict], *, title: str, label: str, hardware: str, bandwidth
         out += ["## Diffusion: tokens committed per denoising step", "",
                 *_grid(committed, list(dict.fromkeys(r["config"] for r in committed)), depths, "committed_per_step",
                        "{:.1f}"), ""]
-    out += _speedups(single, configs, depths)
+    out += _speedups(single, names, depths)
     out += ["## Decode efficiency against the bandwidth bound", "",
             f"Assumed: memory bandwidth {bandwidth_gbs:g} GB/s (setting SPARKCTL_MEMORY_BANDWIDTH_GBS); bytes read "
             "per token from each stack's `resources.read_per_token_gb` (estimates). Efficiency = decode tok/s x GB "
             "per token / bandwidth; above 1.0 means more than one token per weight read (speculation, diffusion "
-            "blocks).", "", *_grid([r for r in single if r["efficiency"] is not None], configs, depths,
+            "blocks).", "", *_grid([r for r in single if r["efficiency"] is not None], names, depths,
                                     "efficiency", "{:.2f}"), ""]
     crashed = sorted({(r["config"], r["concurrency"]) for r in data if r["failed"]})
     if crashed:
         out += ["## Failures under load", "", *[f"- {c}: requests failed at concurrency {n}" for c, n in crashed], ""]
     out += ["## Fingerprints", "", "| config | run | image digest | model commit | draft commit | patch set |",
             "|---|---|---|---|---|---|"]
-    for config in configs:
+    for config in names:
         r = next(r for r in data if r["config"] == config)
         out.append(f"| {config} | {r['run']} | `{_short(r['image'])}` | `{_short(r['model_commit'])}` | "
                    f"`{_short(r['draft_commit'])}` | `{_short(r['patches'])}` |")
-    out += ["", "## Graphs", "", *[f"![{name}]({name})" for name in images], ""]
-    if bans:
-        out += ["## Blacklisted images", "", *[f"- `{ref}`: {reason}" for ref, reason in bans.items()], ""]
-    out += ["Data: dataset.csv, dataset.json (one row per config x depth x concurrency).", ""]
-    return "\n".join(out)
+    return [*out, ""]
+
+
+def _cell(value: str) -> str:
+    """A table cell: pipes escaped, so a flag's JSON or a note cannot break the table."""
+    return value.replace("|", "\\|").replace("\n", " ")
 
 
 def _grid(rows: list[dict], configs: list[str], depths: list[int], key: str, fmt: str, *,

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from sparkctl.sim.profiles import Profile, kv_capacity
 
 VERSION = "0.23.0+sparkctl.sim"
+KV_BLOCK_SIZE = 16  # tokens per KV-cache block: vLLM's default on CUDA
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -169,6 +170,7 @@ class Engine:
         self.healthy = True
         # What the memory fraction leaves after the weights becomes KV cache; requests that
         # don't fit wait, as vLLM's scheduler makes them.
+        self.memory_fraction = memory_fraction
         self.kv_capacity = kv_capacity(profile, memory_fraction)
         self.kv_used = 0
         self._released = asyncio.Event()

@@ -1,9 +1,13 @@
 """Speed profiles of the simulated engine, calibrated to the seed studies (DGX Spark, GB10).
 
-Decode and prefill speeds are piecewise-linear in context depth through measured points;
-sleep-mode durations follow from the weights' size. Figures marked `measured` come from the
+Decode and prefill speeds are piecewise-linear in context depth through measured points, except
+across a draft head's cliff: seed 000 measured DSpark DFlash fast at depth 8192 and below no-spec
+from 12288 on, "a sharp cliff consistent with the draft head running past its effective context"
+(seed 000:5), so a profile with a `cliff` holds the value before it up to the cliff and drops
+there at once to the next measured point, where linear interpolation takes over again.
+Sleep-mode durations follow from the weights' size. Figures marked `measured` come from the
 seeds; `estimate` marks a value the seeds don't give (documented in docs/engines.md). Pure
-data plus interpolation; the engine reads it.
+data plus interpolation; the engine (`engine.py`) and the sim's start-up (`main.py`) read it.
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 Curve = tuple[tuple[int, float], ...]  # (context depth in tokens, tokens/s)
+# Qwen3.6-27B's KV tokens per GiB: seed 003's ~322K tokens for qwen36-dflash-v4 (at the stack's 0.80).
+_QWEN_KV = 4_430.0
 
 
-def at(curve: Curve, depth: int) -> float:
-    """Linear interpolation through the curve's points, flat beyond both ends."""
+def at(curve: Curve, depth: int, *, cliff: int | None = None) -> float:
+    """Linear interpolation through the curve's points, flat beyond both ends. In the span that
+    holds the `cliff` depth, the value before it holds up to the cliff and the value after it
+    applies right past it: a step, not a slope."""
     depths = [d for d, _ in curve]
     i = bisect_right(depths, depth)
     if i == 0:
@@ -23,6 +31,8 @@ def at(curve: Curve, depth: int) -> float:
     if i == len(curve):
         return curve[-1][1]
     (d0, v0), (d1, v1) = curve[i - 1], curve[i]
+    if cliff is not None and d0 <= cliff < d1:
+        return v0 if depth <= cliff else v1
     return v0 + (v1 - v0) * (depth - d0) / (d1 - d0)
 
 
@@ -37,10 +47,13 @@ class Profile:
     acceptance: float = 0.0  # speculative acceptance rate per drafted token
     block: int = 1  # tokens per streamed chunk (diffusion engines commit whole blocks)
     crash_above: int | None = None  # dies when more requests than this run at once
-    kv_tokens_per_gib: float = 4800.0  # KV tokens per GiB (Qwen3.6: ~322K tokens at 0.80, seed 003)
+    kv_tokens_per_gib: float = _QWEN_KV  # per GiB of the fraction left after the weights
+    # The depth past which the draft head runs beyond its effective context and decode falls
+    # below no-spec at once (seed 000:5); None: decode follows the curve's slopes throughout.
+    cliff: int | None = None
 
     def decode_tps(self, depth: int) -> float:
-        return at(self.decode, depth)
+        return at(self.decode, depth, cliff=self.cliff)
 
     def prefill_tps(self, depth: int) -> float:
         return at(self.prefill, depth)
@@ -75,27 +88,44 @@ _MOE_PREFILL: Curve = ((0, 5200.0), (16384, 4400.0), (65536, 3000.0))  # estimat
 _NVFP4: Curve = ((0, 8.9), (12288, 8.6), (65536, 7.7))
 _BF16: Curve = ((0, 4.5), (12288, 4.35), (65536, 3.9))
 
+# DSpark DFlash's cliff (seed 000:5, "past ~8k"): its last fast test, depth 8192, decoded with up
+# to 8192 + 512 prompt + 256 generated = 8960 tokens of context, the first slow one (12288) from
+# 12800 on. The draft head's effective context lies between; 9216 is the next 1K step past 8960.
+_DSPARK_CLIFF = 9216
+
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("qwen36-nvfp4", _NVFP4, _QWEN_PREFILL, load_s=150, compile_s=40, weights_gib=24),
     Profile("qwen36-bf16", _BF16, _QWEN_PREFILL, load_s=300, compile_s=40, weights_gib=51),
     # DFlash n=8 on NVFP4: 21-26 tok/s through 8k, then below no-spec: 7.5 @12k, 5.7 @64k (measured).
     Profile("qwen36-dflash-n8", ((0, 26.0), (4096, 23.5), (8192, 21.0), (12288, 7.5), (65536, 5.7)),
-            _QWEN_PREFILL, load_s=170, compile_s=45, weights_gib=28, acceptance=0.648),
+            _QWEN_PREFILL, load_s=170, compile_s=45, weights_gib=28, acceptance=0.648, cliff=_DSPARK_CLIFF),
     # DFlash n=8 on BF16: the seeds give no figure; NVFP4's shape scaled to BF16's no-spec (estimate).
     Profile("qwen36-bf16-dflash-n8", ((0, 13.2), (4096, 11.9), (8192, 10.6), (12288, 3.8), (65536, 2.9)),
-            _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648),
-    # DFlash n=1 on BF16: the seeds give no figure; one draft token at ~65% acceptance (estimate).
-    Profile("qwen36-dflash-n1", ((0, 6.9), (8192, 6.5), (12288, 4.4), (65536, 3.6)),
-            _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648),
-    # Seed 003: 81 tok/s single stream, acceptance 55-62% (measured).
+            _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648, cliff=_DSPARK_CLIFF),
+    # DFlash n=1 on BF16: the seeds give no figure; one draft token at ~65% acceptance, and past the
+    # cliff a little under no-spec (one wasted draft token costs less than eight) (estimate).
+    Profile("qwen36-dflash-n1", ((0, 6.9), (8192, 6.5), (12288, 4.1), (65536, 3.6)),
+            _QWEN_PREFILL, load_s=320, compile_s=45, weights_gib=55, acceptance=0.648, cliff=_DSPARK_CLIFF),
+    # Seed 003's month-stable Qwen (image qwen36-v4, vLLM 0.20.2, DFlash at 7 tokens): 35-57 tok/s
+    # with speculative decoding, acceptance 64.8%, model ~21 GB + drafter 3.2 GB, ~322K KV tokens
+    # (measured). The seed gives a range, not a depth curve: 57 at depth 0 to 35 at its 256K context
+    # is an estimate of shape, and the seed reports no cliff for this drafter. KV density: ~322K
+    # tokens at the stack's 0.80 (this project's choice of fraction; the seed gives none).
+    Profile("qwen36-dflash-v4", ((0, 57.0), (262144, 35.0)), _QWEN_PREFILL, load_s=140, compile_s=45,
+            weights_gib=22.5, acceptance=0.648),
+    # Seed 003: 81 tok/s single stream is its NO-SPEC figure (seed 003:104); the seed gives no
+    # DFlash-on decode figure for Gemma-4, so the DFlash stacks decode at it here. Acceptance
+    # 55-62% with DFlash (seed 003:33), KV ~340K tokens at 0.80 (measured; fraction our choice).
     Profile("aeon-gemma4-v2", ((0, 81.0), (32768, 70.0), (262144, 48.0)), _MOE_PREFILL,
             load_s=90, compile_s=30, weights_gib=17, acceptance=0.58, kv_tokens_per_gib=4_400),
     # The broken `latest` of 2026-06-10: acceptance ~10%, crashes above 16 concurrent requests.
     Profile("aeon-gemma4-latest-broken", ((0, 44.0), (32768, 38.0), (262144, 26.0)), _MOE_PREFILL,
             load_s=90, compile_s=30, weights_gib=17, acceptance=0.10, crash_above=16, kv_tokens_per_gib=4_400),
-    # Seed 003: 210 tok/s single stream, block-diffusion decoder, torch.compile 31.5 s cold.
+    # Seed 003: 210 tok/s single stream, block-diffusion decoder, torch.compile 31.5 s cold; KV
+    # 3.59M tokens (fp8_e4m3) at the stack's 0.85 (the seed's 78.4 GiB: some of the fraction goes
+    # to activations, which the sim does not model apart).
     Profile("diffusiongemma", ((0, 210.0), (32768, 185.0), (262144, 120.0)), _MOE_PREFILL,
-            load_s=88, compile_s=31.5, weights_gib=19, block=16, kv_tokens_per_gib=45_800),
+            load_s=88, compile_s=31.5, weights_gib=19, block=16, kv_tokens_per_gib=43_700),
 )}
 
 
@@ -109,8 +139,11 @@ def auto_profile(model_name: str, speculative: dict) -> str:
         return "aeon-gemma4-v2"
     bf16 = "bf16" in name
     if speculative.get("method") == "dflash":
-        if speculative.get("num_speculative_tokens") == 1:
+        tokens = speculative.get("num_speculative_tokens")
+        if tokens == 1:
             return "qwen36-dflash-n1"
+        if tokens == 7:  # seed 003's setup drafts 7 tokens; seed 000's DSpark pairing 8
+            return "qwen36-dflash-v4"
         return "qwen36-bf16-dflash-n8" if bf16 else "qwen36-dflash-n8"
     return "qwen36-bf16" if bf16 else "qwen36-nvfp4"
 

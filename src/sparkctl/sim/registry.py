@@ -22,6 +22,7 @@ SIM_IMAGE = "sparkctl-sim:latest"
 # repository:tag -> the sim profile baked into that image (None: chosen from the stack's model)
 PUBLISHED = {
     "aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix": None,
+    "aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4": None,
     "aeon-7/aeon-gemma-4-26b-a4b-dflash:v2": None,
     "aeon-7/aeon-gemma-4-26b-a4b-dflash:latest": "aeon-gemma4-latest-broken",
     "vllm/vllm-openai:v0.24.0": None,

@@ -14,6 +14,7 @@ from sparkctl.sim.hub import Repo
 QWEN_NVFP4 = "AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-NVFP4"
 QWEN_BF16 = "AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-BF16"
 DSPARK_DRAFT = "Hikari07jp/DSpark-Qwen3.6-27B-AEON-draft"
+ZLAB_DRAFT = "z-lab/Qwen3.6-27B-DFlash"  # qwen36-dflash-v4's drafter (the repo id is unverified)
 GEMMA4 = "AEON-7/Gemma-4-26B-A4B-it-Uncensored-NVFP4"
 GEMMA4_DRAFTER = "AEON-7/Gemma-4-26B-A4B-it-DFlash-drafter"
 DIFFUSIONGEMMA = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
@@ -54,6 +55,7 @@ def seed_repos(model_dir: Path) -> dict[str, Repo]:
         DSPARK_DRAFT: Repo(variant(DSPARK_DRAFT) | {
             "vllm_patches/qwen3_dflash.py": QWEN3_DFLASH_PATCH.encode(),
             "vllm_patches/llm_base_proposer.py": LLM_BASE_PROPOSER_PATCH.encode()}),
+        ZLAB_DRAFT: Repo(variant(ZLAB_DRAFT)),  # no vllm_patches: the qwen36-v4 image drafts with it natively
         GEMMA4: Repo(variant(GEMMA4)),
         GEMMA4_DRAFTER: Repo(variant(GEMMA4_DRAFTER)),
         DIFFUSIONGEMMA: Repo(variant(DIFFUSIONGEMMA), gated=True),

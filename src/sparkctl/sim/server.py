@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sparkctl.sim.engine import VERSION, Aborted, Engine, Histogram
+from sparkctl.sim.engine import KV_BLOCK_SIZE, VERSION, Aborted, Engine, Histogram
 
 _PAUSE_MODES = ("abort", "wait", "keep")
 
@@ -96,18 +96,21 @@ class Api:
                           "ServiceUnavailableError")
         reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length)
         steps = self.engine.generate(prompt_tokens=prompt_tokens, length=length)
+        echo = _echo(body)
         if body.get("stream"):
-            return await self._stream(request, reply, steps, body.get("stream_options") or {})
+            return await self._stream(request, reply, steps, body.get("stream_options") or {}, echo)
         pieces: list[str] = []
         try:
             async for step in steps:
                 pieces += step
         except Aborted:
             reply.abort(len(pieces))
-        return web.json_response(reply.whole("".join(pieces)))
+        return web.json_response(reply.whole("".join(pieces)), headers=echo)
 
-    async def _stream(self, request: web.Request, reply: _Reply, steps: Any, options: dict) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    async def _stream(self, request: web.Request, reply: _Reply, steps: Any, options: dict,
+                      echo: dict[str, str]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               **echo})
         await response.prepare(request)
         if reply.chat:
             await _send(response, reply.chunk({"role": "assistant", "content": ""}))
@@ -222,6 +225,7 @@ def render_metrics(engine: Engine, model: str) -> str:
     emit("vllm:num_requests_running", "gauge", m.requests_running)
     emit("vllm:num_requests_waiting", "gauge", m.requests_waiting)
     emit("vllm:kv_cache_usage_perc", "gauge", min(1.0, engine.kv_used / max(engine.kv_capacity, 1)))
+    lines += _cache_config(engine)
     asleep = engine.asleep
     for state, value in (("awake", not asleep), ("weights_offloaded", asleep and engine.level == 1),
                          ("discard_all", asleep and engine.level == 2)):
@@ -245,6 +249,15 @@ def render_metrics(engine: Engine, model: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cache_config(engine: Engine) -> list[str]:
+    """vLLM's info gauge of its cache config (no model_name label): the KV capacity in whole
+    blocks, without the `kv_cache_size_tokens` label that vLLM 0.24 has and 0.20 has not."""
+    labels = {"block_size": KV_BLOCK_SIZE, "engine": 0, "gpu_memory_utilization": engine.memory_fraction,
+              "num_gpu_blocks": engine.kv_capacity // KV_BLOCK_SIZE}
+    shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return ["# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{shown}}} 1.0"]
+
+
 def _histogram(lines: list[str], name: str, h: Histogram, labels: str) -> None:
     lines.append(f"# TYPE {name} histogram")
     counts = h.counts or [0] * len(h.buckets)
@@ -261,6 +274,16 @@ async def _json(request: web.Request) -> dict | web.Response:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _error(400, "request body is not valid JSON", "BadRequestError")
     return body if isinstance(body, dict) else _error(400, "request body must be a JSON object", "BadRequestError")
+
+
+def _echo(body: dict) -> dict[str, str]:
+    """The request's `chat_template_kwargs` as the sim received them, in a response header: real
+    vLLM hands them to the chat template, which the sim has none of, so this is how a test sees
+    what reached the engine (e.g. the gateway's request defaults)."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    return {"X-Sim-Chat-Template-Kwargs": json.dumps(kwargs, sort_keys=True, separators=(",", ":"))}
 
 
 def _content(content: Any) -> str:

@@ -1,7 +1,8 @@
-"""Read and edit `images.yaml` (pins, blacklist, wake records), keeping its comments and order.
+"""Read and edit `images.yaml` (pins, blacklist with its retest measurements, wake records),
+keeping its comments and order.
 
-The CLI's `sparkctl image ...` commands and the deploy pipeline call this; the decisions
-themselves live in `policy/images.py`.
+The CLI's `sparkctl image ...` commands, the deploy pipeline and the retest call this; the
+decisions themselves live in `policy/images.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from sparkctl.errors import SpecError
-from sparkctl.policy.images import DIGEST, Ban, ImagePolicy, Pin, Wake, parse_ref
+from sparkctl.policy.images import DIGEST, Ban, ImagePolicy, Measurement, Pin, Wake, parse_ref
 from sparkctl.settings import Settings
 from sparkctl.spec import kept
 from sparkctl.spec.load import read_yaml
@@ -58,15 +59,72 @@ def unpin(path: Path, ref: str) -> bool:
     return _remove(path, "pins", ref)
 
 
-def blacklist(path: Path, ref: str, *, reason: str, date: dt.date | None = None) -> Ban:
-    entry = Ban(reason=reason, date=date or dt.date.today())
+def settle_pin(path: Path, ref: str, *, digest: str) -> bool:
+    """Record `digest` in `ref`'s pin if that pin has none yet (a tag known good whose digest
+    was never published), saying so in its provenance; True if it did. A pin that names its
+    digest, or no pin, is left as it is."""
+    settled: list[str] = []
+
+    def apply(doc: CommentedMap) -> None:
+        table = doc.get("pins") or {}
+        for key, entry in table.items():
+            if _same(key, ref) and entry is not None and not entry.get("digest"):
+                note = f"digest recorded at first deploy on {dt.date.today().isoformat()}"
+                entry.insert(0, "digest", digest)
+                entry["provenance"] = "; ".join(p for p in (entry.get("provenance"), note) if p)
+                settled.append(key)
+
+    _round_trip(path, apply)
+    return bool(settled)
+
+
+def blacklist(path: Path, ref: str, *, reason: str, date: dt.date | None = None, digest: str | None = None) -> Ban:
+    """Ban `ref` (`digest`: what a banned tag names now, so a retest can tell whether it moved)."""
+    entry = Ban(reason=reason, date=date or dt.date.today(), digest=digest)
     key = ref if DIGEST.match(ref) else str(parse_ref(ref))
-    _edit(path, "blacklist", key, entry.model_dump(exclude_none=True))
+    _edit(path, "blacklist", key, entry.model_dump(exclude_defaults=True))
     return entry
 
 
 def unblacklist(path: Path, ref: str) -> bool:
     return _remove(path, "blacklist", ref)
+
+
+def record_retest(path: Path, key: str, measurement: Measurement) -> bool:
+    """Append a retest that kept the ban to the entry `key`; False if that ban is gone meanwhile."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    found: list[bool] = []
+
+    def apply(doc: CommentedMap) -> None:
+        entry = (doc.get("blacklist") or {}).get(key)
+        found.append(entry is not None)
+        if entry is not None:
+            if entry.get("retests") is None:
+                entry["retests"] = CommentedSeq()
+            entry["retests"].append(CommentedMap(measurement.model_dump(exclude_none=True)))
+
+    _round_trip(path, apply)
+    return found[0]
+
+
+def requalify(path: Path, *, lift: tuple[str, ...], ref: str, digest: str, provenance: str) -> Pin:
+    """A retest passed: lift its bans and pin the tag to the measured digest as known-good, in
+    one edit (no reader sees the tag unbanned and unpinned)."""
+    from ruamel.yaml.comments import CommentedMap
+
+    entry = Pin(digest=digest, provenance=provenance, known_good=True, pinned=dt.date.today())
+
+    def apply(doc: CommentedMap) -> None:
+        bans = doc.get("blacklist") or {}
+        for key in [k for k in bans if k in lift]:
+            del bans[key]
+        if doc.get("pins") is None:
+            doc["pins"] = CommentedMap()
+        doc["pins"][parse_ref(ref).tagged] = CommentedMap(entry.model_dump(exclude_defaults=True))
+
+    _round_trip(path, apply)
+    return entry
 
 
 def record_wake(path: Path, digest: str, *, ok: bool, reason: str = "") -> Wake:

@@ -81,6 +81,8 @@ MIGRATIONS = (
         at REAL NOT NULL
     );
     """,
+    # A deployment's KV headroom (policy.headroom.Headroom as JSON), read once it runs.
+    "ALTER TABLE deployments ADD COLUMN headroom TEXT",
 )
 
 

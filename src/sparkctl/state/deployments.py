@@ -1,6 +1,6 @@
 """Deployments and their phase transitions: one row per `up` of a stack (fingerprint parts,
-outcome, error) and the times it entered each phase. The deploy pipeline writes them; the
-gateway's routes, the switch and `status` read them."""
+outcome, error, the KV headroom its engine reported) and the times it entered each phase. The
+deploy pipeline writes them; the gateway's routes, the switch and `status` read them."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass
 
 from sparkctl.phase import Phase
+from sparkctl.policy.headroom import Headroom
 from sparkctl.state.db import Database, where
 
-COLUMNS = "id, stack, fingerprint, parts, phase, started, finished, error"
+COLUMNS = "id, stack, fingerprint, parts, phase, started, finished, error, headroom"
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,12 @@ class Deployment:
     started: float
     finished: float | None
     error: str | None
+    headroom: Headroom | None = None  # None: not read (yet), or the engine reported no KV-cache size
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Deployment:
         return cls(row["id"], row["stack"], row["fingerprint"], json.loads(row["parts"]), Phase(row["phase"]),
-                   row["started"], row["finished"], row["error"])
+                   row["started"], row["finished"], row["error"], _headroom(row["headroom"]))
 
 
 class Deployments:
@@ -57,6 +59,18 @@ class Deployments:
             db.execute("UPDATE deployments SET fingerprint = ?, parts = ? WHERE id = ?",
                        (fingerprint, json.dumps(parts, sort_keys=True), deployment))
 
+    def set_headroom(self, deployment: int, headroom: Headroom) -> None:
+        with self.db.tx() as db:
+            db.execute("UPDATE deployments SET headroom = ? WHERE id = ?",
+                       (json.dumps(headroom.as_dict(), sort_keys=True), deployment))
+
+    def headroom(self, stack: str, fingerprint: str) -> Headroom | None:
+        """The KV headroom last read for this build of the stack: an `up` that found it running
+        unchanged, or a daemon restarted since, still has the one read when it started."""
+        row = self.db.one("SELECT headroom FROM deployments WHERE stack = ? AND fingerprint = ? "
+                          "AND headroom IS NOT NULL ORDER BY id DESC LIMIT 1", (stack, fingerprint))
+        return _headroom(row["headroom"]) if row else None
+
     def latest(self, stack: str) -> Deployment | None:
         row = self.db.one(f"SELECT {COLUMNS} FROM deployments WHERE stack = ? ORDER BY id DESC LIMIT 1", (stack,))
         return Deployment.from_row(row) if row else None
@@ -83,3 +97,7 @@ class Deployments:
         for deployment in ids:
             self.advance(deployment, Phase.FAILED, "interrupted", error=reason)
         return ids
+
+
+def _headroom(text: str | None) -> Headroom | None:
+    return Headroom.from_dict(json.loads(text)) if text else None
