@@ -188,7 +188,8 @@ def test_environment_reads_flags_as_run_and_the_kv_headroom(catalog) -> None:
            "host": {"gpu": "NVIDIA GB10", "driver": "unknown", "cuda": "unknown", "memory_gib": 119.6}}
     entry = _entry(stack, [_row(0, 81.0)], env)
     assert environment.flags(entry) == ["--max-model-len 32768", "--max-num-seqs 64"]
-    assert environment.kv_headroom(entry) == "340,000 tokens: 10 full-context (32,768) requests fit"
+    assert environment.kv_headroom(entry) == \
+        "10.4 full-context requests fit (KV cache 340K tokens, max_model_len 32,768)"
     rows = dict(environment.table([entry]))
     assert rows["GPU"] == "NVIDIA GB10, 119.6 GiB" and rows["Driver / CUDA"] == "unknown"  # as the benchmark marks it
     assert rows["Date"] == "2026-06-10"

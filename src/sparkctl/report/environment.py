@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sparkctl.bench.profiles import PROFILES
+from sparkctl.policy.headroom import Headroom
 from sparkctl.report.analysis import checkpoint_of, family_of
 from sparkctl.spec.models import Stack
 from sparkctl.spec.render import vllm_args
@@ -109,10 +110,7 @@ def kv_headroom(entry: Entry) -> str:
     tokens = entry.get("kv_cache_tokens")
     if not isinstance(tokens, int):
         return UNKNOWN
-    window = max_model_len(entry)
-    count = tokens // window if window else 0
-    fits = f": {count} full-context ({window:,}) request{'s fit' if count != 1 else ' fits'}" if window else ""
-    return f"{tokens:,} tokens{fits}"
+    return Headroom(tokens, max_model_len(entry)).summary()
 
 
 def max_model_len(entry: Entry) -> int | None:
