@@ -9,7 +9,11 @@ set -euo pipefail
 say() { printf 'host-setup: %s\n' "$*"; }
 
 engine_ok() { docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }
-tools_ok() { command -v docker-registry >/dev/null && command -v debootstrap >/dev/null; }
+# `ip` (iproute2), nsenter and unshare: the fleet tests' hosts are network namespaces (tests/fleet).
+tools_ok() {
+  command -v docker-registry >/dev/null && command -v debootstrap >/dev/null && command -v ip >/dev/null &&
+    command -v nsenter >/dev/null && command -v unshare >/dev/null
+}
 
 # Only these come from trixie, named per package: `-t trixie` would take ~139 packages (libc6,
 # python3...) from trixie and half-upgrade the system; this takes docker.io, docker-cli,
@@ -43,16 +47,16 @@ fi
 
 if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
   engine_ok || { say "no Docker engine with compose v2 reachable; install Docker and retry"; exit 1; }
-  say "docker-registry and debootstrap are missing: the registry tests will fail"; exit 1
+  say "docker-registry, debootstrap or iproute2 is missing: the registry and fleet tests will fail"; exit 1
 fi
 
 if ! command -v dockerd >/dev/null || ! docker compose version >/dev/null 2>&1 || ! tools_ok; then
-  say "installing docker.io + compose v2 (trixie), docker-registry, debootstrap"
+  say "installing docker.io + compose v2 (trixie), docker-registry, debootstrap, iproute2"
   add_trixie
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   install_docker -qq >/dev/null
-  apt-get install -y -qq debootstrap docker-registry >/dev/null
+  apt-get install -y -qq debootstrap docker-registry iproute2 util-linux >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then

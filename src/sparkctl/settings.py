@@ -95,6 +95,15 @@ class Settings(BaseSettings):
     bench_skip_coherence: bool = False
     # The machine's memory bandwidth, for the report's decode efficiency (GB10: ~273 GB/s).
     memory_bandwidth_gbs: float = Field(default=273.0, gt=0)
+    # The fleet (`sparkctl fleet`): the inventory (default: fleet.yaml in the state dir), the bound on
+    # every Ray call, how long Ray waits before it declares a silent node dead (unset: Ray's own,
+    # about 15 s), the object store each node keeps (in shared memory: on a Spark it is model memory),
+    # and the CPUs a node advertises (unset: all).
+    fleet_file: Path | None = None
+    fleet_ray_timeout: float = Field(default=60.0, gt=0, le=3600)
+    fleet_dead_after: float | None = Field(default=None, ge=0.3, le=600)
+    fleet_object_store_mib: int = Field(default=512, ge=80)
+    fleet_num_cpus: int | None = Field(default=None, ge=1)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))
@@ -169,6 +178,15 @@ class Settings(BaseSettings):
     def lock_path(self) -> Path:
         """The file a daemon holds an exclusive lock on while it runs on this state dir."""
         return self.state_dir / LOCK_FILE
+
+    @property
+    def fleet_dir(self) -> Path:
+        """This Spark's fleet state: the Ray token (0600), the record of its node, Ray's temp dir."""
+        return self.state_dir / "fleet"
+
+    @property
+    def fleet_path(self) -> Path:
+        return self.fleet_file or self.state_dir / "fleet.yaml"
 
     @property
     def overlays_dir(self) -> Path:

@@ -1,0 +1,256 @@
+"""Ray, the fleet's control plane: start and stop this Spark's node, read the node table, and
+place or remove placement groups. The only module that imports `ray`.
+
+Every call is bounded. `ray start` runs as a child with a deadline, as a new session leader so
+that the processes it leaves are recorded (`adapters.processes`) and later stopped by pid. Ray's
+client calls run in a child too (`python -m sparkctl.adapters.ray`): its C++ client retries an
+absent GCS for 40 s and then aborts the whole process, which a CLI or a daemon must not suffer.
+Token authentication is always on: the token is read from a 0600 file whose path (not the token)
+goes to Ray in its environment, so it is in no command line, log or error. Every address is
+explicit, and stale state in the node's own temp dir is cleared before a start. Called by the
+`fleet` layer through the `FleetBackend` protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sparkctl.adapters import processes
+from sparkctl.errors import SparkctlError, TransientError
+from sparkctl.node import LABEL_HOST, Node, NodeLaunch, NodeRecord, NodeState, Placement, host_resource
+
+RESULT = "SPARKCTL-RESULT "  # the child's answer: the last stdout line starting with this
+SOCKET_PATH_MAX = 107  # AF_UNIX; Ray puts `session_<stamp>_<pid>/sockets/plasma_store` under its temp dir
+SESSION_SUFFIX = 62
+# A node's ports, from its first one (spec.fleet.PORT_BLOCK of them): +0 is the head's GCS.
+OFFSETS = {"--node-manager-port": 1, "--object-manager-port": 2, "--dashboard-agent-listen-port": 3,
+           "--dashboard-agent-grpc-port": 4, "--metrics-export-port": 5, "--runtime-env-agent-port": 6}
+WORKER_PORTS = (16, 255)
+DASHBOARD_OFFSET = 7  # the head's minimal dashboard process binds one even with the dashboard off
+AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
+
+
+def start_command(launch: NodeLaunch, *, ray_bin: Path) -> list[str]:
+    """The `ray start` command line for `launch`: every address and port explicit, no token."""
+    command = [str(ray_bin), "start", f"--node-ip-address={launch.address}", f"--temp-dir={launch.temp_dir}",
+               f"--resources={json.dumps({host_resource(launch.host): 1})}", f"--memory={launch.memory_bytes}",
+               f"--object-store-memory={launch.object_store_bytes}", f"--labels={_labels(launch)}",
+               "--disable-usage-stats", f"--min-worker-port={launch.port + WORKER_PORTS[0]}",
+               f"--max-worker-port={launch.port + WORKER_PORTS[1]}"]
+    command += [f"{flag}={launch.port + offset}" for flag, offset in OFFSETS.items()]
+    if launch.num_cpus is not None:
+        command.append(f"--num-cpus={launch.num_cpus}")
+    if launch.head is not None:
+        return [*command, f"--address={launch.head}"]
+    command += ["--head", f"--port={launch.port}", "--include-dashboard=false",
+                f"--dashboard-port={launch.port + DASHBOARD_OFFSET}"]
+    if launch.dead_after is not None:
+        command.append(f"--system-config={json.dumps(health_check(launch.dead_after))}")
+    return command
+
+
+def health_check(dead_after: float) -> dict[str, int]:
+    """Ray's health-check settings that declare a silent node dead after about `dead_after` s."""
+    period = max(100, int(dead_after * 1000 / 3))
+    return {"health_check_period_ms": period, "health_check_timeout_ms": period, "health_check_failure_threshold": 3,
+            "health_check_initial_delay_ms": 0}
+
+
+def ray_environment(token_file: Path, base: dict[str, str]) -> dict[str, str]:
+    """The environment of every Ray child: token auth on from `token_file`, no usage reporting,
+    and nothing inherited that could point Ray at another cluster or token."""
+    env = {k: v for k, v in base.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    return env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+class RayBackend:
+    """The `FleetBackend` on Ray. `timeout` bounds every call; `namespace` holds this instance's
+    named placement groups apart from anyone else's."""
+
+    def __init__(self, *, token_file: Path, timeout: float, namespace: str) -> None:
+        self.token_file, self.timeout, self.namespace = token_file, timeout, namespace
+        self.ray_bin = Path(sys.executable).parent / "ray"
+
+    # -- this Spark's node --------------------------------------------------------------------
+    def start_node(self, launch: NodeLaunch) -> NodeRecord:
+        """Start the node; on any failure stop what the attempt started and say why."""
+        _fresh_temp_dir(launch.temp_dir)
+        _check_ports(launch)
+        if launch.head is not None:
+            self._reachable(launch.head)
+        launch.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with launch.log_file.open("ab") as log:
+            child = subprocess.Popen(start_command(launch, ray_bin=self.ray_bin), stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=ray_environment(self.token_file, dict(os.environ)))
+        try:
+            code = child.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        session = processes.recorded(child.pid)
+        if code != 0:
+            processes.stop(session, grace=2)
+            what = f"did not finish within {self.timeout:g} s" if code is None else f"exited with {code}"
+            raise SparkctlError(f"ray start for host {launch.host!r} at {launch.endpoint} {what}; its processes were "
+                                f"stopped. Last lines of {launch.log_file}:\n{_tail(launch.log_file)}")
+        return NodeRecord(host=launch.host, address=launch.address, head=launch.endpoint, is_head=launch.head is None,
+                          temp_dir=str(launch.temp_dir), handle=session.to_dict())
+
+    def running(self, record: NodeRecord) -> list[int]:
+        """The pids of the node's processes still running."""
+        return [p.pid for p in processes.alive(processes.Session.from_dict(record.handle))]
+
+    def stop_node(self, record: NodeRecord, *, grace: float = 10.0, kill: bool = False) -> list[int]:
+        """Stop exactly the processes this node's start recorded (SIGTERM, then SIGKILL after
+        `grace`; `kill`: SIGKILL at once, as a crash would). Returns the pids signalled."""
+        sig = signal.SIGKILL if kill else signal.SIGTERM
+        stopped = processes.stop(processes.Session.from_dict(record.handle), grace=0 if kill else grace, sig=sig)
+        _forget_cluster(Path(record.temp_dir))
+        return stopped
+
+    # -- the cluster ----------------------------------------------------------------------------
+    def nodes(self, head: str) -> list[Node]:
+        """Every node in the head's table, alive or dead."""
+        answer = self._call("nodes", head=head)
+        return [Node(node_id=n["node_id"], address=n["address"], state=NodeState(n["state"]), head=n["head"],
+                     resources=n["resources"], labels=n["labels"]) for n in answer]
+
+    def place(self, head: str, *, local_address: str, name: str, bundles: list[dict[str, float]],
+              strategy: str) -> Placement:
+        """Create the named, detached placement group (or find it) and wait until it is placed;
+        one that cannot be placed within the timeout is removed and refused."""
+        answer = self._call("place", head=head, local_address=local_address, name=name, bundles=bundles,
+                            strategy=strategy, namespace=self.namespace, wait=max(1.0, self.timeout - 5))
+        return Placement(name=name, strategy=strategy, nodes=tuple(answer["nodes"]))
+
+    def remove(self, head: str, *, local_address: str, name: str) -> bool:
+        """Remove the named placement group; False when there was none."""
+        return bool(self._call("remove", head=head, local_address=local_address, name=name, namespace=self.namespace))
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _call(self, op: str, **args: Any) -> Any:
+        self._reachable(args["head"])
+        env = ray_environment(self.token_file, dict(os.environ))
+        env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(max(1, int(self.timeout / 2)))
+        try:
+            done = subprocess.run([sys.executable, "-m", "sparkctl.adapters.ray", op], input=json.dumps(args),
+                                  capture_output=True, text=True, timeout=self.timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise TransientError(f"Ray {op} against {args['head']} did not answer within {self.timeout:g} s; check "
+                                 "the head with `sparkctl fleet status`, or raise SPARKCTL_FLEET_RAY_TIMEOUT") from None
+        lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+        if done.returncode == 0 and lines:
+            return json.loads(lines[-1].removeprefix(RESULT))
+        raise _child_error(op, args["head"], done.stdout + done.stderr, self.token_file)
+
+    def _reachable(self, endpoint: str) -> None:
+        """A plain TCP connect first: an absent head is a clear error in a second, not a Ray retry loop."""
+        host, _, port = endpoint.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, self.timeout)).close()
+        except OSError as e:
+            raise TransientError(f"no Ray head answers at {endpoint} ({e.strerror or e}); start it with "
+                                 "`sparkctl fleet init` on the head Spark, or check the address") from None
+
+
+def _labels(launch: NodeLaunch) -> str:
+    return ",".join(f"{k}={v}" for k, v in {LABEL_HOST: launch.host, **launch.labels}.items())
+
+
+def _fresh_temp_dir(temp_dir: Path) -> None:
+    """The node's own temp dir, emptied: a cluster address or session left by an earlier run
+    (a crash, a reboot) must not steer or stall this start. The caller has made sure none of
+    its own Ray processes still runs."""
+    if len(str(temp_dir)) + SESSION_SUFFIX > SOCKET_PATH_MAX:
+        raise SparkctlError(f"Ray's temp dir {temp_dir} is too long for its unix sockets (keep it under "
+                            f"{SOCKET_PATH_MAX - SESSION_SUFFIX} characters): use a shorter SPARKCTL_STATE_DIR")
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    temp_dir.mkdir(parents=True, mode=0o700)
+
+
+def _check_ports(launch: NodeLaunch) -> None:
+    """Ray's GCS and raylet listen on every interface: a port another process holds anywhere on
+    the machine fails the start after a 30 s timeout, so say so at once."""
+    offsets = [*OFFSETS.values(), *(() if launch.head else (0, DASHBOARD_OFFSET))]
+    for port in sorted(launch.port + offset for offset in offsets):
+        with socket.socket(socket.AF_INET6 if ":" in launch.address else socket.AF_INET) as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                raise SparkctlError(f"port {port} is taken on this machine; a node uses ports {launch.port} to "
+                                    f"{launch.port + WORKER_PORTS[1]} (on every interface): pick another first port "
+                                    "(--port, or `ray.port` in the fleet file)") from None
+
+
+def _forget_cluster(temp_dir: Path) -> None:
+    (temp_dir / "ray_current_cluster").unlink(missing_ok=True)
+
+
+def _tail(path: Path, lines: int = 12) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+def _child_error(op: str, head: str, output: str, token_file: Path) -> SparkctlError:
+    if any(marker in output for marker in AUTH_FAILED):
+        return SparkctlError(f"the Ray head at {head} refused this Spark's token ({token_file}): copy the head's "
+                             "token file to that path (0600) and retry")
+    last = "\n".join(output.strip().splitlines()[-8:])
+    return SparkctlError(f"Ray {op} against {head} failed:\n{last}")
+
+
+# -- the child: the only code that imports ray --------------------------------------------------
+def _child(op: str, args: dict[str, Any]) -> Any:
+    if op == "nodes":
+        return _child_nodes(args["head"])
+    return _child_driver(op, args)
+
+
+def _child_nodes(head: str) -> list[dict[str, Any]]:
+    from ray._raylet import GcsClient
+
+    table = GcsClient(address=head).get_all_node_info(timeout=10)
+    return [{"node_id": node_id.hex(), "address": info.node_manager_address, "head": bool(info.is_head_node),
+             "state": NodeState.ALIVE if info.state == 0 else NodeState.DEAD,
+             "resources": dict(info.resources_total), "labels": dict(info.labels)} for node_id, info in table.items()]
+
+
+def _child_driver(op: str, args: dict[str, Any]) -> Any:
+    import ray
+    from ray.util import placement_group_table
+    from ray.util.placement_group import get_placement_group, placement_group, remove_placement_group
+
+    ray.init(address=args["head"], _node_ip_address=args["local_address"], namespace=args["namespace"],
+             logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    if op == "remove":
+        try:
+            group = get_placement_group(args["name"])
+        except ValueError:
+            return False
+        remove_placement_group(group)
+        return True
+    try:
+        group = get_placement_group(args["name"])
+    except ValueError:
+        group = placement_group(args["bundles"], strategy=args["strategy"], name=args["name"], lifetime="detached")
+    if not group.wait(timeout_seconds=args["wait"]):
+        remove_placement_group(group)
+        raise RuntimeError(f"placement group {args['name']!r} ({args['strategy']} over {args['bundles']}) could not "
+                           f"be placed within {args['wait']:g} s: no set of nodes has those resources free")
+    table = placement_group_table(group)
+    return {"nodes": [table["bundles_to_node_id"][i] for i in range(len(args["bundles"]))]}
+
+
+if __name__ == "__main__":
+    answer = _child(sys.argv[1], json.loads(sys.stdin.read()))
+    print(RESULT + json.dumps(answer), flush=True)

@@ -1,0 +1,33 @@
+"""What sparkctl needs from a fleet's control plane, as a protocol: start and stop this Spark's
+node, read every node's state, and place or remove a group of resource bundles across nodes.
+
+`adapters.ray.RayBackend` implements it; a Kubernetes backend (LeaderWorkerSet) could too,
+without a change to the CLI or the fleet layer, which only speak this protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sparkctl.node import Node, NodeLaunch, NodeRecord, Placement
+
+
+class FleetBackend(Protocol):
+    def start_node(self, launch: NodeLaunch) -> NodeRecord:
+        """Start this Spark's node as `launch` describes; return the record `stop_node` needs."""
+
+    def running(self, record: NodeRecord) -> list[int]:
+        """The pids of the recorded node's processes that still run."""
+
+    def stop_node(self, record: NodeRecord, *, grace: float = 10.0, kill: bool = False) -> list[int]:
+        """Stop exactly the recorded node's processes; return the pids signalled."""
+
+    def nodes(self, head: str) -> list[Node]:
+        """Every node the control plane at `head` knows, alive or dead."""
+
+    def place(self, head: str, *, local_address: str, name: str, bundles: list[dict[str, float]],
+              strategy: str) -> Placement:
+        """Reserve `bundles` across nodes (`STRICT_SPREAD`, `PACK`, ...), or refuse."""
+
+    def remove(self, head: str, *, local_address: str, name: str) -> bool:
+        """Release a placement; False when there was none."""

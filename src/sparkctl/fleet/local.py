@@ -1,0 +1,156 @@
+"""This Spark's place in the fleet: which inventory host it is, the checks on its addresses, the
+Ray token it holds, and the record of the node it started.
+
+An address is this machine's when the kernel lets a socket bind it: the kernel's own answer,
+with no interface parsing and no name resolution (a default route is never consulted). The
+token and the record live in the state dir's `fleet/`, 0600. Called by `sparkctl fleet`; the
+start itself goes through the `FleetBackend`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from sparkctl.deploy.memory import GIB, meminfo
+from sparkctl.errors import SparkctlError
+from sparkctl.node import LABEL_ADDRESS, LABEL_INTERFACE, LABEL_VALUE, NodeLaunch, NodeRecord
+from sparkctl.settings import Settings
+from sparkctl.spec.fleet import Fleet, Host, RayNode, Serving
+
+TOKEN_FILE = "ray-token"
+RECORD_FILE = "node.json"
+LOG_FILE = "ray-start.log"
+
+
+def is_local(address: str) -> bool:
+    """Whether `address` belongs to one of this machine's interfaces (loopback's /8 included)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError:
+        return False
+    return True
+
+
+def check_local(address: str, what: str) -> None:
+    if not is_local(address):
+        raise SparkctlError(f"{what} {address} is not an address of this machine's interfaces; give the address "
+                            "of the interface Ray should use here (`ip -br addr` lists them): sparkctl never lets "
+                            "Ray pick one from the default route")
+
+
+def check_interface(serving: Serving) -> None:
+    names = {name for _, name in socket.if_nameindex()}
+    if serving.interface not in names:
+        raise SparkctlError(f"serving interface {serving.interface!r} does not exist here (interfaces: "
+                            f"{', '.join(sorted(names))}); fix `serving.interface` in the fleet file")
+
+
+def choose_host(fleet: Fleet | None, *, name: str | None, address: str | None, port: int | None,
+                local: Callable[[str], bool] = is_local, default_name: str | None = None) -> Host:
+    """The host this Spark starts as: the named one, else the one whose Ray address is here.
+    Without an inventory, `--address` makes a host of this machine's name (memory: the ceiling
+    of the settings is applied by the caller). `--address`/`--port` override the inventory's."""
+    if fleet is None:
+        if address is None:
+            raise SparkctlError("no fleet inventory and no --address: give the address Ray should use on this "
+                                "Spark (--address), or write fleet.yaml")
+        host_name = name or default_name or _hostname()
+        return Host(name=host_name, serving=Serving(interface="lo", address=address), memory="90%",
+                    ray=RayNode(address=address, port=port or 6379))
+    host = fleet.host(name) if name else _the_local_one(fleet, local)
+    if address is None and port is None:
+        return host
+    ray = RayNode(address=address or host.ray.address, port=port or host.ray.port)
+    return host.model_copy(update={"ray": ray})
+
+
+def launch_for(host: Host, *, head: str | None, settings: Settings) -> NodeLaunch:
+    """What to start for `host` (pure but for reading MemTotal when the ceiling is a share)."""
+    total = int(settings.memory_total_gib * GIB) if settings.memory_total_gib else meminfo("MemTotal")
+    labels = {LABEL_INTERFACE: host.serving.interface, LABEL_ADDRESS: host.serving.address}
+    return NodeLaunch(host=host.name, address=host.ray.address, port=host.ray.port, head=head,
+                      memory_bytes=host.memory_bytes(total), temp_dir=settings.fleet_dir / "ray",
+                      log_file=settings.fleet_dir / LOG_FILE,
+                      object_store_bytes=settings.fleet_object_store_mib << 20,
+                      labels={k: v for k, v in labels.items() if LABEL_VALUE.match(v)},
+                      num_cpus=settings.fleet_num_cpus, dead_after=settings.fleet_dead_after)
+
+
+# -- the token -------------------------------------------------------------------------------------
+def ensure_token(path: Path) -> None:
+    """A fresh token for a new fleet, unless this Spark already has one (then it is kept)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return check_token(path)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+
+
+def install_token(source: Path, path: Path) -> None:
+    """Copy the head's token (brought over by the owner) into this Spark's state dir, 0600."""
+    check_token(source)
+    token = source.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+
+
+def check_token(path: Path) -> None:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        raise SparkctlError(f"no Ray token at {path}: copy the head Spark's {TOKEN_FILE} (from its state dir's "
+                            "fleet/) here, or pass --token-file") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SparkctlError(f"the Ray token {path} is readable by others (mode {stat.filemode(mode)}): "
+                            f"run `chmod 600 {path}`")
+    if len(path.read_text().strip()) < 32:
+        raise SparkctlError(f"the Ray token {path} is too short (under 32 characters); copy the head's token file")
+
+
+# -- the record ------------------------------------------------------------------------------------
+def read_record(path: Path) -> NodeRecord | None:
+    try:
+        return NodeRecord.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as e:
+        raise SparkctlError(f"{path} is not a node record ({e}); stop any Ray process you started by hand, "
+                            "then delete the file") from None
+
+
+def write_record(path: Path, record: NodeRecord) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = path.with_suffix(".tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(record.to_dict(), out, indent=1)
+    partial.replace(path)
+
+
+def _the_local_one(fleet: Fleet, local: Callable[[str], bool]) -> Host:
+    here = [h for h in fleet.hosts if local(h.ray.address)]
+    if len(here) == 1:
+        return here[0]
+    if not here:
+        raise SparkctlError(f"no host of the fleet file has its Ray address on this machine "
+                            f"({', '.join(f'{h.name}: {h.ray.address}' for h in fleet.hosts)}); name it with --host")
+    raise SparkctlError(f"several hosts of the fleet file have their Ray address here "
+                        f"({', '.join(h.name for h in here)}); name the one to start with --host")
+
+
+def _hostname() -> str:
+    name = socket.gethostname().split(".")[0].lower()
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:63] or "spark"

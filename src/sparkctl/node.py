@@ -1,0 +1,114 @@
+"""A fleet node as its backend (Ray today) reports it, and what a placement got: plain models.
+
+The Ray adapter turns the cluster's node table into `Node`s and a placement group into a
+`Placement`; the fleet layer joins them with the inventory for `sparkctl fleet status`. The
+names below (the per-Spark resource, the labels) are how sparkctl recognises its own nodes,
+the way `container.py`'s labels recognise its containers. Imported by every layer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+LABEL_HOST = "sparkctl.dev/host"  # the inventory name a node was started as
+LABEL_INTERFACE = "sparkctl.dev/serving-interface"
+LABEL_ADDRESS = "sparkctl.dev/serving-address"
+RESOURCE_PREFIX = "spark:"  # one unit of `spark:<host>` per Spark: what placement pins a bundle to
+# Ray's label values: up to 63 characters, alphanumeric at both ends, `-_.` inside.
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+def host_resource(host: str) -> str:
+    """The custom resource a Spark's node advertises (one unit), so a bundle can name the host."""
+    return f"{RESOURCE_PREFIX}{host}"
+
+
+class NodeState(StrEnum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"  # the backend does not know the node, or did not answer
+
+    def is_up(self) -> bool:
+        return self is NodeState.ALIVE
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node in the backend's table (a dead node stays listed with its last resources)."""
+
+    node_id: str
+    address: str
+    state: NodeState
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    head: bool = False
+
+    @property
+    def host(self) -> str | None:
+        """The inventory name it was started as: its label, else its `spark:<host>` resource."""
+        if self.labels.get(LABEL_HOST):
+            return self.labels[LABEL_HOST]
+        named = [r.removeprefix(RESOURCE_PREFIX) for r in self.resources if r.startswith(RESOURCE_PREFIX)]
+        return named[0] if len(named) == 1 else None
+
+    @property
+    def memory_bytes(self) -> int | None:
+        memory = self.resources.get("memory")
+        return int(memory) if memory is not None else None
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything a backend needs to start this Spark's node; nothing is left to guess."""
+
+    host: str
+    address: str
+    port: int  # the head's control port; a worker's first port
+    head: str | None  # the head's endpoint to join; None starts the head itself
+    memory_bytes: int
+    temp_dir: Path
+    log_file: Path
+    object_store_bytes: int
+    labels: dict[str, str] = field(default_factory=dict)
+    num_cpus: int | None = None
+    dead_after: float | None = None  # seconds of silence before the head declares a node dead
+
+    @property
+    def endpoint(self) -> str:
+        """The head's endpoint: the one joined, or this node's own when it is the head."""
+        return self.head or (f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}")
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What a start left: the cluster to find again, and the backend's handle on exactly the
+    processes it started (for Ray: their session and pids)."""
+
+    host: str
+    address: str
+    head: str  # the head's endpoint
+    is_head: bool
+    temp_dir: str
+    handle: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "address": self.address, "head": self.head, "is_head": self.is_head,
+                "temp_dir": self.temp_dir, "handle": self.handle}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeRecord:
+        return cls(host=str(data["host"]), address=str(data["address"]), head=str(data["head"]),
+                   is_head=bool(data["is_head"]), temp_dir=str(data["temp_dir"]), handle=dict(data["handle"]))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A placement group the backend created: which node holds each bundle, in bundle order."""
+
+    name: str
+    strategy: str
+    nodes: tuple[str, ...]  # node ids, one per bundle
