@@ -50,7 +50,7 @@ def table(entries: list[Entry]) -> list[tuple[str, str]]:
         ("Driver / CUDA", _distinct(_driver(e) for e in entries)),
         ("OS / kernel", _distinct(_os(e) for e in entries)),
         ("Benchmark tool", _distinct(f"llama-benchy {_known(e.get('llama_benchy'))}" for e in entries)),
-        ("Serving params (fixed)", " ".join(common_flags(entries)) or UNKNOWN),
+        ("Serving params (fixed)", " ".join(common_flags(entries)) or "none shared by all (see Configs tested)"),
         ("Benchmark params", _distinct(bench_params(e) for e in entries)),
         ("Date", _dates(entries)),
     ]
