@@ -11,11 +11,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import repo_folder
 from sparkctl.policy.parking import Footprint
 from sparkctl.policy.switch import Memory
+
+if TYPE_CHECKING:  # the Docker SDK loads with the commands that talk to Docker, not with `fleet`'s
+    from sparkctl.adapters.docker import DockerEngine
 from sparkctl.settings import Settings
 from sparkctl.spec.engine import Weights
 from sparkctl.spec.load import Catalog
