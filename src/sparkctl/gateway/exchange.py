@@ -5,7 +5,9 @@ It joins the two sockets: as the upstream call's `Sink` (`upstream.py`) it write
 the engine's answer to the client as it arrives, and as the client connection's `Exchange`
 (`server.py`) it passes a client that goes away, or stops reading, on to the engine's call. The
 `Gateway` creates one per proxied request, routes and forwards it; the exchange counts its
-answer's status in the `Ledger` and tells the gateway, once, when it is over.
+answer's status in the `Ledger` and tells the gateway, once, when it is over. An engine that fails
+before any byte of its answer is offered back to the gateway first (`retry`), which may send the
+request to another replica of the stack.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ class Proxied:
     """The upstream call's sink and the client connection's exchange, for one request."""
 
     def __init__(self, conn: Connection, path: str, payload: dict, *, ledger: Ledger,
-                 done: Callable[[Proxied], None]) -> None:
+                 done: Callable[[Proxied], None], retry: Callable[[Proxied], bool] = lambda _: False) -> None:
         self.conn, self.path, self.payload = conn, path, payload
-        self.ledger, self.done = ledger, done
+        self.ledger, self.done, self.retry = ledger, done, retry
+        self.model: str = payload["model"]  # as the client named it
         self.upstream: Upstream | None = None  # once routed
+        self.replica: str | None = None  # the engine's URL, while forwarded to it
+        self.tries = 0  # times sent to another replica after one failed
         self.task: asyncio.Task[None] | None = None  # while it waits at a hold or a cap
         self.call: Call | None = None  # once forwarded
         self.forwarded = self.started = self.over = False
@@ -50,6 +55,8 @@ class Proxied:
         self.conn.send(piece, last)
 
     def failed(self, e: UpstreamError) -> None:
+        if not self.started and e.unanswered and self.retry(self):
+            return  # on its way to another replica
         self._finish()
         if self.started:  # cut mid-stream: the client's connection closes without the response's end
             self.conn.abort()

@@ -1,7 +1,8 @@
-"""A hold on one alias while its stack is swapped (or on a parked stack's name while it wakes):
-new requests wait in a bounded queue and are let go in arrival order once the name points at a
-serving stack again. A request held past the timeout, one that finds the queue full, or all of
-them when the wake failed, are refused so the client can retry. Lives on the gateway's event loop.
+"""A hold on one alias while its stack is swapped (or on a parked stack's name while it wakes, or
+on a stack while none of its replicas is in routing): new requests wait in a bounded queue and are
+let go in arrival order once the name points at a serving stack again. A request held past the
+timeout, one that finds the queue full, or all of them when the wake failed, are refused so the
+client can retry. Lives on the gateway's event loop.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Hold:
     refused: int = 0
     failure: str | None = None  # why the hold ended without a serving stack
     done: bool = False  # released or failed: a late arrival does not wait
+    waiting_for: str = ""  # what the requests wait for, when not a switch ("a replica of X to come back")
+    code: str = "switch_in_progress"  # the error code of a refusal
 
     async def wait(self) -> str | None:
         """Wait for the release; None once released, else why the request is refused."""
@@ -31,13 +34,16 @@ class Hold:
             return self.failure
         if len(self.waiting) >= self.limit:
             self.refused += 1
-            return f"{len(self.waiting)} requests are already waiting for the switch of {self.alias}"
+            what = self.waiting_for or f"the switch of {self.alias}"
+            return f"{len(self.waiting)} requests are already waiting for {what}"
         released = asyncio.get_running_loop().create_future()
         self.waiting.append(released)
         try:
             await asyncio.wait_for(asyncio.shield(released), self.timeout)
         except TimeoutError:
             self.refused += 1
+            if self.waiting_for:
+                return f"held {self.timeout:g} s waiting for {self.waiting_for}"
             return f"held {self.timeout:g} s while {self.alias} switches to {self.new}; the switch is still running"
         finally:
             if not released.done():

@@ -4,8 +4,13 @@ Routing and forwarding happen in the socket's callback as the request completes 
 and each piece of the engine's answer is written to the client from the engine socket's callback
 (`exchange.py`, `upstream.py`), so a streamed response is passed through as it arrives, with
 nothing queued in between. A client that goes away cancels its upstream request. A routed
-request gets its stack's request defaults where the client left them out (`defaults.py`). A
-stack's concurrency cap (`cap.py`) queues requests rather than forwarding them. During a switch
+request gets its stack's request defaults where the client left them out (`defaults.py`), and goes
+to the replica of its stack with the fewest requests in flight (`replicas.py`), which also queues
+it while every replica is at the stack's concurrency cap (a cap per engine). An engine that
+refuses or resets a connection before answering is ejected and the request goes to another
+replica of the stack (a lone engine's failure is answered 502); `eject_host` takes a host's
+replicas out of routing at once, moving their unanswered requests. While a stack has no replica
+in routing, its requests are held (`hold.py`) until one returns or the hold times out. During a switch
 an alias can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
 a request that names a parked stack is held the same way while the daemon wakes it (`Waker`);
 and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. Errors the
@@ -23,15 +28,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from sparkctl.gateway.cap import Cap
 from sparkctl.gateway.defaults import with_defaults
 from sparkctl.gateway.exchange import Proxied
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.ledger import Ledger
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.pages import Pages, error
+from sparkctl.gateway.replicas import Replicas, host_of
 from sparkctl.gateway.request import Answer, Request
-from sparkctl.gateway.routes import RouteTable, Upstream
+from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.server import Connection, serve
 from sparkctl.gateway.upstream import EnginePool
 
@@ -51,14 +56,18 @@ class Waker:
 
 class Gateway:
     def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None,
-                 hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None) -> None:
+                 hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None,
+                 hold_queue: int = 1024, hold_timeout: float = 300.0) -> None:
         self.routes = routes
         self.api_keys = [k.encode() for k in api_keys or []]
         # The names clients may reach it by (DNS-rebinding protection for a loopback service); None: any.
         self.hosts = {h.lower() for h in hosts} if hosts is not None else None
         self.keyed = ("/v1/", "/metrics") if metrics_key else ("/v1/",)
         self.limits = limits or Limits()
-        self.caps: dict[str, Cap] = {}
+        self.replicas = Replicas(on_return=self.routes_changed)
+        self.on_engine: dict[str, set[Proxied]] = {}  # engine URL -> requests forwarded to it, not yet over
+        self.outages: dict[str, Hold] = {}  # stack -> its hold while none of its replicas is in routing
+        self.hold_queue, self.hold_timeout = hold_queue, hold_timeout
         self.ledger = Ledger()
         self.upstreams = EnginePool()  # keep-alive connections to the engines
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches (or a parked name's, while it wakes)
@@ -109,7 +118,7 @@ class Gateway:
         answer, and this waits until all have; False if `timeout` passed first. Held requests
         (a switch, a wake) are answered 503 at once: their clients retry against the next daemon."""
         self.limits.finish()
-        for hold in self.holds.values():
+        for hold in [*self.holds.values(), *self.outages.values()]:
             hold.fail("the gateway is stopping")
         deadline = time.monotonic() + timeout
         while self.limits.live:
@@ -122,6 +131,31 @@ class Gateway:
         """Wait until the stack has no accepted request left; False if `timeout` passed first."""
         return await self.ledger.wait_drained(stack, timeout)
 
+    # --- replicas in and out of routing (called on the gateway's loop) ---------------------------
+    def eject_host(self, address: str) -> None:
+        """Take every replica on the host at `address` out of routing (its host is dead), and move
+        the requests forwarded there that have no answer yet to other replicas, or hold them."""
+        self.replicas.eject_host(address)
+        for url in [u for u in self.on_engine if host_of(u) == address]:
+            for exchange in [e for e in self.on_engine[url] if not e.started]:
+                exchange.call.cancel()
+                self._leave(exchange)
+                self._reroute(exchange)
+
+    def restore_host(self, address: str) -> None:
+        """The host's replicas are back in routing; requests held for them go."""
+        self.replicas.restore_host(address)
+
+    def routes_changed(self) -> None:
+        """A replica came back, or the route table changed: let go the requests held for stacks that
+        now have a replica in routing (or no longer exist), to be routed again."""
+        table = self.routes()
+        for stack, hold in list(self.outages.items()):
+            upstream = table.upstreams.get(stack)
+            if upstream is None or self.replicas.live(upstream):
+                del self.outages[stack]
+                hold.release()
+
     # --- proxying ------------------------------------------------------------------------------
     def proxy(self, request: Request, conn: Connection) -> None:
         """Route and forward at once, from the socket's callback; only a hold or a full cap waits."""
@@ -133,7 +167,8 @@ class Gateway:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             error(conn, 400, "request body must be a JSON object with a string `model`", "invalid_request_error")
             return
-        exchange = conn.exchange = Proxied(conn, request.path, body, ledger=self.ledger, done=self._finished)
+        exchange = conn.exchange = Proxied(conn, request.path, body, ledger=self.ledger, done=self._finished,
+                                           retry=self._retry)
         hold = self.holds.get(body["model"])
         if hold is not None:
             exchange.wait(self._after_hold(exchange, hold))
@@ -143,13 +178,13 @@ class Gateway:
     async def _after_hold(self, exchange: Proxied, hold: Hold) -> None:
         refused = await hold.wait()
         if refused is not None:
-            error(exchange.conn, 503, f"{refused}; retry shortly", "switch_in_progress",
+            error(exchange.conn, 503, f"{refused}; retry shortly", hold.code,
                   headers=[("Retry-After", RETRY_AFTER)])
         else:
             self._route(exchange)
 
     def _route(self, exchange: Proxied) -> None:
-        model = exchange.payload["model"]
+        model = exchange.model
         table = self.routes()
         upstream = table.resolve(model)
         if upstream is None and model in table.parked and self.waker is not None:
@@ -159,15 +194,45 @@ class Gateway:
             error(exchange.conn, 404, f"The model `{model}` does not exist here; GET /v1/models lists what does.",
                   "model_not_found")
             return
+        if not self.replicas.live(upstream):  # every replica ejected: wait for one to come back
+            exchange.wait(self._after_hold(exchange, self._outage(upstream.stack)))
+            return
         exchange.payload = with_defaults(exchange.payload, upstream.request_defaults)
         exchange.payload["model"] = upstream.served_name
         exchange.upstream = upstream
         self.ledger.accepted(upstream.stack)
-        cap = self._cap(upstream)
-        if cap is None or cap.take():
-            self._forward(exchange)
+        url = self.replicas.take(upstream)
+        if url is not None:
+            self._forward(exchange, url)
         else:
-            exchange.wait(self._after_cap(exchange, cap))
+            exchange.wait(self._after_cap(exchange))
+
+    def _reroute(self, exchange: Proxied) -> None:
+        """Route an accepted request again from the start (its replica failed, or its stack's
+        replicas changed while it waited)."""
+        self.ledger.finished(exchange.upstream.stack, forwarded=exchange.forwarded)
+        exchange.upstream, exchange.forwarded, exchange.call = None, False, None
+        self._route(exchange)
+
+    def _retry(self, exchange: Proxied) -> bool:
+        """The engine failed before any byte of its answer: eject it and send the request to another
+        replica, at most once per replica; False (answer 502) for a lone engine, as before."""
+        upstream, url = exchange.upstream, exchange.replica
+        if url is None or len(upstream.urls) < 2 or exchange.tries >= len(upstream.urls):
+            return False
+        exchange.tries += 1
+        self.replicas.eject(url)
+        self._leave(exchange)
+        self._reroute(exchange)
+        return True
+
+    def _outage(self, stack: str) -> Hold:
+        hold = self.outages.get(stack)
+        if hold is None:
+            hold = self.outages[stack] = Hold(stack, None, stack, limit=self.hold_queue, timeout=self.hold_timeout,
+                                              waiting_for=f"a replica of stack {stack} to come back",
+                                              code="no_replica")
+        return hold
 
     def _wake(self, name: str, stack: str) -> Hold:
         """Hold `name`'s requests while its parked stack wakes (one wake per stack)."""
@@ -194,31 +259,31 @@ class Gateway:
             else:
                 hold.release()
 
-    async def _after_cap(self, exchange: Proxied, cap: Cap) -> None:
-        await cap.wait()
-        self._forward(exchange)
+    async def _after_cap(self, exchange: Proxied) -> None:
+        url = await self.replicas.wait(exchange.upstream)
+        if url is None:  # the stack's replicas changed while it waited
+            self._reroute(exchange)
+        else:
+            self._forward(exchange, url)
 
-    def _forward(self, exchange: Proxied) -> None:
+    def _forward(self, exchange: Proxied, url: str) -> None:
         self.ledger.forwarded(exchange.upstream.stack)
-        exchange.forwarded = True
-        exchange.call = self.upstreams.post(exchange.upstream.url, exchange.path, json.dumps(exchange.payload).encode(),
-                                            exchange)
+        exchange.forwarded, exchange.replica = True, url
+        self.on_engine.setdefault(url, set()).add(exchange)
+        exchange.call = self.upstreams.post(url, exchange.path, json.dumps(exchange.payload).encode(), exchange)
         if exchange.conn.paused:
             exchange.call.pause()
 
-    def _cap(self, upstream: Upstream) -> Cap | None:
-        if not upstream.max_concurrency:
-            return None
-        cap = self.caps.get(upstream.stack)
-        if cap is None:
-            cap = self.caps[upstream.stack] = Cap(upstream.max_concurrency)
-        return cap
+    def _leave(self, exchange: Proxied) -> None:
+        """The request no longer occupies its replica: the slot goes to the next waiter."""
+        url, exchange.replica = exchange.replica, None
+        self.on_engine[url].discard(exchange)
+        self.replicas.give(url, exchange.upstream.stack)
 
     def _finished(self, exchange: Proxied) -> None:
-        stack = exchange.upstream.stack
-        if exchange.forwarded and (cap := self.caps.get(stack)) is not None:
-            cap.give()
-        self.ledger.finished(stack, forwarded=exchange.forwarded)
+        if exchange.replica is not None:
+            self._leave(exchange)
+        self.ledger.finished(exchange.upstream.stack, forwarded=exchange.forwarded)
 
     def _authorized(self, request: Request) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -252,6 +317,15 @@ class LoopControl:
 
     def drain(self, stack: str) -> bool:
         return asyncio.run_coroutine_threadsafe(self.gateway.drain(stack, self.drain_timeout), self.loop).result()
+
+    def eject_host(self, address: str) -> None:
+        self._call(lambda: self.gateway.eject_host(address))
+
+    def restore_host(self, address: str) -> None:
+        self._call(lambda: self.gateway.restore_host(address))
+
+    def routes_changed(self) -> None:
+        self._call(self.gateway.routes_changed)
 
     def _call(self, fn: Callable):
         async def on_loop():

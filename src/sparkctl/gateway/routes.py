@@ -1,4 +1,6 @@
-"""The gateway's routing table: model names (aliases and served names) to upstream stacks.
+"""The gateway's routing table: model names (aliases and served names) to upstream stacks, each
+served by one engine or by several replicas (`Upstream.urls`, on any host of the fleet; which one
+gets a request is `replicas.py`'s choice).
 
 Built from the desired state and the stack files by whoever owns them (the daemon); replaced
 atomically as a whole, so a request sees either the old table or the new one.
@@ -18,6 +20,13 @@ class Upstream:
     max_concurrency: int | None = None  # the stack's enforced known-issue cap; excess requests queue
     # Parameters added to each request unless the client set them (`defaults.py`); read-only.
     request_defaults: Mapping[str, object] = field(default_factory=dict, hash=False)
+    # More engines serving the same stack (replicas, e.g. http://10.213.7.3:8110 on another host).
+    replicas: tuple[str, ...] = ()
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every engine of the stack: `url` first, then the other replicas."""
+        return (self.url, *self.replicas)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,12 @@ from sparkctl.gateway.http1 import Dechunker, Malformed, fields, split_head
 
 
 class UpstreamError(Exception):
-    """The engine could not be reached or broke off its answer."""
+    """The engine could not be reached or broke off its answer. `unanswered`: no byte of an answer
+    came (refused, reset or closed before answering), so the request may go to another replica."""
+
+    def __init__(self, message: str, *, unanswered: bool = False) -> None:
+        super().__init__(message)
+        self.unanswered = unanswered
 
 
 class Sink(Protocol):
@@ -76,7 +81,7 @@ class Call:
                 self.pool.connect_timeout)
         except (OSError, TimeoutError) as e:
             host, port = self.address
-            self.sink.failed(UpstreamError(f"cannot connect to {host}:{port} ({type(e).__name__})"))
+            self.sink.failed(UpstreamError(f"cannot connect to {host}:{port} ({type(e).__name__})", unanswered=True))
             return
         conn.send(self)
 
@@ -144,7 +149,7 @@ class EngineConnection(asyncio.Protocol):
 
     def send(self, call: Call) -> None:
         if self.closed:  # closed while it was being made
-            call.sink.failed(UpstreamError("the engine closed the connection"))
+            call.sink.failed(UpstreamError("the engine closed the connection", unanswered=True))
             return
         self.call, call.conn = call, self
         self.uses += 1
@@ -182,7 +187,8 @@ class EngineConnection(asyncio.Protocol):
             call.retried, call.conn = True, None  # the engine closed the idle connection as we wrote to it
             call.task = asyncio.ensure_future(call.connect())
         elif not self.headed:
-            call.sink.failed(UpstreamError("the engine closed the connection before answering"))
+            call.sink.failed(UpstreamError("the engine closed the connection before answering",
+                                           unanswered=not self.answered))
         elif self.length is None and self.dechunker is None:
             call.sink.body(b"", True)  # a body framed by the connection's end
         else:

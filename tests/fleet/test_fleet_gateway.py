@@ -1,0 +1,139 @@
+"""The gateway spanning the fleet: a stack's replicas are sim engines on namespace hosts, reached
+through the test bridge. Under a bounded load loop of the official openai client, killing one
+replica's engine fails no request (an engine that refuses before answering is ejected and the
+request goes to another replica), and `eject_host` stops all traffic to a host at once. A stack
+whose only host is ejected holds its requests until the host is restored, then serves them.
+
+Slow-ish (engines in the hosts' own dockerds, about 10 s in all): what the unit tests of
+tests/unit/test_replicas.py cannot show is real engines dying on another host's address."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from sparkctl.gateway.proxy import Gateway
+from sparkctl.gateway.routes import RouteTable, Upstream
+from tests.conftest import Running
+
+REQUESTS, CLIENTS = 90, 4
+
+
+def served(url: str) -> int:
+    """Requests an engine has finished, from its own /metrics."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    return int(sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)", text, re.M)))
+
+
+class Loop:
+    """CLIENTS threads sending non-streamed completions back to back until REQUESTS are done;
+    `at(n, action)` runs an action once n requests have finished."""
+
+    def __init__(self, url: str) -> None:
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        self.sent, self.done, self.failures = 0, 0, []
+        self.lock = threading.Lock()
+        self.actions: dict[int, threading.Event] = {}
+
+    def at(self, count: int) -> threading.Event:
+        """An event set once `count` requests have finished (the loop goes on meanwhile)."""
+        return self.actions.setdefault(count, threading.Event())
+
+    def run(self) -> threading.Thread:
+        threads = [threading.Thread(target=self._client) for _ in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        joiner = threading.Thread(target=lambda: [t.join() for t in threads])
+        joiner.start()
+        return joiner
+
+    def _client(self) -> None:
+        while True:
+            with self.lock:
+                if self.sent >= REQUESTS:
+                    return
+                self.sent += 1
+            try:
+                reply = self.client.completions.create(model="primary", prompt="x", max_tokens=8,
+                                                       extra_body={"ignore_eos": True})
+                assert reply.usage.completion_tokens == 8
+                with self.lock:
+                    self.done += 1
+                    for count, event in self.actions.items():
+                        if self.done >= count:
+                            event.set()
+            except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+                with self.lock:
+                    self.failures.append(repr(e))
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[Running, dict]]:
+    tables = {"now": RouteTable()}
+    running = Running(Gateway(lambda: tables["now"], hold_timeout=30.0))
+    yield running, tables
+    running.stop()
+
+
+def on_loop(running: Running, fn):
+    async def call():
+        return fn()
+
+    return asyncio.run_coroutine_threadsafe(call(), running.loop).result(10)
+
+
+def test_replicas_lose_no_request_when_an_engine_dies_or_a_host_is_ejected(fleet, start_on, gateway) -> None:
+    running, tables = gateway
+    engines = {h: start_on(fleet[h], name="gw-replica", port=8121) for h in "abc"}
+    for engine in engines.values():
+        engine.wait_ready()
+    tables["now"] = RouteTable({"gemma": Upstream("gemma", engines["a"].url, "tiny",
+                                                  replicas=(engines["b"].url, engines["c"].url))},
+                               aliases={"primary": "gemma"})
+    loop = Loop(running.url)
+    joiner = loop.run()
+
+    assert loop.at(15).wait(60)
+    fleet["a"].docker("kill", engines["a"].id)  # the engine dies mid-loop; its host stays up
+    assert loop.at(40).wait(60)
+    on_loop(running, lambda: running.gateway.eject_host(fleet["b"].address))
+    assert loop.at(55).wait(60)  # what b had in hand when it was ejected is over by now
+    on_b = served(engines["b"].url)
+    joiner.join(120)
+
+    assert loop.failures == [] and loop.done == REQUESTS
+    assert served(engines["b"].url) == on_b  # nothing went to the ejected host
+    assert served(engines["c"].url) >= REQUESTS - 55
+    assert list(on_loop(running, lambda: running.gateway.replicas.ejected()["engines"])) == [engines["a"].url]
+
+
+def test_a_single_replica_stack_whose_host_is_ejected_holds_then_serves(fleet, start_on, gateway) -> None:
+    running, tables = gateway
+    c = fleet["c"]
+    engine = start_on(c, name="gw-lone", port=8122)
+    engine.wait_ready()
+    tables["now"] = RouteTable({"lone": Upstream("lone", engine.url, "tiny")}, aliases={"primary": "lone"})
+    on_loop(running, lambda: running.gateway.eject_host(c.address))
+    loop = Loop(running.url)
+    joiner = loop.run()
+
+    held = lambda: on_loop(running, lambda: len(h.waiting) if (h := running.gateway.outages.get("lone")) else 0)  # noqa: E731
+    wait_until(lambda: held() == CLIENTS)
+    assert loop.done == 0 and served(engine.url) == 0
+    on_loop(running, lambda: running.gateway.restore_host(c.address))
+    joiner.join(120)
+    assert loop.failures == [] and loop.done == REQUESTS and served(engine.url) == REQUESTS
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
