@@ -112,3 +112,35 @@ class Placement:
     name: str
     strategy: str
     nodes: tuple[str, ...]  # node ids, one per bundle
+
+
+# -- host agents ------------------------------------------------------------------------------------
+AGENT_PREFIX = "sparkctl-agent-"  # pinned to its host by the node label LABEL_HOST, not by `spark:<host>`
+
+
+def agent_name(host: str) -> str:
+    """The detached actor that owns a host's containers, in the instance's namespace."""
+    return f"{AGENT_PREFIX}{host}"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What a host's agent is started with: its host and that host's local Docker engine
+    (None: the host's default socket), serving one sparkctl instance."""
+
+    host: str
+    docker_url: str | None
+    instance: str
+
+
+@dataclass(frozen=True)
+class AgentAnswer:
+    """One host's answer to a call on its agent: the value, or why there was none."""
+
+    host: str
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None

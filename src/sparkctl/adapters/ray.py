@@ -25,7 +25,18 @@ from typing import Any
 
 from sparkctl.adapters import processes
 from sparkctl.errors import SparkctlError, TransientError
-from sparkctl.node import LABEL_HOST, Node, NodeLaunch, NodeRecord, NodeState, Placement, host_resource
+from sparkctl.node import (
+    LABEL_HOST,
+    AgentAnswer,
+    AgentSpec,
+    Node,
+    NodeLaunch,
+    NodeRecord,
+    NodeState,
+    Placement,
+    agent_name,
+    host_resource,
+)
 
 RESULT = "SPARKCTL-RESULT "  # the child's answer: the last stdout line starting with this
 SOCKET_PATH_MAX = 107  # AF_UNIX; Ray puts `session_<stamp>_<pid>/sockets/plasma_store` under its temp dir
@@ -135,6 +146,17 @@ class RayBackend:
         """Remove the named placement group; False when there was none."""
         return bool(self._call("remove", head=head, local_address=local_address, name=name, namespace=self.namespace))
 
+    # -- host agents ------------------------------------------------------------------------------
+    def ask_agents(self, head: str, *, local_address: str, hosts: list[str], method: str, args: list[Any] | None = None,
+                   wait: float, ensure: list[AgentSpec] | None = None) -> list[AgentAnswer]:
+        """Call `method(*args)` on each host's agent at once (after starting the agents of
+        `ensure` that do not run yet: idempotent); one answer per host, in `hosts` order. A host
+        whose agent did not answer within `wait` s, or has none, gets an error, not a value."""
+        answer = self._call("agents", head=head, local_address=local_address, namespace=self.namespace,
+                            ensure=[vars(spec) for spec in ensure or []], hosts=hosts, method=method,
+                            args=args or [], wait=wait)
+        return [AgentAnswer(host=h, value=answer[h].get("value"), error=answer[h].get("error")) for h in hosts]
+
     # -- helpers ----------------------------------------------------------------------------------
     def _call(self, op: str, **args: Any) -> Any:
         self._reachable(args["head"])
@@ -182,6 +204,8 @@ def _check_ports(launch: NodeLaunch) -> None:
     offsets = [*OFFSETS.values(), *(() if launch.head else (0, DASHBOARD_OFFSET))]
     for port in sorted(launch.port + offset for offset in offsets):
         with socket.socket(socket.AF_INET6 if ":" in launch.address else socket.AF_INET) as probe:
+            # as Ray's servers bind: connections a killed node left in TIME_WAIT do not hold the port
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("", port))
             except OSError:
@@ -213,7 +237,52 @@ def _child_error(op: str, head: str, output: str, token_file: Path) -> SparkctlE
 def _child(op: str, args: dict[str, Any]) -> Any:
     if op == "nodes":
         return _child_nodes(args["head"])
+    if op == "agents":
+        return _child_agents(args)
     return _child_driver(op, args)
+
+
+def _child_agents(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Ensure the agents asked for (detached, named, pinned to their host by its node label and
+    restarted by Ray when a node with that label comes back), then call one method on each host's.
+    A label, not a share of `spark:<host>`: the agent must not take from the one unit a placement
+    bundle reserves, nor be kept off its host by a placement holding that unit."""
+    import ray
+
+    from sparkctl.adapters.agent import HostAgent
+
+    namespace = args["namespace"]
+    ray.init(address=args["head"], _node_ip_address=args["local_address"], namespace=namespace,
+             logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    actor_class = ray.remote(HostAgent)
+    for spec in args["ensure"]:
+        actor_class.options(name=agent_name(spec["host"]), namespace=namespace, lifetime="detached",
+                            get_if_exists=True, label_selector={LABEL_HOST: spec["host"]}, num_cpus=0,
+                            max_restarts=-1, max_concurrency=4).remote(**spec)
+    answers: dict[str, dict[str, Any]] = {}
+    pending: dict[str, Any] = {}
+    for host in args["hosts"]:
+        try:
+            actor = ray.get_actor(agent_name(host), namespace=namespace)
+        except ValueError:
+            answers[host] = {"error": f"no agent runs for host {host!r}: start its node (`sparkctl fleet join` "
+                                      "on that Spark), then retry"}
+            continue
+        pending[host] = getattr(actor, args["method"]).remote(*args["args"])
+    ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=args["wait"]) if pending else ([], [])
+    for host, ref in pending.items():
+        answers[host] = _agent_result(ray, ref) if ref in ready else {
+            "error": f"its agent did not answer within {args['wait']:g} s (host down, or Ray has not seen it back)"}
+    return answers
+
+
+def _agent_result(ray: Any, ref: Any) -> dict[str, Any]:
+    try:
+        return {"value": ray.get(ref, timeout=1)}
+    except Exception as e:  # noqa: BLE001 - any failure is that host's answer, not the whole call's
+        cause = getattr(e, "cause", None) or e
+        text = " ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+        return {"error": f"{type(cause).__name__}: {text}"[:500]}
 
 
 def _child_nodes(head: str) -> list[dict[str, Any]]:
@@ -254,3 +323,5 @@ def _child_driver(op: str, args: dict[str, Any]) -> Any:
 if __name__ == "__main__":
     answer = _child(sys.argv[1], json.loads(sys.stdin.read()))
     print(RESULT + json.dumps(answer), flush=True)
+    if sys.argv[1] == "agents":
+        os._exit(0)  # calls left waiting on a dead host's agent must not hold the driver's shutdown

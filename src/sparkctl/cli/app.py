@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every error ends here as one line and exit code 1."""
     err = Console(stderr=True, highlight=False)
     try:
-        app(args=argv, prog_name="sparkctl", standalone_mode=False)
+        # Without standalone mode, click returns a command's `typer.Exit(code)` instead of raising it
+        code = app(args=argv, prog_name="sparkctl", standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
         _fail(err, f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def command() -> NoReturn:

@@ -1,7 +1,9 @@
-"""`sparkctl fleet init | join HEAD | status | leave`: this Spark's Ray node in a fleet of Sparks.
+"""`sparkctl fleet init | join HEAD | status | leave | ps | down STACK | check-image REF`: this
+Spark's Ray node in a fleet of Sparks, and every host's containers through its host agent.
 
-The first slice of the fleet: nodes, their state and the inventory. Placing stacks across hosts
-is not here yet. The backend (Ray) is built here and passed down; the steps are in `fleet`.
+Nodes, their state and the inventory; the host agents (one detached Ray actor per Spark owning
+its local Docker) for listing, removing and image checks across hosts. Placing stacks across
+hosts is not here yet. The backend (Ray) is built here and passed down; the steps are in `fleet`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from rich.table import Table
 
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet import local, membership, status
+from sparkctl.fleet import agents, census, drift, local, membership, status
 from sparkctl.node import NodeState
 from sparkctl.spec.fleet import Fleet, load_fleet
 
@@ -27,6 +29,10 @@ HOST = typer.Option(None, "--host", help="The fleet file's host to start as (def
 ADDRESS = typer.Option(None, "--address", help="The address Ray uses on this Spark (overrides the fleet file's); "
                                                "must be on a local interface.")
 PORT = typer.Option(None, "--port", help="The node's first port (the head's GCS port); it uses 256 from there.")
+HEAD = typer.Option(None, "--head", help="The head's ADDR:PORT (default: the one this Spark joined, else the fleet "
+                                         "file's `head`).")
+WAIT = typer.Option(10.0, "--wait", min=0.5, help="Seconds each host's agent has to answer before the host is "
+                                                  "named unreachable.")
 
 
 @app.command("init")
@@ -39,6 +45,7 @@ def init(ctx: typer.Context, host: str | None = HOST, address: str | None = ADDR
     record = membership.start(_backend(rt), rt.settings, chosen, head=None, inventory=fleet is not None)
     rt.console.print(f"[green]started[/] the fleet's head as host {escape(record.host)} at {escape(record.head)} "
                      f"(pids {' '.join(map(str, _backend(rt).running(record)))})")
+    _ensure_agent(rt, fleet, record)
     rt.console.print(f"On each other Spark: copy {membership.token_path(rt.settings)} to the same place (mode 0600), "
                      f"then run `sparkctl fleet join {escape(record.head)}`.")
 
@@ -64,6 +71,7 @@ def join(
                               inventory=fleet is not None)
     rt.console.print(f"[green]joined[/] the fleet at {escape(record.head)} as host {escape(record.host)} "
                      f"({escape(record.address)})")
+    _ensure_agent(rt, fleet, record)
 
 
 @app.command("status")
@@ -102,6 +110,103 @@ def leave(ctx: typer.Context) -> None:
     record, pids = left
     rt.console.print(f"[yellow]left[/] the fleet at {escape(record.head)}: stopped host {escape(record.host)}'s "
                      f"{len(pids)} processes")
+
+
+@app.command("ps")
+def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
+       as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Every container of this instance on every host, as that host's Docker reports it."""
+    rt = runtime(ctx)
+    found = census.census(_ask(rt, head, "containers", [], wait))
+    if as_json:
+        print(json.dumps(found.to_dict(), indent=2))
+    else:
+        table = Table("host", "stack", "container", "state", "image", "repo digest", title="fleet containers")
+        for row in found.rows:
+            table.add_row(escape(row.host), escape(row.stack), escape(row.name), row.state, escape(row.image),
+                          (row.repo_digest or "-")[:19])
+        rt.console.print(table)
+        _print_unreachable(rt, found.unreachable, "its containers are not listed")
+    if not found.complete:
+        raise typer.Exit(1)
+
+
+@app.command("down")
+def down(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack whose containers to remove."),
+         head: str | None = HEAD, wait: float = typer.Option(40.0, "--wait", min=0.5, help="Seconds each host has "
+                                                             "to confirm its containers are gone.")) -> None:
+    """Remove STACK's containers on every host; returns once each host's Docker confirms they are gone."""
+    rt = runtime(ctx)
+    done = census.removal(stack, _ask(rt, head, "remove", [stack], wait))
+    for host, names in done.removed.items():
+        what = f"removed {escape(', '.join(names))}" if names else "had none"
+        rt.console.print(f"host {escape(host)}: {what} (its Docker confirms none is left)")
+    _print_unreachable(rt, done.unreachable, f"{escape(stack)}'s containers there may still run")
+    if not done.complete:
+        raise typer.Exit(1)
+
+
+@app.command("check-image")
+def check_image(
+    ctx: typer.Context,
+    ref: str = typer.Argument(..., help="The image reference (`repo:tag` or `repo@sha256:...`)."),
+    pull: bool = typer.Option(False, "--pull", help="Have every host pull REF first (REF must name a digest)."),
+    head: str | None = HEAD,
+    wait: float = typer.Option(60.0, "--wait", min=0.5, help="Seconds each host has to answer (and pull)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Refuse (exit 1) unless every host holds the same RepoDigest for REF, naming each host that differs."""
+    rt = runtime(ctx)
+    found, unreachable = drift.images(_ask(rt, head, "pull" if pull else "image_digest", [ref], wait))
+    verdict = drift.verdict(ref, found, wanted=_wanted_digest(rt, ref), unreachable=unreachable)
+    if as_json:
+        print(json.dumps(verdict.to_dict(), indent=2))
+    elif verdict.same:
+        rt.console.print(f"[green]same image[/] {escape(ref)} on every host: {verdict.expected}")
+    else:
+        for host, why in verdict.differences.items():
+            rt.console.print(f"[red]host {escape(host)}[/] {escape(why)}")
+    if not verdict.same:
+        raise typer.Exit(1)
+
+
+def _ensure_agent(rt: Runtime, fleet: Fleet | None, record) -> None:  # noqa: ANN001 - a NodeRecord
+    """This Spark's host agent, started with its node; a failure is reported, the node stays up."""
+    try:
+        answer = agents.ensure_own(_backend(rt), settings=rt.settings, fleet=fleet, host=record.host,
+                                   head=record.head, wait=min(30.0, rt.settings.fleet_ray_timeout / 2))
+    except SparkctlError as e:
+        answer = None
+        why = str(e)
+    else:
+        why = answer.error
+    if answer is not None and answer.ok:
+        docker = answer.value["docker_url"] or "the local socket"
+        rt.console.print(f"host agent {escape(record.host)} runs (Docker: {escape(docker)})")
+    else:
+        rt.console.print(f"[yellow]the host agent did not start[/] ({escape(why or '')}); `sparkctl fleet ps` on the "
+                         "head starts it once the node is up")
+
+
+def _ask(rt: Runtime, head: str | None, method: str, args: list, wait: float) -> list:
+    fleet = _inventory(rt)
+    return agents.ask(_backend(rt), head=membership.head_endpoint(rt.settings, fleet, head), settings=rt.settings,
+                      fleet=fleet, method=method, args=args, wait=wait)
+
+
+def _wanted_digest(rt: Runtime, ref: str) -> str | None:
+    """The digest REF names, else the one sparkctl recorded for its tag here, else None (majority)."""
+    from sparkctl.policy.images import parse_ref
+
+    name = parse_ref(ref)
+    if name.digest:
+        return name.digest
+    return rt.store.digests.get(name.tagged) if rt.settings.store_path.is_file() else None
+
+
+def _print_unreachable(rt: Runtime, unreachable: dict[str, str], consequence: str) -> None:
+    for host, why in unreachable.items():
+        rt.console.print(f"[red]host {escape(host)} could not be reached[/] ({escape(why)}); {consequence}")
 
 
 def _backend(rt: Runtime):  # noqa: ANN202 - the adapter is imported only when a command needs it

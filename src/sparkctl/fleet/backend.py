@@ -1,5 +1,6 @@
 """What sparkctl needs from a fleet's control plane, as a protocol: start and stop this Spark's
-node, read every node's state, and place or remove a group of resource bundles across nodes.
+node, read every node's state, place or remove a group of resource bundles across nodes, and call
+the host agents that own each host's containers.
 
 `adapters.ray.RayBackend` implements it; a Kubernetes backend (LeaderWorkerSet) could too,
 without a change to the CLI or the fleet layer, which only speak this protocol.
@@ -7,9 +8,9 @@ without a change to the CLI or the fleet layer, which only speak this protocol.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
-from sparkctl.node import Node, NodeLaunch, NodeRecord, Placement
+from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, Placement
 
 
 class FleetBackend(Protocol):
@@ -31,3 +32,8 @@ class FleetBackend(Protocol):
 
     def remove(self, head: str, *, local_address: str, name: str) -> bool:
         """Release a placement; False when there was none."""
+
+    def ask_agents(self, head: str, *, local_address: str, hosts: list[str], method: str, args: list[Any] | None = None,
+                   wait: float, ensure: list[AgentSpec] | None = None) -> list[AgentAnswer]:
+        """Start the agents of `ensure` unless they run (idempotent), then call `method` on each
+        host's agent; one answer per host (a value, or the error that host gave or its silence)."""

@@ -1,0 +1,149 @@
+"""The host agents' pure parts: which hosts are asked and which agents ensured (against a
+recording backend), merging the agents' answers into `fleet ps` rows and a `fleet down` outcome,
+the image-drift verdict, and picking the RepoDigest that stands for a ref."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from sparkctl.adapters.agent import _digest_for
+from sparkctl.adapters.ray import _check_ports
+from sparkctl.fleet import agents, census, drift, local
+from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, NodeState
+from sparkctl.settings import Settings
+from sparkctl.spec.fleet import load_fleet
+
+D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
+FLEET = """head: a
+hosts:
+""" + "".join(f"""  - name: {n}
+    serving: {{interface: lo, address: 127.0.0.{i + 2}}}
+    memory: 2GiB
+    ray: {{address: 127.0.0.{i + 2}, port: {27000 + 300 * i}}}
+    docker: unix:///run/{n}.sock
+""" for i, n in enumerate("abc"))
+
+
+class RecordingBackend:
+    """The `FleetBackend` calls `agents.ask` makes, with canned answers."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.node_table, self.asked = nodes, []
+
+    def nodes(self, head: str) -> list[Node]:
+        return self.node_table
+
+    def ask_agents(self, head, *, local_address, hosts, method, args=None, wait, ensure=None):  # noqa: ANN001
+        self.asked.append(dict(head=head, local_address=local_address, hosts=hosts, method=method, args=args,
+                               ensure=ensure))
+        return [AgentAnswer(host=h, value=[]) for h in hosts]
+
+
+def node(host: str, state: NodeState = NodeState.ALIVE) -> Node:
+    return Node(node_id=host * 8, address="127.0.0.1", state=state, resources={f"spark:{host}": 1.0})
+
+
+def settings_with_node(tmp_path: Path) -> Settings:
+    settings = Settings(state_dir=tmp_path, instance="t1")
+    local.write_record(settings.fleet_dir / local.RECORD_FILE, NodeRecord(
+        host="a", address="127.0.0.2", head="127.0.0.2:27000", is_head=True, temp_dir="/tmp/x", handle={}))
+    return settings
+
+
+def test_every_host_is_answered_for_and_only_live_ones_are_asked(tmp_path: Path) -> None:
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    fleet = load_fleet(tmp_path / "fleet.yaml")
+    backend = RecordingBackend([node("a"), node("c", NodeState.DEAD), node("x")])
+    answers = agents.ask(backend, head="127.0.0.2:27000", settings=settings_with_node(tmp_path), fleet=fleet,
+                         method="containers", wait=5)
+    assert [a.host for a in answers] == ["a", "b", "c", "x"]  # inventory order, then hosts only Ray knows
+    assert [a.ok for a in answers] == [True, False, False, True]
+    assert "knows no node" in answers[1].error and "dead" in answers[2].error
+    (call,) = backend.asked
+    assert call["hosts"] == ["a", "x"] and call["local_address"] == "127.0.0.2"
+    assert call["ensure"] == [AgentSpec("a", "unix:///run/a.sock", "t1"), AgentSpec("x", None, "t1")]
+
+
+def test_asking_needs_a_node_here(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="fleet init"):
+        agents.ask(RecordingBackend([node("a")]), head="h:1", settings=Settings(state_dir=tmp_path), fleet=None,
+                   method="containers", wait=1)
+
+
+def test_the_census_keeps_silent_hosts_apart() -> None:
+    row = {"stack": "tiny", "name": "sparkctl-tiny", "state": "running", "image": "sim:1", "repo_digest": D1}
+    found = census.census([AgentAnswer("a", value=[]), AgentAnswer("b", value=[row, {**row, "stack": "big"}]),
+                           AgentAnswer("c", error="did not answer within 8 s")])
+    assert [(r.host, r.stack) for r in found.rows] == [("b", "big"), ("b", "tiny")]
+    assert found.hosts == ("a", "b", "c") and found.unreachable == {"c": "did not answer within 8 s"}
+    assert not found.complete and found.to_dict()["containers"][1]["repo_digest"] == D1
+
+
+def test_a_removal_is_complete_only_when_every_host_confirmed() -> None:
+    done = census.removal("tiny", [AgentAnswer("a", value={"removed": []}),
+                                   AgentAnswer("b", value={"removed": ["sparkctl-tiny"], "confirmed": True})])
+    assert done.complete and done.removed == {"a": (), "b": ("sparkctl-tiny",)}
+    partial = census.removal("tiny", [AgentAnswer("a", value={"removed": []}), AgentAnswer("c", error="dead")])
+    assert not partial.complete and partial.unreachable == {"c": "dead"}
+
+
+def image(host: str, digest: str | None, image_id: str = "id1", present: bool = True) -> drift.HostImage:
+    return drift.HostImage(host=host, present=present, image_id=image_id if present else None, repo_digest=digest)
+
+
+@pytest.mark.parametrize(("hosts", "wanted", "unreachable", "expected", "differ"), [
+    ([image("a", D1), image("b", D1)], None, {}, D1, {}),
+    ([image("a", D1), image("b", D1), image("c", D2, "id2")], None, {}, D1, {"c": "a, b have"}),
+    ([image("a", D1), image("b", D2, "id2")], None, {}, D1, {"b": "a has"}),  # a tie: the first host's
+    ([image("a", D1), image("b", D1)], D2, {}, D2, {"a": "is expected", "b": "is expected"}),
+    ([image("a", D1), image("b", None)], None, {}, D1, {}),  # loaded, same image id as a's D1
+    ([image("a", D1), image("b", None, "id9")], None, {}, D1, {"b": "no RepoDigest"}),
+    ([image("a", D1), image("b", None, present=False)], None, {}, D1, {"b": "has no image"}),
+    ([image("a", D1)], None, {"c": "timed out"}, D1, {"c": "could not be asked: timed out"}),
+    ([image("a", D3, "id3"), image("b", D1), image("c", D1)], None, {}, D1, {"a": "b, c have"}),
+])
+def test_the_drift_verdict(hosts, wanted, unreachable, expected, differ) -> None:  # noqa: ANN001
+    verdict = drift.verdict("reg/x:1", hosts, wanted=wanted, unreachable=unreachable)
+    assert verdict.expected == expected and verdict.same == (not differ)
+    assert set(verdict.differences) == set(differ)
+    for host, words in differ.items():
+        assert words in verdict.differences[host]
+
+
+def test_agent_answers_become_host_images() -> None:
+    found, unreachable = drift.images([
+        AgentAnswer("a", value={"present": True, "image_id": "id1", "repo_digest": D1}),
+        AgentAnswer("b", error="ActorDiedError: its node died")])
+    assert found == [image("a", D1)] and unreachable == {"b": "ActorDiedError: its node died"}
+
+
+@pytest.mark.parametrize(("ref", "repo_digests", "digest"), [
+    ("reg:5000/x:v1", [f"reg:5000/x@{D1}"], D1),
+    ("reg:5000/x", [f"reg:5000/y@{D2}", f"reg:5000/x@{D1}"], D1),
+    (f"reg:5000/x@{D2}", [f"reg:5000/x@{D1}", f"reg:5000/x@{D2}"], D2),
+    ("x:v1", [f"mirror/x@{D3}"], D3),  # the only one
+    ("x:v1", [], None),  # `docker load` dropped it
+    ("x:v1", [f"a/y@{D1}", f"b/z@{D2}"], None),
+])
+def test_the_repo_digest_that_stands_for_a_ref(ref: str, repo_digests: list[str], digest: str | None) -> None:
+    assert _digest_for(ref, repo_digests) == digest
+
+
+def test_a_port_left_in_time_wait_is_free_to_start_on(tmp_path: Path) -> None:
+    """A node killed mid-connection leaves its ports in TIME_WAIT: a restart must not be refused."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server's side closes first: its port is in TIME_WAIT
+    client.close()
+    server.close()
+    states = [line.split()[3] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+              if line.split()[1].endswith(f":{port:04X}")]
+    assert "06" in states  # TIME_WAIT
+    launch = NodeLaunch(host="a", address="127.0.0.1", port=port - 1, head="127.0.0.1:1", memory_bytes=1,
+                        temp_dir=tmp_path, log_file=tmp_path / "log", object_store_bytes=1)
+    _check_ports(launch)  # port - 1 + 1: the node manager's port
