@@ -40,5 +40,9 @@ class ImageRefused(SparkctlError):
     """The image policy refuses a ref or digest (blacklisted, or an unpinned `latest`)."""
 
 
+class NoRoom(SparkctlError):
+    """The fleet's control plane found no set of hosts with the resources a placement asks for."""
+
+
 class DockerError(SparkctlError):
     """A Docker engine call failed; carries the call, status and the engine's words."""

@@ -115,6 +115,7 @@ class Placement:
 
 
 # -- host agents ------------------------------------------------------------------------------------
+AGENT_CLASS = "sparkctl.agent:HostAgent"  # what each agent actor runs
 AGENT_PREFIX = "sparkctl-agent-"  # pinned to its host by the node label LABEL_HOST, not by `spark:<host>`
 
 
@@ -125,12 +126,14 @@ def agent_name(host: str) -> str:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """What a host's agent is started with: its host and that host's local Docker engine
-    (None: the host's default socket), serving one sparkctl instance."""
+    """What a host's agent is started with: its host, that host's local Docker engine (None: the
+    host's default socket) and serving address (where its engines listen; None: loopback),
+    serving one sparkctl instance."""
 
     host: str
     docker_url: str | None
     instance: str
+    address: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.adapters.agent import _digest_for
 from sparkctl.adapters.ray import _check_ports
+from sparkctl.agent import _digest_for
 from sparkctl.fleet import agents, census, drift, local
 from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, NodeState
 from sparkctl.settings import Settings
@@ -64,7 +64,7 @@ def test_every_host_is_answered_for_and_only_live_ones_are_asked(tmp_path: Path)
     assert "knows no node" in answers[1].error and "dead" in answers[2].error
     (call,) = backend.asked
     assert call["hosts"] == ["a", "x"] and call["local_address"] == "127.0.0.2"
-    assert call["ensure"] == [AgentSpec("a", "unix:///run/a.sock", "t1"), AgentSpec("x", None, "t1")]
+    assert call["ensure"] == [AgentSpec("a", "unix:///run/a.sock", "t1", "127.0.0.2"), AgentSpec("x", None, "t1")]
 
 
 def test_asking_needs_a_node_here(tmp_path: Path) -> None:

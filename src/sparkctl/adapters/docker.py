@@ -92,13 +92,19 @@ class DockerEngine:
     def local_image_id(self, ref: str, *, built_here: bool = False) -> str | None:
         """The id of the image `ref` names on this engine, or None if it has none; with
         `built_here`, only if it never came from a registry (it has no repo digest)."""
+        info = self.image(ref)
+        if info is None:
+            return None
+        return None if built_here and info.get("RepoDigests") else info["Id"]
+
+    def image(self, ref: str) -> dict[str, Any] | None:
+        """Docker's record of the image `ref` names (`Id`, `RepoDigests`, ...), or None."""
         try:
-            info = self.client.api.inspect_image(ref)
+            return self.client.api.inspect_image(ref)
         except docker.errors.ImageNotFound:
             return None
         except docker.errors.APIError as e:
             raise DockerError(f"inspect image {ref}: {e.explanation or e}") from e
-        return None if built_here and info.get("RepoDigests") else info["Id"]
 
     def run_once(self, image: str, entrypoint: list[str], command: list[str]) -> str:
         """Run a throwaway container (no network) and return its stdout; fails with its output."""

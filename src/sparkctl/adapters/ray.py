@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.adapters import processes
-from sparkctl.errors import SparkctlError, TransientError
+from sparkctl.errors import NoRoom, SparkctlError, TransientError
 from sparkctl.node import (
+    AGENT_CLASS,
     LABEL_HOST,
     AgentAnswer,
     AgentSpec,
@@ -46,6 +47,7 @@ OFFSETS = {"--node-manager-port": 1, "--object-manager-port": 2, "--dashboard-ag
            "--dashboard-agent-grpc-port": 4, "--metrics-export-port": 5, "--runtime-env-agent-port": 6}
 WORKER_PORTS = (16, 255)
 DASHBOARD_OFFSET = 7  # the head's minimal dashboard process binds one even with the dashboard off
+UNPLACEABLE = "could not be placed within"
 AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
 
 
@@ -135,12 +137,19 @@ class RayBackend:
                      resources=n["resources"], labels=n["labels"]) for n in answer]
 
     def place(self, head: str, *, local_address: str, name: str, bundles: list[dict[str, float]],
-              strategy: str) -> Placement:
+              strategy: str, wait: float | None = None) -> Placement:
         """Create the named, detached placement group (or find it) and wait until it is placed;
-        one that cannot be placed within the timeout is removed and refused."""
+        one that cannot be placed within `wait` (default: the timeout) is removed and refused."""
+        limit = self.timeout - 5  # the child must answer before its own deadline
         answer = self._call("place", head=head, local_address=local_address, name=name, bundles=bundles,
-                            strategy=strategy, namespace=self.namespace, wait=max(1.0, self.timeout - 5))
+                            strategy=strategy, namespace=self.namespace,
+                            wait=max(1.0, limit if wait is None else min(wait, limit)))
         return Placement(name=name, strategy=strategy, nodes=tuple(answer["nodes"]))
+
+    def free_memory(self, head: str, *, local_address: str) -> dict[str, int]:
+        """Each live node's unreserved memory in bytes, by node id."""
+        answer = self._call("free", head=head, local_address=local_address, namespace=self.namespace)
+        return {node: int(memory) for node, memory in answer.items()}
 
     def remove(self, head: str, *, local_address: str, name: str) -> bool:
         """Remove the named placement group; False when there was none."""
@@ -226,6 +235,8 @@ def _tail(path: Path, lines: int = 12) -> str:
 
 
 def _child_error(op: str, head: str, output: str, token_file: Path) -> SparkctlError:
+    if UNPLACEABLE in output:
+        return NoRoom(next(line for line in output.splitlines() if UNPLACEABLE in line).split("Error: ", 1)[-1])
     if any(marker in output for marker in AUTH_FAILED):
         return SparkctlError(f"the Ray head at {head} refused this Spark's token ({token_file}): copy the head's "
                              "token file to that path (0600) and retry")
@@ -247,14 +258,16 @@ def _child_agents(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     restarted by Ray when a node with that label comes back), then call one method on each host's.
     A label, not a share of `spark:<host>`: the agent must not take from the one unit a placement
     bundle reserves, nor be kept off its host by a placement holding that unit."""
+    import importlib
+
     import ray
 
-    from sparkctl.adapters.agent import HostAgent
-
+    module, _, name = AGENT_CLASS.partition(":")
+    host_agent = getattr(importlib.import_module(module), name)  # above this layer: named, not imported
     namespace = args["namespace"]
     ray.init(address=args["head"], _node_ip_address=args["local_address"], namespace=namespace,
              logging_level="ERROR", log_to_driver=False, configure_logging=False)
-    actor_class = ray.remote(HostAgent)
+    actor_class = ray.remote(host_agent)
     for spec in args["ensure"]:
         actor_class.options(name=agent_name(spec["host"]), namespace=namespace, lifetime="detached",
                             get_if_exists=True, label_selector={LABEL_HOST: spec["host"]}, num_cpus=0,
@@ -268,7 +281,7 @@ def _child_agents(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
             answers[host] = {"error": f"no agent runs for host {host!r}: start its node (`sparkctl fleet join` "
                                       "on that Spark), then retry"}
             continue
-        pending[host] = getattr(actor, args["method"]).remote(*args["args"])
+        pending[host] = actor.call.remote(args["method"], *args["args"])
     ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=args["wait"]) if pending else ([], [])
     for host, ref in pending.items():
         answers[host] = _agent_result(ray, ref) if ref in ready else {
@@ -281,6 +294,8 @@ def _agent_result(ray: Any, ref: Any) -> dict[str, Any]:
         return {"value": ray.get(ref, timeout=1)}
     except Exception as e:  # noqa: BLE001 - any failure is that host's answer, not the whole call's
         cause = getattr(e, "cause", None) or e
+        if isinstance(cause, RuntimeError):  # the agent's own refusal (`HostAgent.call`), whole
+            return {"error": str(cause)[:2000]}
         text = " ".join(line.strip() for line in str(cause).splitlines() if line.strip())
         return {"error": f"{type(cause).__name__}: {text}"[:500]}
 
@@ -301,6 +316,10 @@ def _child_driver(op: str, args: dict[str, Any]) -> Any:
 
     ray.init(address=args["head"], _node_ip_address=args["local_address"], namespace=args["namespace"],
              logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    if op == "free":
+        from ray._private.state import available_resources_per_node
+
+        return {node: free.get("memory", 0) for node, free in available_resources_per_node().items()}
     if op == "remove":
         try:
             group = get_placement_group(args["name"])
@@ -314,8 +333,8 @@ def _child_driver(op: str, args: dict[str, Any]) -> Any:
         group = placement_group(args["bundles"], strategy=args["strategy"], name=args["name"], lifetime="detached")
     if not group.wait(timeout_seconds=args["wait"]):
         remove_placement_group(group)
-        raise RuntimeError(f"placement group {args['name']!r} ({args['strategy']} over {args['bundles']}) could not "
-                           f"be placed within {args['wait']:g} s: no set of nodes has those resources free")
+        raise RuntimeError(f"placement group {args['name']!r} ({args['strategy']} over {args['bundles']}) "
+                           f"{UNPLACEABLE} {args['wait']:g} s: no set of nodes has those resources free")
     table = placement_group_table(group)
     return {"nodes": [table["bundles_to_node_id"][i] for i in range(len(args["bundles"]))]}
 

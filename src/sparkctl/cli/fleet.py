@@ -1,9 +1,10 @@
-"""`sparkctl fleet init | join HEAD | status | leave | ps | down STACK | check-image REF`: this
-Spark's Ray node in a fleet of Sparks, and every host's containers through its host agent.
+"""`sparkctl fleet init | join HEAD | status | leave | up STACK | ps | down STACK | check-image REF`:
+this Spark's Ray node in a fleet of Sparks, stacks placed across it, and every host's containers
+through its host agent.
 
 Nodes, their state and the inventory; the host agents (one detached Ray actor per Spark owning
-its local Docker) for listing, removing and image checks across hosts. Placing stacks across
-hosts is not here yet. The backend (Ray) is built here and passed down; the steps are in `fleet`.
+its local Docker) for deploying, listing, removing and image checks across hosts. The backend
+(Ray) is built here and passed down; the steps are in `fleet`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.table import Table
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, census, drift, local, membership, status
+from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.node import NodeState
 from sparkctl.spec.fleet import Fleet, load_fleet
 
@@ -112,6 +114,27 @@ def leave(ctx: typer.Context) -> None:
                      f"{len(pids)} processes")
 
 
+@app.command("up")
+def up(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack to place and start."),
+       head: str | None = HEAD, wait: float = typer.Option(1800.0, "--wait", min=1, help="Seconds each host has to "
+                                                           "pull, fetch and start its engine.")) -> None:
+    """Place STACK with Ray (its `placement:` section: a host, or replicas on different hosts) and
+    start it on each chosen host, once every host holds the same image digest and weights."""
+    rt = runtime(ctx)
+    chosen = rt.catalog.stack(stack)
+    done = _fleetwide(rt, head).up(chosen, total_bytes=local.memory_total(rt.settings), wait=wait,
+                                   say=lambda text: rt.console.print(escape(text)))
+    for note in dict.fromkeys(done.notes):
+        rt.console.print(f"[dim]{escape(note)}[/]")
+    for replica in done.placed.replicas:
+        rt.console.print(f"[green]{escape(stack)}[/] on host {escape(replica.host)} at {escape(replica.url)} "
+                         f"({replica.fingerprint})")
+    for host, why in done.failed.items():
+        rt.console.print(f"[red]host {escape(host)} did not start {escape(stack)}[/]: {escape(why)}")
+    if done.failed:
+        raise typer.Exit(1)
+
+
 @app.command("ps")
 def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
        as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
@@ -135,9 +158,10 @@ def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
 def down(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack whose containers to remove."),
          head: str | None = HEAD, wait: float = typer.Option(40.0, "--wait", min=0.5, help="Seconds each host has "
                                                              "to confirm its containers are gone.")) -> None:
-    """Remove STACK's containers on every host; returns once each host's Docker confirms they are gone."""
+    """Remove STACK's containers on every host and release its placement; returns once each
+    host's Docker confirms they are gone."""
     rt = runtime(ctx)
-    done = census.removal(stack, _ask(rt, head, "remove", [stack], wait))
+    done = census.removal(stack, _fleetwide(rt, head).down(stack, wait=wait))
     for host, names in done.removed.items():
         what = f"removed {escape(', '.join(names))}" if names else "had none"
         rt.console.print(f"host {escape(host)}: {what} (its Docker confirms none is left)")
@@ -192,6 +216,11 @@ def _ask(rt: Runtime, head: str | None, method: str, args: list, wait: float) ->
     fleet = _inventory(rt)
     return agents.ask(_backend(rt), head=membership.head_endpoint(rt.settings, fleet, head), settings=rt.settings,
                       fleet=fleet, method=method, args=args, wait=wait)
+
+
+def _fleetwide(rt: Runtime, head: str | None) -> Fleetwide:
+    fleet = _inventory(rt)
+    return Fleetwide(_backend(rt), rt.settings, fleet, membership.head_endpoint(rt.settings, fleet, head))
 
 
 def _wanted_digest(rt: Runtime, ref: str) -> str | None:

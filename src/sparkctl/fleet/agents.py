@@ -20,11 +20,13 @@ from sparkctl.spec.fleet import Fleet
 
 
 def ask(backend: FleetBackend, *, head: str, settings: Settings, fleet: Fleet | None, method: str,
-        args: list[Any] | None = None, wait: float) -> list[AgentAnswer]:
-    """`method(*args)` on every host's agent; one answer per host, inventory order first."""
-    nodes = backend.nodes(head)
+        args: list[Any] | None = None, wait: float, only: list[str] | None = None,
+        nodes: list[Node] | None = None) -> list[AgentAnswer]:
+    """`method(*args)` on every host's agent (or on those of `only`, in that order); one answer
+    per host, inventory order first. `nodes`: the node table, when the caller just read it."""
+    nodes = backend.nodes(head) if nodes is None else nodes
     alive = live_hosts(nodes)
-    hosts = hosts_to_ask(fleet, nodes)
+    hosts = hosts_to_ask(fleet, nodes) if only is None else only
     asked = backend.ask_agents(head, local_address=driver_address(settings), hosts=[h for h in hosts if h in alive],
                                method=method, args=args, wait=wait,
                                ensure=specs(fleet, alive, settings.instance)) if alive else []
@@ -33,9 +35,11 @@ def ask(backend: FleetBackend, *, head: str, settings: Settings, fleet: Fleet | 
 
 
 def specs(fleet: Fleet | None, hosts: list[str], instance: str) -> list[AgentSpec]:
-    """The agent each live host should run: its inventory Docker URL (default: its local socket)."""
-    docker = {h.name: h.docker for h in fleet.hosts} if fleet else {}
-    return [AgentSpec(host=h, docker_url=docker.get(h), instance=instance) for h in hosts]
+    """The agent each live host should run: its inventory Docker URL (default: its local socket)
+    and serving address (default: loopback, a fleet of one)."""
+    known = {h.name: h for h in fleet.hosts} if fleet else {}
+    return [AgentSpec(host=h, docker_url=known[h].docker if h in known else None, instance=instance,
+                      address=known[h].serving.address if h in known else None) for h in hosts]
 
 
 def hosts_to_ask(fleet: Fleet | None, nodes: list[Node]) -> list[str]:

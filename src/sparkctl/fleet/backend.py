@@ -27,8 +27,11 @@ class FleetBackend(Protocol):
         """Every node the control plane at `head` knows, alive or dead."""
 
     def place(self, head: str, *, local_address: str, name: str, bundles: list[dict[str, float]],
-              strategy: str) -> Placement:
-        """Reserve `bundles` across nodes (`STRICT_SPREAD`, `PACK`, ...), or refuse."""
+              strategy: str, wait: float | None = None) -> Placement:
+        """Reserve `bundles` across nodes (`STRICT_SPREAD`, `PACK`, ...), or raise `NoRoom`."""
+
+    def free_memory(self, head: str, *, local_address: str) -> dict[str, int]:
+        """Each live node's unreserved `memory` resource in bytes, by node id."""
 
     def remove(self, head: str, *, local_address: str, name: str) -> bool:
         """Release a placement; False when there was none."""

@@ -72,9 +72,14 @@ def choose_host(fleet: Fleet | None, *, name: str | None, address: str | None, p
     return host.model_copy(update={"ray": ray})
 
 
+def memory_total(settings: Settings) -> int:
+    """A Spark's memory in bytes, which ceilings and stacks' fractions are of: the setting, else MemTotal."""
+    return int(settings.memory_total_gib * GIB) if settings.memory_total_gib else meminfo("MemTotal")
+
+
 def launch_for(host: Host, *, head: str | None, settings: Settings) -> NodeLaunch:
     """What to start for `host` (pure but for reading MemTotal when the ceiling is a share)."""
-    total = int(settings.memory_total_gib * GIB) if settings.memory_total_gib else meminfo("MemTotal")
+    total = memory_total(settings)
     labels = {LABEL_INTERFACE: host.serving.interface, LABEL_ADDRESS: host.serving.address}
     return NodeLaunch(host=host.name, address=host.ray.address, port=host.ray.port, head=head,
                       memory_bytes=host.memory_bytes(total), temp_dir=settings.fleet_dir / "ray",

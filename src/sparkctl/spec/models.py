@@ -25,6 +25,7 @@ class Kind(StrEnum):
 
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+WILDCARD = frozenset({"0.0.0.0", "::", "localhost"})  # reached at 127.0.0.1
 # What a stack must opt into by name (`allow:`): sometimes right, never by accident.
 Risk = Literal["docker-socket", "all-interfaces", "remote-code"]
 
@@ -58,6 +59,21 @@ class Expectations(Spec):
     min_concurrency: int | None = Field(default=None, ge=1)  # must not crash at this many
     # KV-cache tokens the engine must report after health (vllm:cache_config_info); less is a warning.
     min_kv_tokens: int | None = Field(default=None, ge=1)
+
+
+class Placement(Spec):
+    """Where a stack runs in a fleet (`sparkctl fleet up`): on one named host, or as `replicas`
+    engines on as many different hosts. Ray picks the hosts by their free memory; a single Spark
+    ignores this section."""
+
+    host: Name | None = None
+    replicas: int = Field(default=1, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Placement:
+        if self.host is not None and self.replicas > 1:
+            raise ValueError("name a `host` or ask for `replicas`, not both: replicas go on different hosts")
+        return self
 
 
 class SwitchOver(Spec):
@@ -108,6 +124,7 @@ class Stack(Spec):
     bench_profile: Literal["quick", "seed", "concurrency"] = "quick"
     expectations: Expectations = Expectations()
     switch: SwitchOver = SwitchOver()
+    placement: Placement = Placement()
     known_issues: tuple[KnownIssue, ...] = ()
     # Request parameters the gateway adds to each request to this stack unless the client set
     # them (objects merge key by key), e.g. `chat_template_kwargs: {enable_thinking: true}`.
@@ -169,8 +186,10 @@ class Stack(Spec):
 
     @property
     def url(self) -> str:
-        """Where sparkctl reaches the engine (it listens on loopback; the gateway is what agents use)."""
-        return f"http://127.0.0.1:{self.port}"
+        """Where sparkctl reaches the engine: on loopback, or on the one address it listens on (a
+        fleet host's serving address); the gateway is what agents use."""
+        host = self.vllm.host if self.vllm is not None and self.vllm.host not in WILDCARD else "127.0.0.1"
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
     def sleeps(self) -> bool:

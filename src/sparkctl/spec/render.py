@@ -95,9 +95,11 @@ class ContainerPlan:
 
 
 def spec_hash(stack: Stack) -> str:
-    """A short, stable hash of everything the stack file says (after `extends`). Defaults are left
-    out, so a new optional field in a later sparkctl does not redeploy every stack."""
-    canonical = json.dumps(stack.model_dump(mode="json", by_alias=True, exclude_defaults=True), sort_keys=True)
+    """A short, stable hash of everything the stack file says (after `extends`) about its engine.
+    Defaults are left out, so a new optional field in a later sparkctl does not redeploy every
+    stack; so is `placement`: moving or adding replicas does not change an engine."""
+    canonical = json.dumps(stack.model_dump(mode="json", by_alias=True, exclude_defaults=True,
+                                            exclude={"placement"}), sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

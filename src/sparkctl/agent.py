@@ -1,0 +1,168 @@
+"""A Spark's host agent: the object that owns one host's containers through that host's LOCAL
+Docker engine, run as a detached Ray actor (`sparkctl-agent-<host>`) pinned to the host.
+
+The class is plain Python; `adapters.ray` makes it an actor in its child process (it imports
+this class by name, `node.AGENT_CLASS`: the agent sits above the adapters, beside the daemon). Every method
+takes and returns plain data (str, lists, dicts), so the head's driver needs none of sparkctl's
+types to read the answers. Docker is reached only through `DockerEngine`, which lists only the
+instance's own containers, so an agent never sees or touches another instance's.
+
+A placed stack is deployed by the same pipeline `sparkctl up` runs on one Spark, with this host's
+settings (its state dir, caches, stack files: the environment its node was started with) and its
+Docker; the one change is that the engine listens on the host's serving address, where the
+head's gateway reaches it. `prepare` fetches without starting, so the head can compare what every
+chosen host would run before any of them starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.adapters.docker import DockerEngine
+from sparkctl.errors import DockerError, SparkctlError
+from sparkctl.policy.images import parse_ref
+
+if TYPE_CHECKING:
+    from sparkctl.deploy.pipeline import Deployer
+    from sparkctl.spec.models import Stack
+
+CONFIRM_WITHIN = 30.0  # seconds `remove` waits for the host's Docker to list none of the stack's containers
+
+
+class HostAgent:
+    def __init__(self, *, host: str, docker_url: str | None, instance: str, address: str | None = None) -> None:
+        self.host, self.docker_url, self.instance, self.address = host, docker_url, instance, address
+        self.engine = DockerEngine(docker_url, instance=instance, timeout=60)
+
+    def call(self, method: str, *args: Any) -> Any:
+        """What the head calls: `method(*args)`, with sparkctl's errors turned into plain ones that
+        cross Ray whole (some of ours take several arguments and would not unpickle there)."""
+        try:
+            return getattr(self, method)(*args)
+        except SparkctlError as e:
+            raise RuntimeError(str(e)) from None
+
+    def describe(self) -> dict[str, Any]:
+        """Who this agent is: what `ensure_agents` compares with what it wants."""
+        return {"host": self.host, "docker_url": self.docker_url, "instance": self.instance, "address": self.address}
+
+    def prepare(self, stack: str, spec: str) -> dict[str, Any]:
+        """Pull the stack's image by digest, fetch its weights and patch, as `up` would; start
+        nothing. What this host would run: the fingerprint's parts (image digest, model and draft
+        commits, patch hash, engine env)."""
+        deployer, served = self._deployer(stack, spec)
+        prepared = deployer.prepare(served)
+        return {"host": self.host, "parts": prepared.parts, "notes": deployer.reporter.notes}
+
+    def up(self, stack: str, spec: str, expected: dict[str, str]) -> dict[str, Any]:
+        """Deploy the stack here with the single-Spark pipeline, once what this host would run is
+        what the head `expected` (the parts every chosen host agreed on); the engine's URL."""
+        deployer, served = self._deployer(stack, spec)
+        found = deployer.prepare(served).parts
+        if differ := {k: (v, found.get(k)) for k, v in expected.items() if found.get(k) != v}:
+            raise SparkctlError(f"host {self.host} would run something else than agreed: "
+                                + "; ".join(f"{k} {mine} here, {v} agreed" for k, (v, mine) in differ.items()))
+        result = deployer.up(stack)
+        return {"host": self.host, "url": result.url, "fingerprint": result.fingerprint, "changed": result.changed,
+                "notes": deployer.reporter.notes}
+
+    def containers(self) -> list[dict[str, Any]]:
+        """This instance's containers on the host, as its Docker reports them now."""
+        listed = []
+        for container in self.engine.containers():
+            info = self._inspect(container.id)
+            image_ref = (info or {}).get("Config", {}).get("Image", "")
+            image = self._image((info or {}).get("Image", "")) if info else None
+            listed.append({"host": self.host, "stack": container.stack, "name": container.name,
+                           "state": container.state, "image": image_ref,
+                           "repo_digest": _digest_for(image_ref, image["RepoDigests"]) if image else None})
+        return listed
+
+    def image_digest(self, ref: str) -> dict[str, Any]:
+        """What the host's Docker holds under `ref`: its image id and the RepoDigest of the ref's
+        repository (None when `docker load` lost it, or the host lacks the image)."""
+        image = self._image(ref)
+        if image is None:
+            return {"host": self.host, "ref": ref, "present": False, "image_id": None, "repo_digest": None}
+        return {"host": self.host, "ref": ref, "present": True, "image_id": image["Id"],
+                "repo_digest": _digest_for(ref, image["RepoDigests"])}
+
+    def pull(self, ref: str) -> dict[str, Any]:
+        """Pull `repository@sha256:...` into the host's Docker; then what it holds."""
+        name = parse_ref(ref)
+        if not name.digest:
+            raise DockerError(f"pull {ref} on host {self.host}: pull by digest only (`repository@sha256:...`)")
+        self.engine.pull(ref.split("@", 1)[0], name.digest)
+        return self.image_digest(ref)
+
+    def remove(self, stack: str) -> dict[str, Any]:
+        """Remove the stack's containers; returns once the host's Docker lists none of them."""
+        removed = [c.name for c in self.engine.containers(stack) if self.engine.remove(c.id)]
+        deadline = time.monotonic() + CONFIRM_WITHIN
+        while left := self.engine.containers(stack):
+            if time.monotonic() > deadline:
+                raise DockerError(f"remove stack {stack} on host {self.host}: Docker still lists "
+                                  f"{', '.join(c.name for c in left)} after {CONFIRM_WITHIN:g} s")
+            time.sleep(0.05)
+        return {"host": self.host, "stack": stack, "removed": removed, "confirmed": True}
+
+    def _deployer(self, name: str, spec: str) -> tuple[Deployer, Stack]:
+        """The pipeline on this host's settings and Docker, its catalog holding `name` as served
+        here; refused when this host's stack file is not the one the head placed (`spec`)."""
+        from sparkctl.deploy.progress import RecordingReporter
+        from sparkctl.settings import Settings
+        from sparkctl.spec.render import spec_hash
+        from sparkctl.wiring import Wiring
+
+        wiring = Wiring(Settings(docker_host=self.docker_url, instance=self.instance))
+        wiring.docker = self.engine  # type: ignore[misc] - this agent's own handle on the host's Docker
+        catalog = wiring.catalog()
+        stack = catalog.stack(name)
+        if spec_hash(stack) != spec:
+            raise SparkctlError(f"host {self.host}'s stack file for {name} ({catalog.files.get(name)}) differs from "
+                                f"the head's (spec {spec_hash(stack)} here, {spec} there): copy the head's file here")
+        served = served_on(stack, self.address)
+        catalog = dataclasses.replace(catalog, stacks={**catalog.stacks, name: served})
+        return wiring.deployer(RecordingReporter(), catalog=catalog), served
+
+    def _inspect(self, container_id: str) -> dict[str, Any] | None:
+        try:
+            return self.engine.inspect(container_id)
+        except DockerError:
+            return None  # removed between the listing and now
+
+    def _image(self, ref: str) -> dict[str, Any] | None:
+        try:
+            return self.engine.image(ref)
+        except DockerError as e:
+            raise DockerError(f"{e} (on host {self.host})") from None
+
+
+def served_on(stack: Stack, address: str | None) -> Stack:
+    """The stack as it runs on a fleet host: its engine listening on the host's serving address
+    (the head's gateway reaches it there), not on loopback."""
+    from sparkctl.spec.models import Kind
+
+    if stack.kind is not Kind.VLLM or stack.vllm is None:
+        raise SparkctlError(f"{stack.name} is a {stack.kind} stack: only vllm stacks are placed across a fleet "
+                            "(run a compose project with `sparkctl up` on its Spark)")
+    if address is None:
+        return stack
+    return stack.model_copy(update={"vllm": stack.vllm.model_copy(update={"host": address})})
+
+
+def _digest_for(ref: str, repo_digests: list[str]) -> str | None:
+    """The RepoDigest that stands for `ref`: the digest it names if the image has it, else the
+    first one of the ref's repository, else the only one; None when Docker records none."""
+    entries = [entry.split("@", 1) for entry in repo_digests or [] if "@" in entry]
+    repository, _, named = ref.partition("@")
+    if ":" in repository.rsplit("/", 1)[-1]:
+        repository = repository.rsplit(":", 1)[0]
+    ours = [digest for repo, digest in entries if repo == repository]
+    if named in ours:
+        return named
+    if ours:
+        return ours[0]
+    return entries[0][1] if len(entries) == 1 else None

@@ -1,0 +1,107 @@
+"""`sparkctl fleet up STACK` and `fleet down STACK`: a stack placed by Ray and deployed on each
+chosen host by that host's agent, with the single-Spark pipeline.
+
+Up: Ray places one bundle per replica (the stack's memory; its host, when named), or the stack is
+refused with the fleet's free memory per host. Every chosen host prepares (pulls by digest,
+fetches the weights' commit, patches) without starting; unless they all agree, nothing starts and
+each host that differs is named. Then every host starts its engine, and the book records each
+replica's URL for the gateway. Down removes the containers on every host (each host's Docker
+confirms), releases the placement and drops the stack from the book.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkctl.errors import NoRoom, SparkctlError
+from sparkctl.fleet import agents, placement
+from sparkctl.fleet.backend import FleetBackend
+from sparkctl.fleet.placement import Placed, Replica
+from sparkctl.node import AgentAnswer, Node
+from sparkctl.settings import Settings
+from sparkctl.spec.fleet import Fleet
+from sparkctl.spec.models import Stack
+from sparkctl.spec.render import spec_hash
+
+PLACE_WAIT = 10.0  # s: a placement Ray can make is made within a second or two
+
+
+@dataclass(frozen=True)
+class FleetUp:
+    placed: Placed
+    failed: dict[str, str]  # host -> why its engine did not start (its bundle stays reserved)
+    notes: list[str]
+
+
+@dataclass
+class Fleetwide:
+    """One fleet's control plane as the head's commands use it."""
+
+    backend: FleetBackend
+    settings: Settings
+    fleet: Fleet | None
+    head: str
+
+    def up(self, stack: Stack, *, total_bytes: int, wait: float,
+           say: Callable[[str], None] = lambda _: None) -> FleetUp:
+        bundles, strategy = placement.bundles(stack, total_bytes)
+        group = placement.group_name(stack.name)
+        known = placement.read_book(self.settings.fleet_dir).get(stack.name)
+        if known is not None and len(known.replicas) != len(bundles):
+            self._release(group)  # a new replica count is a new placement
+        address = agents.driver_address(self.settings)
+        try:
+            placed = self.backend.place(self.head, local_address=address, name=group, bundles=bundles,
+                                        strategy=strategy, wait=PLACE_WAIT)
+        except NoRoom:
+            raise NoRoom(placement.fits_nowhere(stack, bundles[0], self.free(), len(bundles))) from None
+        nodes = self.backend.nodes(self.head)
+        hosts = [_host_of(node_id, nodes) for node_id in placed.nodes]
+        say(f"Ray placed {stack.name} on {', '.join(hosts)} ({strategy})")
+        spec = spec_hash(stack)
+        prepared = self._ask(hosts, "prepare", [stack.name, spec], wait, nodes)
+        agreement = placement.agree(prepared)
+        if agreement.differences:
+            self._release(group)
+            raise SparkctlError(agreement.refusal(stack.name))
+        say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
+        started = self._ask(hosts, "up", [stack.name, spec, agreement.expected], wait, nodes)
+        replicas = tuple(Replica(a.host, a.value["url"], a.value["fingerprint"]) for a in started if a.ok)
+        book = placement.read_book(self.settings.fleet_dir)
+        book[stack.name] = Placed(stack.name, group, replicas)
+        placement.write_book(self.settings.fleet_dir, book)
+        notes = [n for a in [*prepared, *started] if a.ok for n in a.value.get("notes", [])]
+        return FleetUp(book[stack.name], {a.host: a.error or "" for a in started if not a.ok}, notes)
+
+    def down(self, stack: str, *, wait: float) -> list[AgentAnswer]:
+        """Remove the stack's containers on every host; the placement and the book entry go
+        only once every host confirmed (an unreachable host keeps them, so a retry finds it)."""
+        answers = agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet,
+                             method="remove", args=[stack], wait=wait)
+        if all(a.ok for a in answers):
+            self._release(placement.group_name(stack))
+            book = placement.read_book(self.settings.fleet_dir)
+            if book.pop(stack, None) is not None:
+                placement.write_book(self.settings.fleet_dir, book)
+        return answers
+
+    def free(self) -> dict[str, int]:
+        """Each live host's free memory as Ray accounts it (its ceiling less what is placed)."""
+        nodes = self.backend.nodes(self.head)
+        free = self.backend.free_memory(self.head, local_address=agents.driver_address(self.settings))
+        return {n.host: free[n.node_id] for n in nodes if n.host and n.state.is_up() and n.node_id in free}
+
+    def _ask(self, hosts: list[str], method: str, args: list, wait: float, nodes: list[Node]) -> list[AgentAnswer]:
+        return agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet, method=method,
+                          args=args, wait=wait, only=hosts, nodes=nodes)
+
+    def _release(self, group: str) -> None:
+        self.backend.remove(self.head, local_address=agents.driver_address(self.settings), name=group)
+
+
+def _host_of(node_id: str, nodes: list[Node]) -> str:
+    for node in nodes:
+        if node.node_id == node_id and node.host:
+            return node.host
+    raise SparkctlError(f"Ray placed a bundle on node {node_id[:8]}, which is not a sparkctl host")

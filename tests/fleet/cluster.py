@@ -1,0 +1,82 @@
+"""A Ray fleet across the namespace hosts, started the way an owner starts one: `sparkctl fleet
+init` on host a, `sparkctl fleet join` on the others, each inside its host with its own state dir.
+
+`cluster(hosts, ...)` is a context manager the fleet test modules use for their module's cluster
+(about 20 s to start, printed); `Cluster.sparkctl` runs any `sparkctl` command on a host.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from sparkctl.adapters import processes
+from sparkctl.fleet import local
+from tests.fleet.hosts import Host, Hosts
+from tests.fleet.network import LINK
+
+RAY_TIMEOUT = 40
+
+
+class Cluster:
+    def __init__(self, hosts: Hosts, root: Path, *, instance: str, port: int, env: dict[str, str]) -> None:
+        self.hosts, self.root, self.instance, self.port, self.env = hosts, root, instance, port, env
+        self.head = f"{hosts['a'].address}:{port}"
+
+    def sparkctl(self, host: Host, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        """`sparkctl ARGS` run on `host` (inside its namespaces) with that host's state dir."""
+        env = {**os.environ, "SPARKCTL_STATE_DIR": str(self.root / host.name), "SPARKCTL_INSTANCE": self.instance,
+               "SPARKCTL_FLEET_FILE": str(self.root / "fleet.yaml"), "SPARKCTL_FLEET_NUM_CPUS": "1",
+               "SPARKCTL_FLEET_OBJECT_STORE_MIB": "100", "SPARKCTL_FLEET_DEAD_AFTER": "2",
+               "SPARKCTL_FLEET_RAY_TIMEOUT": str(RAY_TIMEOUT), "COLUMNS": "200",
+               "SPARKCTL_HF_CACHE_DIR": str(self.root / host.name / "hf"), **self.env}
+        return subprocess.run([*host.enter(), sys.executable, "-m", "sparkctl", *args], capture_output=True,
+                              text=True, env=env, timeout=timeout)
+
+    def fleet(self, *args: str, on: str = "a", timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return self.sparkctl(self.hosts[on], "fleet", *args, timeout=timeout)
+
+    def join(self, host: Host) -> None:
+        token = self.root / "a" / "fleet" / local.TOKEN_FILE
+        done = self.fleet("join", self.head, "--host", host.name, "--token-file", str(token), on=host.name)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"host agent {host.name} runs" in done.stdout, done.stdout
+
+    def stop_all(self) -> None:
+        for host in self.hosts:
+            record = local.read_record(self.root / host.name / "fleet" / local.RECORD_FILE)
+            if record is not None:
+                processes.stop(processes.Session.from_dict(record.handle), grace=0, sig=9)
+
+
+@contextmanager
+def cluster(hosts: Hosts, *, instance: str, port: int, memory: dict[str, str] | None = None,
+            env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """Head on a, the other hosts joined, every agent up; all of it stopped (by pid) at the end.
+    `memory`: a host's ceiling in the inventory (default 2GiB)."""
+    root = Path(tempfile.mkdtemp(prefix="sg", dir="/tmp"))  # short: Ray's unix sockets live under it
+    lines = ["head: a", "hosts:"]
+    for host in hosts:
+        lines.append(f"  - {{name: {host.name}, serving: {{interface: {LINK}, address: {host.address}}}, "
+                     f"memory: {(memory or {}).get(host.name, '2GiB')}, ray: {{address: {host.address}, "
+                     f"port: {port}}}, docker: '{host.docker_url}'}}")
+    (root / "fleet.yaml").write_text("\n".join(lines) + "\n")
+    made = Cluster(hosts, root, instance=instance, port=port, env=env or {})
+    started = time.monotonic()
+    try:
+        done = made.fleet("init", "--host", "a")
+        assert done.returncode == 0, done.stdout + done.stderr
+        with ThreadPoolExecutor(len(hosts.hosts)) as pool:
+            list(pool.map(made.join, [h for h in hosts if h.name != "a"]))
+        print(f"\nRay head on a, workers on the others, agents up: {time.monotonic() - started:.1f} s")
+        yield made
+    finally:
+        made.stop_all()
+        subprocess.run(["rm", "-rf", str(root)], check=False)
