@@ -76,7 +76,7 @@ class HostAgent:
             image_ref = (info or {}).get("Config", {}).get("Image", "")
             image = self._image((info or {}).get("Image", "")) if info else None
             listed.append({"host": self.host, "stack": container.stack, "name": container.name,
-                           "state": container.state, "image": image_ref,
+                           "state": container.state, "image": image_ref, "placed": container.placed,
                            "repo_digest": _digest_for(image_ref, image["RepoDigests"]) if image else None})
         return listed
 
@@ -125,7 +125,8 @@ class HostAgent:
                                 f"the head's (spec {spec_hash(stack)} here, {spec} there): copy the head's file here")
         served = served_on(stack, self.address)
         catalog = dataclasses.replace(catalog, stacks={**catalog.stacks, name: served})
-        return wiring.deployer(RecordingReporter(), catalog=catalog), served
+        deployer = dataclasses.replace(wiring.deployer(RecordingReporter(), catalog=catalog), placed=True)
+        return deployer, served
 
     def _inspect(self, container_id: str) -> dict[str, Any] | None:
         try:

@@ -15,6 +15,9 @@ LABEL_STACK = "sparkctl.stack"
 LABEL_SPEC_HASH = "sparkctl.spec-hash"
 LABEL_FINGERPRINT = "sparkctl.fingerprint"
 LABEL_MEMORY = "sparkctl.gpu-memory"  # the fraction reserved, for admission without the stack file
+# On a container a fleet host's agent deployed (`sparkctl fleet up`): the fleet owns it, so the
+# daemon on the same host neither removes it as undesired nor routes it as a local stack.
+LABEL_PLACED = "sparkctl.placed"
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Container:
     fingerprint: str | None
     spec_hash: str | None
     memory: float | None  # the unified-memory share it reserved
+    placed: bool = False  # deployed by the fleet's agent (LABEL_PLACED), not by this host's daemon
 
     @property
     def running(self) -> bool:
@@ -43,4 +47,4 @@ class Container:
                    instance=labels.get(instances.LABEL, instances.DEFAULT), labelled=instances.LABEL in labels,
                    state=raw.get("State", ""), created=float(raw.get("Created", 0)),
                    fingerprint=labels.get(LABEL_FINGERPRINT), spec_hash=labels.get(LABEL_SPEC_HASH),
-                   memory=float(memory) if memory else None)
+                   memory=float(memory) if memory else None, placed=LABEL_PLACED in labels)

@@ -46,6 +46,7 @@ class Node:
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     head: bool = False
+    died_at: float | None = None  # epoch seconds when the backend declared it dead
 
     @property
     def host(self) -> str | None:
@@ -111,7 +112,8 @@ class Placement:
 
     name: str
     strategy: str
-    nodes: tuple[str, ...]  # node ids, one per bundle
+    nodes: tuple[str, ...]  # node ids, one per bundle ("" for a bundle not placed yet)
+    placed: bool = True  # False while the backend re-places bundles whose node died
 
 
 # -- host agents ------------------------------------------------------------------------------------

@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     fleet_dead_after: float | None = Field(default=None, ge=0.3, le=600)
     fleet_object_store_mib: int = Field(default=512, ge=80)
     fleet_num_cpus: int | None = Field(default=None, ge=1)
+    # A host's agent deploying a placed stack (pull, weights, start) gets this long; when a host
+    # dies, the daemon waits this long for Ray to re-place its stacks before it gives up (logged).
+    fleet_deploy_timeout: float = Field(default=1800.0, gt=0)
+    fleet_replace_within: float = Field(default=120.0, gt=0)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))

@@ -7,6 +7,7 @@ init` on host a, `sparkctl fleet join` on the others, each inside its host with 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,10 +20,13 @@ from pathlib import Path
 
 from sparkctl.adapters import processes
 from sparkctl.fleet import local
+from sparkctl.sim.hub import Hub, HubServer
+from sparkctl.sim.repos import GEMMA4, seed_repos
 from tests.fleet.hosts import Host, Hosts
 from tests.fleet.network import LINK
 
 RAY_TIMEOUT = 40
+IMAGE = "ghcr.io/sparkctl-test/fleet-sim"  # the sim image, as the hosts pull it from the bridge registry
 
 
 class Cluster:
@@ -30,18 +34,35 @@ class Cluster:
         self.hosts, self.root, self.instance, self.port, self.env = hosts, root, instance, port, env
         self.head = f"{hosts['a'].address}:{port}"
 
+    def env_for(self, host: Host) -> dict[str, str]:
+        """A sparkctl process's environment on `host`: its own state dir, caches and Docker."""
+        return {**os.environ, "SPARKCTL_STATE_DIR": str(self.root / host.name), "SPARKCTL_INSTANCE": self.instance,
+                "SPARKCTL_FLEET_FILE": str(self.root / "fleet.yaml"), "SPARKCTL_FLEET_NUM_CPUS": "1",
+                "SPARKCTL_FLEET_OBJECT_STORE_MIB": "100", "SPARKCTL_FLEET_DEAD_AFTER": "2",
+                "SPARKCTL_FLEET_RAY_TIMEOUT": str(RAY_TIMEOUT), "COLUMNS": "200",
+                "SPARKCTL_HF_CACHE_DIR": str(self.root / host.name / "hf"), "SPARKCTL_DOCKER_HOST": host.docker_url,
+                **self.env}
+
     def sparkctl(self, host: Host, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         """`sparkctl ARGS` run on `host` (inside its namespaces) with that host's state dir."""
-        env = {**os.environ, "SPARKCTL_STATE_DIR": str(self.root / host.name), "SPARKCTL_INSTANCE": self.instance,
-               "SPARKCTL_FLEET_FILE": str(self.root / "fleet.yaml"), "SPARKCTL_FLEET_NUM_CPUS": "1",
-               "SPARKCTL_FLEET_OBJECT_STORE_MIB": "100", "SPARKCTL_FLEET_DEAD_AFTER": "2",
-               "SPARKCTL_FLEET_RAY_TIMEOUT": str(RAY_TIMEOUT), "COLUMNS": "200",
-               "SPARKCTL_HF_CACHE_DIR": str(self.root / host.name / "hf"), **self.env}
         return subprocess.run([*host.enter(), sys.executable, "-m", "sparkctl", *args], capture_output=True,
-                              text=True, env=env, timeout=timeout)
+                              text=True, env=self.env_for(host), timeout=timeout)
 
     def fleet(self, *args: str, on: str = "a", timeout: float = 90) -> subprocess.CompletedProcess[str]:
         return self.sparkctl(self.hosts[on], "fleet", *args, timeout=timeout)
+
+    def up(self, stack: str) -> tuple[int, str]:
+        """`sparkctl fleet up STACK` on the head: its exit code and output."""
+        done = self.fleet("up", stack, "--wait", "240", timeout=300)
+        return done.returncode, done.stdout + done.stderr
+
+    def book(self) -> dict:
+        """The head's book of placed stacks."""
+        path = self.root / "a" / "fleet" / "placements.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def hosts_of(self, stack: str) -> list[str]:
+        return [r["host"] for r in self.book()[stack]["replicas"]]
 
     def join(self, host: Host) -> None:
         token = self.root / "a" / "fleet" / local.TOKEN_FILE
@@ -80,3 +101,29 @@ def cluster(hosts: Hosts, *, instance: str, port: int, memory: dict[str, str] | 
     finally:
         made.stop_all()
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def stack_file(name: str, fraction: float, port: int, placement: dict) -> str:
+    """A stack of the sim serving Gemma-4 (it needs a fraction >= 0.16), placed as `placement` says."""
+    return json.dumps({
+        "name": name, "image": {"repository": IMAGE, "tag": "v1"}, "model": {"repo": GEMMA4, "revision": "main"},
+        "vllm": {"port": port, "max_model_len": 2048}, "resources": {"gpu_memory_utilization": fraction},
+        "health": {"start": 60, "load": 120, "ready": 60, "canary": 60}, "placement": placement,
+    })
+
+
+@contextmanager
+def deployable(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path,
+               stacks: dict[str, tuple[float, int, dict]]) -> Iterator[dict[str, str]]:
+    """What the hosts' agents deploy from: the stack files (name: fraction of a 2 GiB "Spark",
+    port, placement), the sim image in the bridge registry and a Hub on the bridge. Yields the
+    environment that points sparkctl at them."""
+    for name, (fraction, port, where) in stacks.items():
+        (stacks_dir / f"{name}.yaml").write_text(stack_file(name, fraction, port, where))
+    hosts.registry.push(sim_image, IMAGE.removeprefix("ghcr.io/") + ":v1")
+    with HubServer(Hub(seed_repos(model_dir)), host=hosts.network.gateway) as hub:
+        yield {"SPARKCTL_STACKS_DIR": str(stacks_dir), "SPARKCTL_PATCHES_DIR": str(stacks_dir / "none"),
+               "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={hosts.registry.bridge_host}",
+               "SPARKCTL_HF_ENDPOINT": hub.endpoint, "SPARKCTL_GPUS": "none",
+               "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=0.01", "SPARKCTL_MEMORY_TOTAL_GIB": "2",
+               "SPARKCTL_MEMORY_CEILING": "1.0"}  # the inventory's ceilings are the ones that count here

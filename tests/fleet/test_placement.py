@@ -8,7 +8,6 @@ memory. Slow (a Ray cluster for the module, ~20 s; every host pulls the sim imag
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,18 +15,15 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.health import http_status
-from sparkctl.sim.hub import Hub, HubServer
 from sparkctl.sim.registry import derive
-from sparkctl.sim.repos import GEMMA4, seed_repos
 from sparkctl.state.store import Store
-from tests.fleet.cluster import Cluster
+from tests.fleet.cluster import IMAGE, Cluster, deployable
 from tests.fleet.cluster import cluster as start_cluster
 from tests.fleet.hosts import Hosts
 
 PORT = 27900
 INSTANCE = "fleetplace"
-IMAGE = "ghcr.io/sparkctl-test/fleet-sim"
-# name: (fraction of a 2 GiB "Spark", engine port, placement); the sim serving Gemma-4 needs >= 0.16
+# name: (fraction of a 2 GiB "Spark", engine port, placement)
 STACKS = {
     "big-one": (0.6, 8601, {}),
     "big-two": (0.6, 8602, {}),
@@ -39,72 +35,40 @@ STACKS = {
 }
 
 
-def stack_file(name: str, fraction: float, port: int, placement: dict) -> str:
-    return json.dumps({
-        "name": name, "image": {"repository": IMAGE, "tag": "v1"},
-        "model": {"repo": GEMMA4, "revision": "main"},
-        "vllm": {"port": port, "max_model_len": 2048}, "resources": {"gpu_memory_utilization": fraction},
-        "health": {"start": 60, "load": 120, "ready": 60, "canary": 60}, "placement": placement,
-    })
-
-
 @pytest.fixture(scope="module")
 def placed(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[Cluster]:
-    stacks = tmp_path_factory.mktemp("fleet-stacks")
-    for name, (fraction, port, where) in STACKS.items():
-        (stacks / f"{name}.yaml").write_text(stack_file(name, fraction, port, where))
-    fleet.registry.push(fleet_sim, "sparkctl-test/fleet-sim:v1")
-    with HubServer(Hub(seed_repos(tiny_model_dir)), host=fleet.network.gateway) as hub:
-        env = {"SPARKCTL_STACKS_DIR": str(stacks), "SPARKCTL_PATCHES_DIR": str(stacks / "none"),
-               "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={fleet.registry.bridge_host}",
-               "SPARKCTL_HF_ENDPOINT": hub.endpoint, "SPARKCTL_GPUS": "none",
-               "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=0.01", "SPARKCTL_MEMORY_TOTAL_GIB": "2",
-               "SPARKCTL_MEMORY_CEILING": "1.0"}  # the inventory's ceilings are the ones that count here
-        with start_cluster(fleet, instance=INSTANCE, port=PORT, memory={"c": "0.6GiB"}, env=env) as made:
-            yield made
-            for name in STACKS:
-                made.fleet("down", name)
-
-
-def up(cluster: Cluster, stack: str) -> tuple[int, str]:
-    done = cluster.fleet("up", stack, "--wait", "240", timeout=300)
-    return done.returncode, done.stdout + done.stderr
-
-
-def book(cluster: Cluster) -> dict:
-    path = cluster.root / "a" / "fleet" / "placements.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def hosts_of(cluster: Cluster, stack: str) -> list[str]:
-    return [r["host"] for r in book(cluster)[stack]["replicas"]]
+    with (deployable(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("fleet-stacks"), STACKS) as env,
+          start_cluster(fleet, instance=INSTANCE, port=PORT, memory={"c": "0.6GiB"}, env=env) as made):
+        yield made
+        for name in STACKS:
+            made.fleet("down", name)
 
 
 def test_stacks_are_placed_across_hosts_by_memory_and_serve_there(placed: Cluster) -> None:
     for stack in ("big-one", "big-two", "small"):
-        code, out = up(placed, stack)
+        code, out = placed.up(stack)
         assert code == 0, out
-    where = {s: hosts_of(placed, s) for s in ("big-one", "big-two", "small")}
+    where = {s: placed.hosts_of(s) for s in ("big-one", "big-two", "small")}
     assert sorted(where["big-one"] + where["big-two"]) == ["a", "b"], where  # 0.6 + 0.6 fits on no one host
     assert where["small"][0] in ("a", "b"), where  # c's 0.6 GiB ceiling is under its 0.7 GiB
     for stack, hosts in where.items():
-        (replica,) = book(placed)[stack]["replicas"]
+        (replica,) = placed.book()[stack]["replicas"]
         assert replica["url"].startswith(f"http://{placed.hosts[hosts[0]].address}:")
         assert http_status(replica["url"] + "/health") == 200  # reached from outside the host, as the gateway does
         containers = placed.hosts[hosts[0]].docker("ps", "-q", "--filter", f"label=sparkctl.stack={stack}").split()
         assert len(containers) == 1, (stack, hosts)
 
-    code, out = up(placed, "big-one")  # unchanged: nothing moves, nothing restarts
-    assert code == 0 and hosts_of(placed, "big-one") == where["big-one"], out
+    code, out = placed.up("big-one")  # unchanged: nothing moves, nothing restarts
+    assert code == 0 and placed.hosts_of("big-one") == where["big-one"], out
 
-    code, out = up(placed, "huge")
+    code, out = placed.up("huge")
     assert code == 1 and "huge fits nowhere in the fleet" in out, out
     assert "free memory per host: a " in out and ", c 0.6 GiB" in out, out
-    assert "huge" not in book(placed)
+    assert "huge" not in placed.book()
 
     down = placed.fleet("down", "small")
     assert down.returncode == 0, down.stdout + down.stderr
-    assert "small" not in book(placed)
+    assert "small" not in placed.book()
     assert placed.hosts[where["small"][0]].docker("ps", "-aq", "--filter", "label=sparkctl.stack=small").strip() == ""
 
 
@@ -115,20 +79,20 @@ def test_a_host_whose_image_differs_is_refused_and_nothing_starts(placed: Cluste
     store.digests.record(f"{IMAGE}:v1", other)
 
     began = time.monotonic()
-    code, out = up(placed, "trio")
+    code, out = placed.up("trio")
     assert code == 1, out
     assert "host c: image " + other[:19] in out and "where a, b have sha256:" in out, out
     assert "host a:" not in out and "host b:" not in out
     for host in placed.hosts:
         assert host.docker("ps", "-aq", "--filter", "label=sparkctl.stack=trio").strip() == "", host.name
-    assert "trio" not in book(placed)
+    assert "trio" not in placed.book()
     print(f"\ndrift refused in {time.monotonic() - began:.1f} s")
 
 
 def test_replicas_go_to_different_hosts_and_a_named_host_is_kept(placed: Cluster) -> None:
-    code, out = up(placed, "pair")
+    code, out = placed.up("pair")
     assert code == 0, out
-    pair = hosts_of(placed, "pair")
+    pair = placed.hosts_of("pair")
     assert len(set(pair)) == 2, pair  # STRICT_SPREAD
-    code, out = up(placed, "on-b")
-    assert code == 0 and hosts_of(placed, "on-b") == ["b"], out
+    code, out = placed.up("on-b")
+    assert code == 0 and placed.hosts_of("on-b") == ["b"], out

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ OFFSETS = {"--node-manager-port": 1, "--object-manager-port": 2, "--dashboard-ag
 WORKER_PORTS = (16, 255)
 DASHBOARD_OFFSET = 7  # the head's minimal dashboard process binds one even with the dashboard off
 UNPLACEABLE = "could not be placed within"
+WATCH_EVERY = 0.1  # s between two reads of the node table by `watch`
 AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
 
 
@@ -132,9 +134,21 @@ class RayBackend:
     # -- the cluster ----------------------------------------------------------------------------
     def nodes(self, head: str) -> list[Node]:
         """Every node in the head's table, alive or dead."""
-        answer = self._call("nodes", head=head)
-        return [Node(node_id=n["node_id"], address=n["address"], state=NodeState(n["state"]), head=n["head"],
-                     resources=n["resources"], labels=n["labels"]) for n in answer]
+        return _nodes(self._call("nodes", head=head))
+
+    def watch(self, head: str) -> NodeWatch:
+        """A child that reads the head's node table every 0.1 s and reports each change."""
+        self._reachable(head)
+        return NodeWatch(subprocess.Popen([sys.executable, "-m", "sparkctl.adapters.ray", "watch"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True, env=self._child_environment()), head)
+
+    def placement(self, head: str, *, local_address: str, name: str) -> Placement | None:
+        """Where the named placement group's bundles are now; None when there is none."""
+        answer = self._call("table", head=head, local_address=local_address, name=name, namespace=self.namespace)
+        if answer is None:
+            return None
+        return Placement(name=name, strategy=answer["strategy"], nodes=tuple(answer["nodes"]), placed=answer["placed"])
 
     def place(self, head: str, *, local_address: str, name: str, bundles: list[dict[str, float]],
               strategy: str, wait: float | None = None) -> Placement:
@@ -169,8 +183,7 @@ class RayBackend:
     # -- helpers ----------------------------------------------------------------------------------
     def _call(self, op: str, **args: Any) -> Any:
         self._reachable(args["head"])
-        env = ray_environment(self.token_file, dict(os.environ))
-        env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(max(1, int(self.timeout / 2)))
+        env = self._child_environment()
         try:
             done = subprocess.run([sys.executable, "-m", "sparkctl.adapters.ray", op], input=json.dumps(args),
                                   capture_output=True, text=True, timeout=self.timeout, env=env)
@@ -182,6 +195,11 @@ class RayBackend:
             return json.loads(lines[-1].removeprefix(RESULT))
         raise _child_error(op, args["head"], done.stdout + done.stderr, self.token_file)
 
+    def _child_environment(self) -> dict[str, str]:
+        """A child's: Ray's, with its client giving up on a lost head in half our timeout."""
+        env = ray_environment(self.token_file, dict(os.environ))
+        return env | {"RAY_gcs_rpc_server_reconnect_timeout_s": str(max(1, int(self.timeout / 2)))}
+
     def _reachable(self, endpoint: str) -> None:
         """A plain TCP connect first: an absent head is a clear error in a second, not a Ray retry loop."""
         host, _, port = endpoint.rpartition(":")
@@ -190,6 +208,33 @@ class RayBackend:
         except OSError as e:
             raise TransientError(f"no Ray head answers at {endpoint} ({e.strerror or e}); start it with "
                                  "`sparkctl fleet init` on the head Spark, or check the address") from None
+
+
+class NodeWatch:
+    """The `watch` child's reports as node tables; ends (TransientError) when the child does."""
+
+    def __init__(self, child: subprocess.Popen, head: str) -> None:
+        self.child, self.head = child, head
+        assert child.stdin is not None
+        child.stdin.write(json.dumps({"head": head}))
+        child.stdin.close()
+
+    def __iter__(self) -> Iterator[list[Node]]:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            if line.startswith(RESULT):
+                yield _nodes(json.loads(line.removeprefix(RESULT)))
+        self.child.wait()
+        raise TransientError(f"lost the Ray head at {self.head} (its node table stopped answering)")
+
+    def close(self) -> None:
+        self.child.kill()
+        self.child.wait()
+
+
+def _nodes(answer: list[dict[str, Any]]) -> list[Node]:
+    return [Node(node_id=n["node_id"], address=n["address"], state=NodeState(n["state"]), head=n["head"],
+                 resources=n["resources"], labels=n["labels"], died_at=n.get("died_at")) for n in answer]
 
 
 def _labels(launch: NodeLaunch) -> str:
@@ -248,6 +293,8 @@ def _child_error(op: str, head: str, output: str, token_file: Path) -> SparkctlE
 def _child(op: str, args: dict[str, Any]) -> Any:
     if op == "nodes":
         return _child_nodes(args["head"])
+    if op == "watch":
+        return _child_watch(args["head"])
     if op == "agents":
         return _child_agents(args)
     return _child_driver(op, args)
@@ -300,13 +347,30 @@ def _agent_result(ray: Any, ref: Any) -> dict[str, Any]:
         return {"error": f"{type(cause).__name__}: {text}"[:500]}
 
 
-def _child_nodes(head: str) -> list[dict[str, Any]]:
+def _child_nodes(head: str, client: Any = None) -> list[dict[str, Any]]:
     from ray._raylet import GcsClient
 
-    table = GcsClient(address=head).get_all_node_info(timeout=10)
+    table = (client or GcsClient(address=head)).get_all_node_info(timeout=10)
     return [{"node_id": node_id.hex(), "address": info.node_manager_address, "head": bool(info.is_head_node),
              "state": NodeState.ALIVE if info.state == 0 else NodeState.DEAD,
+             "died_at": info.end_time_ms / 1000 if info.state != 0 and info.end_time_ms else None,
              "resources": dict(info.resources_total), "labels": dict(info.labels)} for node_id, info in table.items()]
+
+
+def _child_watch(head: str) -> None:
+    """Print the node table whenever a node's state changes; never returns (killed by the parent)."""
+    import time
+
+    from ray._raylet import GcsClient
+
+    client, last = GcsClient(address=head), None
+    while True:
+        table = _child_nodes(head, client)
+        states = sorted((n["node_id"], n["state"]) for n in table)
+        if states != last:
+            print(RESULT + json.dumps(table), flush=True)
+            last = states
+        time.sleep(WATCH_EVERY)
 
 
 def _child_driver(op: str, args: dict[str, Any]) -> Any:
@@ -316,6 +380,14 @@ def _child_driver(op: str, args: dict[str, Any]) -> Any:
 
     ray.init(address=args["head"], _node_ip_address=args["local_address"], namespace=args["namespace"],
              logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    if op == "table":
+        try:
+            group = get_placement_group(args["name"])
+        except ValueError:
+            return None
+        table = placement_group_table(group)
+        nodes = [table["bundles_to_node_id"].get(i) or "" for i in range(len(table["bundles"]))]
+        return {"strategy": table["strategy"], "nodes": nodes, "placed": table["state"] == "CREATED" and all(nodes)}
     if op == "free":
         from ray._private.state import available_resources_per_node
 

@@ -116,13 +116,15 @@ def leave(ctx: typer.Context) -> None:
 
 @app.command("up")
 def up(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack to place and start."),
-       head: str | None = HEAD, wait: float = typer.Option(1800.0, "--wait", min=1, help="Seconds each host has to "
-                                                           "pull, fetch and start its engine.")) -> None:
+       head: str | None = HEAD, wait: float | None = typer.Option(None, "--wait", min=1, help="Seconds each host has "
+                                                                  "to pull, fetch and start its engine (default: "
+                                                                  "SPARKCTL_FLEET_DEPLOY_TIMEOUT).")) -> None:
     """Place STACK with Ray (its `placement:` section: a host, or replicas on different hosts) and
     start it on each chosen host, once every host holds the same image digest and weights."""
     rt = runtime(ctx)
     chosen = rt.catalog.stack(stack)
-    done = _fleetwide(rt, head).up(chosen, total_bytes=local.memory_total(rt.settings), wait=wait,
+    done = _fleetwide(rt, head).up(chosen, total_bytes=local.memory_total(rt.settings),
+                                   wait=wait or rt.settings.fleet_deploy_timeout,
                                    say=lambda text: rt.console.print(escape(text)))
     for note in dict.fromkeys(done.notes):
         rt.console.print(f"[dim]{escape(note)}[/]")
@@ -239,10 +241,7 @@ def _print_unreachable(rt: Runtime, unreachable: dict[str, str], consequence: st
 
 
 def _backend(rt: Runtime):  # noqa: ANN202 - the adapter is imported only when a command needs it
-    from sparkctl.adapters.ray import RayBackend
-
-    return RayBackend(token_file=membership.token_path(rt.settings), timeout=rt.settings.fleet_ray_timeout,
-                      namespace=f"sparkctl-{rt.settings.instance}")
+    return membership.control_plane(rt.settings)
 
 
 def _inventory(rt: Runtime) -> Fleet | None:

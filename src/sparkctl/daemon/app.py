@@ -17,6 +17,7 @@ from aiohttp import web
 
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.events import BusReporter, EventBus
+from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.loops import Loops
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.operations import Operations, Routes
@@ -25,9 +26,12 @@ from sparkctl.daemon.switch import recover
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.memory import GIB
 from sparkctl.errors import SparkctlError
+from sparkctl.fleet import local, membership, placement
+from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.proxy import Gateway, LoopControl, Waker
 from sparkctl.settings import Settings
+from sparkctl.spec.fleet import load_fleet
 from sparkctl.wiring import Wiring
 
 log = structlog.get_logger()
@@ -52,12 +56,25 @@ class Daemon:
                                      wake_floor=int(settings.wake_memory_floor_gib * GIB))
         self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
                                      settled=lambda: self.loops.kick())
-        self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired)
+        self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired,
+                             placed=lambda: placement.read_book(settings.fleet_dir))
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=settings.instance, resync=settings.resync_interval, after_pass=self._after_pass)
         self.operations = Operations(settings, self.machine, self.reconciler, self.routes, self.bus,
                                      kick=self.loops.kick)
         self.gateway: Gateway | None = None  # once it listens
+        self.fleet_watch = self._fleet_watch()
+
+    def _fleet_watch(self) -> FleetWatch | None:
+        """On a Spark that heads a fleet (`sparkctl fleet init`), the watch over its hosts."""
+        s = self.settings
+        record = local.read_record(s.fleet_dir / local.RECORD_FILE)
+        if record is None or not record.is_head:
+            return None
+        inventory = load_fleet(s.fleet_path) if s.fleet_path.exists() else None
+        fleetwide = Fleetwide(membership.control_plane(s), s, inventory, record.head)
+        return FleetWatch(fleetwide, control=lambda: self.operations.gateway, refresh=self.routes.refresh,
+                          bus=self.bus, wait=s.fleet_deploy_timeout, within=s.fleet_replace_within)
 
     def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
@@ -96,7 +113,8 @@ class Daemon:
         keys = [k.get_secret_value() for k in s.gateway_api_keys]
         limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
         gateway = Gateway(lambda: self.routes.table, api_keys=keys, hosts=s.gateway_names,
-                          metrics_key=s.gateway_metrics_key, limits=limits)
+                          metrics_key=s.gateway_metrics_key, limits=limits, hold_queue=s.switch_hold_queue,
+                          hold_timeout=s.switch_hold_timeout)
         gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
         self.gateway = gateway
         self.operations.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
@@ -162,6 +180,8 @@ class Daemon:
         log.info("daemon_listening", socket=str(path), pid=os.getpid())
         tcp = await self._serve_tcp()
         self.loops.start()
+        if self.fleet_watch is not None:
+            self.fleet_watch.start()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -171,6 +191,8 @@ class Daemon:
         gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
         if not await gateway.finish(timeout=self.settings.switch_drain_timeout):
             log.warning("gateway_requests_cut", note="in-flight requests outlived the drain timeout")
+        if self.fleet_watch is not None:
+            self.fleet_watch.stop()
         await self.loops.stop()
         await runner.cleanup()
         gateway.close()

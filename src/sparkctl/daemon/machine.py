@@ -52,7 +52,7 @@ class DockerMachine:
         self._desired_lock = threading.Lock()
 
     def observe(self) -> list[Observed]:
-        return [Observed(c.stack, c.id, c.state) for c in self.docker.containers()]
+        return [Observed(c.stack, c.id, c.state) for c in self.docker.containers() if not c.placed]
 
     def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> UpResult | None:
         """Deploy (or confirm) the stack; None if a `down` got the lock first (it wins)."""

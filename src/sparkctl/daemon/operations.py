@@ -5,6 +5,7 @@ Results are returned as values; the store only records them."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from sparkctl.deploy import retest
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.status import other_instances, status_rows
 from sparkctl.errors import ImageRefused, SparkctlError
+from sparkctl.fleet.placement import Placed
 from sparkctl.gateway.routes import RouteTable, Upstream, build_table
 from sparkctl.policy.parking import Park, choose
 from sparkctl.policy.switch import Leaving, plan_switch
@@ -41,21 +43,29 @@ from sparkctl.wire import DownDone, Note, UpDone
 @dataclass
 class Routes:
     """What the gateway routes to: running containers whose deployment passed its health checks
-    (a failed redeploy leaves the previous, healthy one routed; one still loading is not)."""
+    (a failed redeploy leaves the previous, healthy one routed; one still loading is not), and
+    the stacks placed across the fleet, at their replicas' URLs as the book has them."""
 
     docker: DockerEngine
     store: Store
     catalog: Callable[[], Catalog]
     desired: Callable[[], Desired]
+    placed: Callable[[], dict[str, Placed]] = dict
     table: RouteTable = field(default_factory=RouteTable)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # a rebuild from older reads must not land last
 
     def refresh(self) -> None:
         with self._lock:
             desired = self.desired()
-            running = {c.stack for c in self.docker.containers() if c.running and c.stack not in desired.parked
+            running = {c.stack for c in self.docker.containers() if c.running and not c.placed
+                       and c.stack not in desired.parked
                        and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
             stacks = {s.name: upstream_of(s) for s in self.catalog().deployable()}
+            for name, entry in self.placed().items():
+                if name in stacks and entry.replicas:
+                    first, *others = (r.url for r in entry.replicas)
+                    stacks[name] = dataclasses.replace(stacks[name], url=first, replicas=tuple(others), placed=True)
+                    running.add(name)
             self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running,
                                      parked=set(desired.parked))
 

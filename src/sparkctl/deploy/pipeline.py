@@ -74,6 +74,7 @@ class Deployer:
     hub: HubClient
     store: Store
     reporter: Reporter
+    placed: bool = False  # run by a fleet host's agent: its containers are labelled the fleet's
 
     def up(self, name: str, *, refresh: bool = False, replace: bool = False) -> UpResult:
         stack = self.catalog.stack(name)
@@ -212,7 +213,7 @@ class Deployer:
         fails is removed."""
         plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
                       fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
-                      instance=self.settings.instance, sleep=sleep)
+                      instance=self.settings.instance, sleep=sleep, placed=self.placed)
         try:
             self.docker.create(plan)
             self.docker.start(plan.name)

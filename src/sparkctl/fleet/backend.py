@@ -8,9 +8,16 @@ without a change to the CLI or the fleet layer, which only speak this protocol.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, Placement
+
+
+class NodeWatch(Protocol):
+    def __iter__(self) -> Iterator[list[Node]]: ...
+
+    def close(self) -> None: ...
 
 
 class FleetBackend(Protocol):
@@ -29,6 +36,12 @@ class FleetBackend(Protocol):
     def place(self, head: str, *, local_address: str, name: str, bundles: list[dict[str, float]],
               strategy: str, wait: float | None = None) -> Placement:
         """Reserve `bundles` across nodes (`STRICT_SPREAD`, `PACK`, ...), or raise `NoRoom`."""
+
+    def watch(self, head: str) -> NodeWatch:
+        """The node table each time a node's state changes (first: the table as it is)."""
+
+    def placement(self, head: str, *, local_address: str, name: str) -> Placement | None:
+        """Where a placement's bundles are now (the backend re-places those of a dead node), or None."""
 
     def free_memory(self, head: str, *, local_address: str) -> dict[str, int]:
         """Each live node's unreserved `memory` resource in bytes, by node id."""

@@ -11,6 +11,8 @@ confirms), releases the placement and drops the stack from the book.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,12 +69,48 @@ class Fleetwide:
             raise SparkctlError(agreement.refusal(stack.name))
         say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
         started = self._ask(hosts, "up", [stack.name, spec, agreement.expected], wait, nodes)
-        replicas = tuple(Replica(a.host, a.value["url"], a.value["fingerprint"]) for a in started if a.ok)
-        book = placement.read_book(self.settings.fleet_dir)
-        book[stack.name] = Placed(stack.name, group, replicas)
-        placement.write_book(self.settings.fleet_dir, book)
+        placed = self._record(Placed(stack.name, group, _replicas(started), spec, agreement.expected))
         notes = [n for a in [*prepared, *started] if a.ok for n in a.value.get("notes", [])]
-        return FleetUp(book[stack.name], {a.host: a.error or "" for a in started if not a.ok}, notes)
+        return FleetUp(placed, {a.host: a.error or "" for a in started if not a.ok}, notes)
+
+    def recover(self, placed: Placed, *, wait: float, within: float) -> tuple[Placed, dict[str, str]]:
+        """Replace the replicas whose host died, on the hosts where Ray re-placed their bundles,
+        with what was agreed; the replicas on live hosts stay. Returns the new entry (also in the
+        book) and the hosts that failed to start theirs."""
+        address = agents.driver_address(self.settings)
+        deadline = time.monotonic() + within
+        while True:
+            now = self.backend.placement(self.head, local_address=address, name=placed.group)
+            if now is None:
+                raise SparkctlError(f"{placed.stack}'s placement {placed.group} is gone from Ray; run "
+                                    f"`sparkctl fleet up {placed.stack}` again")
+            nodes = self.backend.nodes(self.head)
+            alive = set(agents.live_hosts(nodes))
+            hosts = [_host_of(node_id, nodes) for node_id in now.nodes if node_id]
+            if now.placed and set(hosts) <= alive:
+                break
+            if time.monotonic() > deadline:
+                raise SparkctlError(f"Ray has not re-placed {placed.stack} within {within:g} s (no live host has "
+                                    f"{placed.stack}'s memory free); it stays held at the gateway")
+            time.sleep(0.2)
+        kept = tuple(r for r in placed.replicas if r.host in hosts and r.host in alive)
+        new = [h for h in hosts if h not in {r.host for r in kept}]
+        started = self._ask(new, "up", [placed.stack, placed.spec, placed.parts], wait, nodes) if new else []
+        entry = self._record(dataclasses.replace(placed, replicas=kept + _replicas(started)))
+        return entry, {a.host: a.error or "" for a in started if not a.ok}
+
+    def sweep(self, host: str, *, wait: float) -> list[str]:
+        """Remove the fleet's containers on `host` that the book does not place there (a host that
+        comes back restarts what it ran before it died, which now runs elsewhere); their stacks."""
+        (listed,) = self._ask([host], "containers", [], wait, self.backend.nodes(self.head))
+        if not listed.ok:
+            raise SparkctlError(f"host {host} did not list its containers: {listed.error}")
+        book = placement.read_book(self.settings.fleet_dir)
+        strays = sorted({c["stack"] for c in listed.value if c.get("placed")
+                         and host not in (book[c["stack"]].hosts if c["stack"] in book else [])})
+        for stack in strays:
+            self._ask([host], "remove", [stack], wait, self.backend.nodes(self.head))
+        return strays
 
     def down(self, stack: str, *, wait: float) -> list[AgentAnswer]:
         """Remove the stack's containers on every host; the placement and the book entry go
@@ -96,8 +134,18 @@ class Fleetwide:
         return agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet, method=method,
                           args=args, wait=wait, only=hosts, nodes=nodes)
 
+    def _record(self, placed: Placed) -> Placed:
+        book = placement.read_book(self.settings.fleet_dir)
+        book[placed.stack] = placed
+        placement.write_book(self.settings.fleet_dir, book)
+        return placed
+
     def _release(self, group: str) -> None:
         self.backend.remove(self.head, local_address=agents.driver_address(self.settings), name=group)
+
+
+def _replicas(started: list[AgentAnswer]) -> tuple[Replica, ...]:
+    return tuple(Replica(a.host, a.value["url"], a.value["fingerprint"]) for a in started if a.ok)
 
 
 def _host_of(node_id: str, nodes: list[Node]) -> str:

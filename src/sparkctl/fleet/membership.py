@@ -19,6 +19,14 @@ from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet, Host
 
 
+def control_plane(settings: Settings) -> FleetBackend:
+    """The fleet's control plane for this instance: Ray, its calls bounded by the settings."""
+    from sparkctl.adapters.ray import RayBackend
+
+    return RayBackend(token_file=token_path(settings), timeout=settings.fleet_ray_timeout,
+                      namespace=f"sparkctl-{settings.instance}")
+
+
 def start(backend: FleetBackend, settings: Settings, host: Host, *, head: str | None,
           inventory: bool) -> NodeRecord:
     """Start `host`'s node here: the head when `head` is None, else a worker joining `head`."""

@@ -98,21 +98,26 @@ class Replica:
 
 @dataclass(frozen=True)
 class Placed:
+    """A placed stack: its placement group, its replicas, and what they were agreed to run (the
+    stack file's spec hash and the prepared parts), so a lost replica is replaced with the same."""
+
     stack: str
     group: str
     replicas: tuple[Replica, ...]
+    spec: str
+    parts: dict[str, str]
 
     @property
     def hosts(self) -> list[str]:
         return [r.host for r in self.replicas]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stack": self.stack, "group": self.group, "replicas": [asdict(r) for r in self.replicas]}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Placed:
-        return cls(stack=str(data["stack"]), group=str(data["group"]),
-                   replicas=tuple(Replica(**r) for r in data["replicas"]))
+        return cls(stack=str(data["stack"]), group=str(data["group"]), spec=str(data["spec"]),
+                   replicas=tuple(Replica(**r) for r in data["replicas"]), parts=dict(data["parts"]))
 
 
 def read_book(fleet_dir: Path) -> dict[str, Placed]:

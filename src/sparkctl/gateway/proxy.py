@@ -8,7 +8,8 @@ request gets its stack's request defaults where the client left them out (`defau
 to the replica of its stack with the fewest requests in flight (`replicas.py`), which also queues
 it while every replica is at the stack's concurrency cap (a cap per engine). An engine that
 refuses or resets a connection before answering is ejected and the request goes to another
-replica of the stack (a lone engine's failure is answered 502); `eject_host` takes a host's
+replica of the stack (a lone engine's failure is answered 502, but for a stack placed across a
+fleet, which the daemon re-places when its host dies); `eject_host` takes a host's
 replicas out of routing at once, moving their unanswered requests. While a stack has no replica
 in routing, its requests are held (`hold.py`) until one returns or the hold times out. During a switch
 an alias can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
@@ -42,6 +43,9 @@ from sparkctl.gateway.upstream import EnginePool
 
 RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias switches
 PROXIED = ("/v1/chat/completions", "/v1/completions")
+# Failed forwards a request to a placed stack may have beyond one per replica: each ejects the
+# engine for EJECT_S, so this covers a host's death until the fleet's control plane declares it.
+PLACED_RETRIES = 6
 
 
 @dataclass(frozen=True)
@@ -216,9 +220,12 @@ class Gateway:
 
     def _retry(self, exchange: Proxied) -> bool:
         """The engine failed before any byte of its answer: eject it and send the request to another
-        replica, at most once per replica; False (answer 502) for a lone engine, as before."""
+        replica, at most once per replica; False (answer 502) for a lone engine on this Spark. A
+        stack placed across the fleet is held instead while none of its replicas is left (its host
+        may be dying: the daemon re-places it), through a few ejections before the 502."""
         upstream, url = exchange.upstream, exchange.replica
-        if url is None or len(upstream.urls) < 2 or exchange.tries >= len(upstream.urls):
+        tries = len(upstream.urls) + (PLACED_RETRIES if upstream.placed else 0)
+        if url is None or (len(upstream.urls) < 2 and not upstream.placed) or exchange.tries >= tries:
             return False
         exchange.tries += 1
         self.replicas.eject(url)

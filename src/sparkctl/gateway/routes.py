@@ -22,6 +22,7 @@ class Upstream:
     request_defaults: Mapping[str, object] = field(default_factory=dict, hash=False)
     # More engines serving the same stack (replicas, e.g. http://10.213.7.3:8110 on another host).
     replicas: tuple[str, ...] = ()
+    placed: bool = False  # placed across a fleet: held, not failed, while no replica answers
 
     @property
     def urls(self) -> tuple[str, ...]:

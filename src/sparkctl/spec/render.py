@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkctl import instance as instances
-from sparkctl.container import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_SPEC_HASH, LABEL_STACK
+from sparkctl.container import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_PLACED, LABEL_SPEC_HASH, LABEL_STACK
 from sparkctl.spec.models import Kind, Stack
 
 MODEL_DIR = "/model"
@@ -106,6 +106,7 @@ def spec_hash(stack: Stack) -> str:
 def render(
     stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None,
     gpus: bool = True, env: dict[str, str] | None = None, instance: str = instances.DEFAULT, sleep: bool = True,
+    placed: bool = False,
 ) -> ContainerPlan:
     """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest);
     `sleep=False` leaves sleep mode out where the image is known not to have it."""
@@ -115,6 +116,8 @@ def render(
               LABEL_MEMORY: f"{stack.resources.gpu_memory_utilization:g}"}
     if fingerprint:
         labels[LABEL_FINGERPRINT] = fingerprint
+    if placed:
+        labels[LABEL_PLACED] = "fleet"
     c = stack.container
     return ContainerPlan(
         name=instances.container_name(stack.name, instance),
