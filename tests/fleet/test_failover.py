@@ -1,6 +1,7 @@
 """A host dies under load: the daemon on the head (host a, gateway on a's address) ejects its
 replicas as soon as Ray declares it dead, re-places its stacks where Ray puts them, and when the
-host comes back it is swept, so nothing runs twice.
+host comes back it is swept, so nothing runs twice. Then an alias switches across hosts, from the
+replicated `pair` to `green`, placed where it fits, under the same kind of load.
 
 Host a's ceiling (1 GiB) keeps `solo` (1.2 GiB) on b or c; `pair` has a replica on two hosts.
 Clients are the official `openai` client without retries, one loop per stack: `pair` must see no
@@ -29,7 +30,7 @@ from tests.fleet.hosts import Hosts
 PORT = 28200
 GATEWAY_PORT = 18400
 INSTANCE = "fleetfail"
-STACKS = {"solo": (0.6, 8701, {}), "pair": (0.2, 8702, {"replicas": 2})}
+STACKS = {"solo": (0.6, 8701, {}), "pair": (0.2, 8702, {"replicas": 2}), "green": (0.2, 8703, {"replicas": 1})}
 
 
 class HeadDaemon:
@@ -106,7 +107,7 @@ class Load:
 def head(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[Cluster, HeadDaemon]]:
     with (deployable(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("failover-stacks"), STACKS) as env,
           start_cluster(fleet, instance=INSTANCE, port=PORT, memory={"a": "1GiB"}, env=env) as made):
-        for stack in STACKS:
+        for stack in ("solo", "pair"):
             code, out = made.up(stack)
             assert code == 0, out
         daemon = HeadDaemon(made)
@@ -160,3 +161,30 @@ def test_a_dead_host_leaves_routing_its_stack_moves_and_it_comes_back_swept(head
         time.sleep(0.2)
     running = {h.name: h.docker("ps", "-q", "--filter", "label=sparkctl.stack=solo").split() for h in cluster.hosts}
     assert [h for h, ids in running.items() if ids] == [new_host], running  # nothing runs twice
+
+
+def test_an_alias_switches_across_hosts_without_a_failed_request(head) -> None:
+    cluster, daemon = head
+    first = cluster.sparkctl(cluster.hosts["a"], "switch", "primary", "pair", timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    load = Load(daemon.url, ["primary"])
+    try:
+        deadline = time.monotonic() + 30
+        while load.ok["primary"] < 5:
+            assert time.monotonic() < deadline and not load.failed["primary"], (load.ok, load.failed)
+            time.sleep(0.1)
+        switched = cluster.sparkctl(cluster.hosts["a"], "switch", "primary", "green", timeout=300)
+        assert switched.returncode == 0, switched.stdout + switched.stderr
+        after = load.ok["primary"]
+        deadline = time.monotonic() + 30
+        while load.ok["primary"] < after + 5:
+            assert time.monotonic() < deadline, (load.ok, load.failed)
+            time.sleep(0.1)
+    finally:
+        load.stop()
+    assert load.failed == {"primary": []}, load.failed
+    assert "pair" not in cluster.book() and len(cluster.hosts_of("green")) == 1, daemon.log()[-3000:] + switched.stdout
+    for host in cluster.hosts:
+        assert host.docker("ps", "-aq", "--filter", "label=sparkctl.stack=pair").strip() == "", host.name
+    print(f"\nprimary switched pair -> green on {cluster.hosts_of('green')[0]}: {load.ok['primary']} requests, "
+          "none failed")

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.events import BusReporter, EventBus
+from sparkctl.daemon.fleetswitch import FleetSwitch
 from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.loops import Loops
 from sparkctl.daemon.machine import DockerMachine
@@ -63,18 +64,22 @@ class Daemon:
         self.operations = Operations(settings, self.machine, self.reconciler, self.routes, self.bus,
                                      kick=self.loops.kick)
         self.gateway: Gateway | None = None  # once it listens
-        self.fleet_watch = self._fleet_watch()
+        self.fleet_watch: FleetWatch | None = None
+        self._head_fleet()
 
-    def _fleet_watch(self) -> FleetWatch | None:
-        """On a Spark that heads a fleet (`sparkctl fleet init`), the watch over its hosts."""
+    def _head_fleet(self) -> None:
+        """On a Spark that heads a fleet (`sparkctl fleet init`): the watch over its hosts, and
+        switches to stacks placed across it."""
         s = self.settings
         record = local.read_record(s.fleet_dir / local.RECORD_FILE)
         if record is None or not record.is_head:
-            return None
+            return
         inventory = load_fleet(s.fleet_path) if s.fleet_path.exists() else None
         fleetwide = Fleetwide(membership.control_plane(s), s, inventory, record.head)
-        return FleetWatch(fleetwide, control=lambda: self.operations.gateway, refresh=self.routes.refresh,
-                          bus=self.bus, wait=s.fleet_deploy_timeout, within=s.fleet_replace_within)
+        self.fleet_watch = FleetWatch(fleetwide, control=lambda: self.operations.gateway, refresh=self.routes.refresh,
+                                      bus=self.bus, wait=s.fleet_deploy_timeout, within=s.fleet_replace_within)
+        self.operations.fleet = FleetSwitch(fleetwide, self.machine, self.routes, self.store,
+                                            total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
 
     def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""

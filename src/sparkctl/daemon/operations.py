@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.sleepmode import SleepMode
@@ -38,6 +38,9 @@ from sparkctl.spec.models import Kind, Stack
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
 from sparkctl.wire import DownDone, Note, UpDone
+
+if TYPE_CHECKING:
+    from sparkctl.daemon.fleetswitch import FleetSwitch
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Operations:
     # Held from a memory decision (switch, park, wake) until it is carried out, so two of them
     # never both count on the same free memory. Taken before any stack's turn, never after.
     memory_lock: threading.RLock = field(default_factory=threading.RLock)
+    fleet: FleetSwitch | None = None  # on a fleet's head: switches to stacks placed across it
 
     @property
     def store(self) -> Store:
@@ -150,6 +154,9 @@ class Operations:
         """Move `alias` to `stack` (blue/green or hold/swap); rolled back on any failure."""
         with self.turns.turn(f"alias:{alias}", ticket), self.memory_lock:  # one switch of an alias at a time
             spec = self.machine.catalog().stack(stack)
+            if self.fleet is not None and self.fleet.applies(spec):
+                assert self.gateway is not None, "the gateway starts before the API"
+                return self.fleet.run(alias, spec, self.gateway)
             if self.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
                 return {"alias": alias, "stack": spec.name, "mode": "unchanged", "timings": {},
                         "up": asdict(self.up(spec.name))}

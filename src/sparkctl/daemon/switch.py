@@ -40,6 +40,8 @@ class GatewayControl(Protocol):
 
     def drain(self, stack: str) -> bool: ...
 
+    def routes_changed(self) -> None: ...
+
 
 class SwitchFailed(SparkctlError):
     """The switch was rolled back; the message says why and what runs now."""

@@ -38,7 +38,7 @@ def bundles(stack: Stack, total_bytes: int) -> tuple[list[dict[str, float]], str
     bundle: dict[str, float] = {"memory": float(int(stack.resources.gpu_memory_utilization * total_bytes))}
     if stack.placement.host is not None:
         bundle[host_resource(stack.placement.host)] = PINNED_SHARE
-    replicas = stack.placement.replicas
+    replicas = stack.placement.count
     return [dict(bundle) for _ in range(replicas)], "STRICT_SPREAD" if replicas > 1 else "PACK"
 
 
@@ -80,7 +80,7 @@ def agree(answers: list[AgentAnswer]) -> Agreement:
 
 
 def _holders(parts: dict[str, dict[str, str]], key: str, value: str) -> str:
-    hosts = [h for h, p in parts.items() if p[key] == value]
+    hosts = sorted(h for h, p in parts.items() if p[key] == value)
     return f"{', '.join(hosts)} {'has' if len(hosts) == 1 else 'have'}"
 
 

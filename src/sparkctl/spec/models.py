@@ -63,17 +63,26 @@ class Expectations(Spec):
 
 class Placement(Spec):
     """Where a stack runs in a fleet (`sparkctl fleet up`): on one named host, or as `replicas`
-    engines on as many different hosts. Ray picks the hosts by their free memory; a single Spark
-    ignores this section."""
+    engines on as many different hosts (Ray picks them by their free memory). A stack that sets
+    either runs across the fleet its Spark heads, also when an alias is switched to it; a single
+    Spark ignores this section."""
 
     host: Name | None = None
-    replicas: int = Field(default=1, ge=1, le=64)
+    replicas: int | None = Field(default=None, ge=1, le=64)
 
     @model_validator(mode="after")
     def _one_way(self) -> Placement:
-        if self.host is not None and self.replicas > 1:
+        if self.host is not None and (self.replicas or 1) > 1:
             raise ValueError("name a `host` or ask for `replicas`, not both: replicas go on different hosts")
         return self
+
+    @property
+    def fleet(self) -> bool:
+        return self.host is not None or self.replicas is not None
+
+    @property
+    def count(self) -> int:
+        return self.replicas or 1
 
 
 class SwitchOver(Spec):

@@ -1,0 +1,78 @@
+"""`sparkctl switch ALIAS STACK` for a stack placed across the fleet the daemon heads: blue/green
+across hosts. The new stack is placed and started where Ray fits it (`fleet up`: every chosen
+host agrees on what it runs first), the alias flips in one step of the routes, the old stack's
+requests drain, and an old placed stack is then removed from every host. A local old stack is
+left as it runs (its own `switch` to another local stack parks it). Nothing is held: both stacks
+serve until the flip, so the agent sees no failed request. A failure before the flip leaves the
+alias where it was. Recorded like any switch (a daemon killed mid-way settles it on start).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+
+from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.operations import Routes
+from sparkctl.daemon.switch import GatewayControl, SwitchFailed
+from sparkctl.errors import SparkctlError
+from sparkctl.fleet import placement
+from sparkctl.fleet.deploy import Fleetwide
+from sparkctl.spec.models import Stack
+from sparkctl.state.store import Store
+
+log = structlog.get_logger()
+
+
+@dataclass
+class FleetSwitch:
+    fleetwide: Fleetwide
+    machine: DockerMachine
+    routes: Routes
+    store: Store
+    total_bytes: int  # a Spark's memory, which stacks' fractions are of
+    wait: float  # each host's deploy
+
+    def applies(self, stack: Stack) -> bool:
+        """Whether `stack` runs across the fleet: it has a placement, or it is placed already."""
+        return stack.placement.fleet or stack.name in self._book()
+
+    def run(self, alias: str, stack: Stack, gateway: GatewayControl) -> dict[str, Any]:
+        old = self.machine.desired().aliases.get(alias)
+        intent = {"alias": alias, "from": old, "to": stack.name, "mode": "fleet blue/green", "stop_old": False,
+                  "new_was_desired": True, "park": "stop", "wake": 0, "evict": [],
+                  "why": f"{stack.name} is placed across the fleet"}
+        switch_id = self.store.switches.begin(intent)
+        started, timings, hosts, error = time.time(), {}, [], None
+        try:
+            up = self.fleetwide.up(stack, total_bytes=self.total_bytes, wait=self.wait)
+            if not up.placed.replicas:
+                raise SparkctlError(f"{stack.name} started on no host: "
+                                    + "; ".join(f"{h}: {why}" for h, why in up.failed.items()))
+            hosts = up.placed.hosts
+            timings["deploy_s"] = round(time.time() - started, 3)
+            self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, alias: stack.name}))
+            self.routes.refresh()
+            gateway.routes_changed()
+            timings["flip_s"] = round(time.time() - started, 3)
+            if old and old != stack.name:
+                gateway.drain(old)
+                timings["drain_s"] = round(time.time() - started, 3)
+                if old in self._book():
+                    self.fleetwide.down(old, wait=self.wait)
+                    self.routes.refresh()
+        except SparkctlError as e:
+            error = str(e)
+        timings["total_s"] = round(time.time() - started, 3)
+        record = intent | {"ok": error is None, "error": error, "timings": timings, "hosts": hosts}
+        self.store.switches.finish(switch_id, record)
+        log.info("switch_finished", **{k: v for k, v in record.items() if k != "timings"}, **timings)
+        if error is not None:
+            raise SwitchFailed(error)
+        return record
+
+    def _book(self) -> dict[str, placement.Placed]:
+        return placement.read_book(self.fleetwide.settings.fleet_dir)
