@@ -11,96 +11,21 @@ succeed. Slow (a Ray cluster, a host killed and rejoined: about a minute, printe
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
 
-from sparkctl.deploy.health import http_status
 from tests.fleet.cluster import Cluster, deployable
 from tests.fleet.cluster import cluster as start_cluster
+from tests.fleet.head import HeadDaemon, Load
 from tests.fleet.hosts import Hosts
 
 PORT = 28200
 GATEWAY_PORT = 18400
 INSTANCE = "fleetfail"
 STACKS = {"solo": (0.6, 8701, {}), "pair": (0.2, 8702, {"replicas": 2}), "green": (0.2, 8703, {"replicas": 1})}
-
-
-class HeadDaemon:
-    """`sparkctl daemon` on host a, its gateway on a's address."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        a = cluster.hosts["a"]
-        self.url = f"http://{a.address}:{GATEWAY_PORT}"
-        self.log_path = cluster.root / "daemon.log"
-        env = cluster.env_for(a) | {"SPARKCTL_GATEWAY_HOST": a.address, "SPARKCTL_GATEWAY_PORT": str(GATEWAY_PORT),
-                                    "SPARKCTL_SWITCH_HOLD_TIMEOUT": "150"}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([*a.enter(), sys.executable, "-m", "sparkctl", "daemon"], stdout=log,
-                                         stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 30
-        while http_status(self.url + "/health") != 200:
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log()[-3000:]
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def events(self, name: str) -> list[dict]:
-        found = []
-        for line in self.log().splitlines():
-            if f'"{name}"' in line:
-                try:
-                    found.append(json.loads(line[line.index("{"):]))
-                except ValueError:
-                    continue
-        return found
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-class Load:
-    """One client loop per stack through the gateway, sequential requests, no retries."""
-
-    def __init__(self, url: str, stacks: list[str]) -> None:
-        self.client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=180)
-        self.ok = {s: 0 for s in stacks}
-        self.failed: dict[str, list[str]] = {s: [] for s in stacks}
-        self.slowest = {s: 0.0 for s in stacks}
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(s,), daemon=True) for s in stacks]
-        for thread in self.threads:
-            thread.start()
-
-    def _loop(self, stack: str) -> None:
-        while not self.stopping.is_set():
-            began = time.monotonic()
-            try:
-                self.client.chat.completions.create(model=stack, max_tokens=4,
-                                                    messages=[{"role": "user", "content": "hi"}])
-                self.ok[stack] += 1
-            except Exception as e:  # noqa: BLE001 - every failure is counted, with its reason
-                self.failed[stack].append(f"{type(e).__name__}: {e}"[:300])
-            self.slowest[stack] = max(self.slowest[stack], time.monotonic() - began)
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=200)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +35,7 @@ def head(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -
         for stack in ("solo", "pair"):
             code, out = made.up(stack)
             assert code == 0, out
-        daemon = HeadDaemon(made)
+        daemon = HeadDaemon(made, port=GATEWAY_PORT)
         try:
             yield made, daemon
         finally:

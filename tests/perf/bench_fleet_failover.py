@@ -1,0 +1,98 @@
+"""Fleet failover figure: the time from a host dying to the gateway no longer routing to it, beside
+Ray's own detection time (its reference), measured in the same runs.
+
+Three namespace hosts (tests/fleet: each its own dockerd and Ray node), a head daemon on host a
+with its gateway on a's address, and a stack `pair` with a replica on two hosts, under a client
+loop through the gateway. Each run kills a host holding a replica (every process of its namespace,
+as a power cut), then reads the daemon's `fleet_host_ejected` log entry: Ray's time of death for
+the node (`died_at`, from Ray's node table) and the moment the gateway ejected the host. The host
+is then started again and rejoins, and the next run waits until `pair` has two replicas again.
+Printed: Ray's detection (kill -> declared dead), the eject after it, and kill -> out of routing,
+each as median (min, max, n), with the ratio of the total to Ray's detection. Goal: out of
+routing within Ray's detection + 1 s. Ray's detection is set to about 2 s here
+(SPARKCTL_FLEET_DEAD_AFTER); its default on a real fleet is about 15 s.
+
+Needs root. Run with `make perf` (or `.venv/bin/python tests/perf/bench_fleet_failover.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from world import load, runs, spread  # noqa: E402
+
+from sparkctl.sim.registry import SIM_IMAGE  # noqa: E402
+from sparkctl.sim.tinymodel import cached_model  # noqa: E402
+from tests.fleet.cluster import cluster, deployable  # noqa: E402
+from tests.fleet.head import HeadDaemon, Load  # noqa: E402
+from tests.fleet.hosts import Hosts, check_machine  # noqa: E402
+from tests.fleet.images import load as load_image  # noqa: E402
+
+KILLS = runs(5)
+STACKS = {"pair": (0.2, 8801, {"replicas": 2})}
+
+
+def main() -> None:
+    print(load())
+    check_machine()
+    rows: list[tuple[float, float]] = []  # (Ray's detection, eject after Ray)
+    with tempfile.TemporaryDirectory(prefix="sparkctl-failover-") as tmp, Hosts(3) as hosts:
+        root = Path(tmp)
+        os.environ["no_proxy"] = ",".join([*(h.address for h in hosts), hosts.network.gateway])
+        load_image(hosts.hosts, SIM_IMAGE, cache=root)
+        cache = os.environ.get("SPARKCTL_BUILD_CACHE")
+        model = cached_model(Path(cache) / "models" if cache else root / "models")
+        (root / "stacks").mkdir()
+        with (deployable(hosts, SIM_IMAGE, model, root / "stacks", STACKS) as env,
+              cluster(hosts, instance="benchfail", port=28500, memory={"a": "1GiB"}, env=env) as fleet):
+            code, out = fleet.up("pair")
+            assert code == 0, out
+            daemon = HeadDaemon(fleet, port=18500)
+            clients = Load(daemon.url, ["pair"])
+            try:
+                for _ in range(KILLS):
+                    rows.append(kill_one(fleet, daemon))
+            finally:
+                clients.stop()
+                daemon.stop()
+                fleet.fleet("down", "pair")
+    detect, eject = [r[0] for r in rows], [r[1] for r in rows]
+    total = [d + e for d, e in rows]
+    print(f"host death -> out of routing, replicated stack under load ({KILLS} kills, Ray's dead-after ~2 s)")
+    print(f"  Ray's detection (kill -> declared dead): {spread(detect)}")
+    print(f"  gateway eject after Ray's verdict:       {spread(eject)}  goal <= 1 s: "
+          f"{'ok' if max(eject) <= 1 else 'MISSED'}")
+    print(f"  kill -> out of routing:                  {spread(total)}  ratio to Ray's detection "
+          f"{sorted(t / d for t, d in zip(total, detect, strict=True))[len(total) // 2]:.3f}")
+    print(f"  requests through the gateway meanwhile: {clients.ok['pair']} ok, {len(clients.failed['pair'])} failed")
+
+
+def kill_one(fleet, daemon: HeadDaemon) -> tuple[float, float]:  # noqa: ANN001 - a tests.fleet Cluster
+    """Kill a non-head host holding a replica; (Ray's detection, the eject after it), then rejoin."""
+    victim = fleet.hosts[next(h for h in fleet.hosts_of("pair") if h != "a")]
+    seen = len(daemon.events("fleet_host_ejected"))
+    killed = time.time()
+    victim.kill()
+    deadline = time.monotonic() + 60
+    while len(daemon.events("fleet_host_ejected")) == seen:
+        assert time.monotonic() < deadline, daemon.log()[-3000:]
+        time.sleep(0.05)
+    ejected = daemon.events("fleet_host_ejected")[-1]
+    back = len(daemon.events("fleet_host_back"))
+    victim.start()
+    fleet.join(victim)
+    deadline = time.monotonic() + 120
+    while len(daemon.events("fleet_host_back")) == back or len(fleet.hosts_of("pair")) < 2:
+        assert time.monotonic() < deadline, daemon.log()[-3000:]
+        time.sleep(0.1)
+    return ejected["died_at"] - killed, ejected["after_ray_s"]
+
+
+if __name__ == "__main__":
+    main()
