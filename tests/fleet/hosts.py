@@ -231,9 +231,14 @@ def kill_cgroups(netns: str) -> None:
     """SIGKILL every task in a host's container cgroups (a container not on the host network
     lives in a namespace of its own, out of `ip netns pids`' sight)."""
     for parent in [*CGROUP_ROOT.glob(netns), *CGROUP_ROOT.glob(f"*/{netns}")]:
-        for procs in parent.rglob("cgroup.procs"):
-            for pid in procs.read_text().split():
-                network._kill(int(pid))
+        for directory, _, files in os.walk(parent):  # a container's cgroup may go while this walks: skipped
+            if "cgroup.procs" in files:
+                try:
+                    pids = (Path(directory) / "cgroup.procs").read_text().split()
+                except OSError:
+                    continue
+                for pid in pids:
+                    network._kill(int(pid))
 
 
 def _rmdir_tree(path: Path) -> None:

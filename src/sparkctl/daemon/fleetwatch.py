@@ -56,6 +56,11 @@ class FleetWatch:
             except SparkctlError as e:
                 if not self._stopping.is_set():
                     log.warning("fleet_watch_lost", error=str(e), retry_s=RETRY)
+            except Exception:  # noqa: BLE001 - the watch must outlive any one bad step (a hand-edited book)
+                log.exception("fleet_watch_failed", retry_s=RETRY)
+            finally:
+                if self._watch is not None:
+                    self._watch.close()  # its child too
             self._stopping.wait(RETRY)
 
     def on_nodes(self, nodes: list[Node]) -> None:

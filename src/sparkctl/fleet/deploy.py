@@ -119,9 +119,7 @@ class Fleetwide:
                              method="remove", args=[stack], wait=wait)
         if all(a.ok for a in answers):
             self._release(placement.group_name(stack))
-            book = placement.read_book(self.settings.fleet_dir)
-            if book.pop(stack, None) is not None:
-                placement.write_book(self.settings.fleet_dir, book)
+            placement.update_book(self.settings.fleet_dir, lambda book: book.pop(stack, None))
         return answers
 
     def free(self) -> dict[str, int]:
@@ -135,9 +133,7 @@ class Fleetwide:
                           args=args, wait=wait, only=hosts, nodes=nodes)
 
     def _record(self, placed: Placed) -> Placed:
-        book = placement.read_book(self.settings.fleet_dir)
-        book[placed.stack] = placed
-        placement.write_book(self.settings.fleet_dir, book)
+        placement.update_book(self.settings.fleet_dir, lambda book: book.update({placed.stack: placed}))
         return placed
 
     def _release(self, group: str) -> None:

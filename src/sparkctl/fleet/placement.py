@@ -12,9 +12,12 @@ The book (`placements.json` in the fleet dir, written atomically) is what the ga
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +67,7 @@ class Agreement:
 
 def agree(answers: list[AgentAnswer]) -> Agreement:
     """Compare the parts each host's `prepare` reported; a host that failed is a difference too."""
-    parts = {a.host: {k: a.value["parts"].get(k, "") for k in COMPARED} for a in answers if a.ok}
+    parts = {a.host: {k: a.value.get("parts", {}).get(k, "") for k in COMPARED} for a in answers if a.ok}
     differences = {a.host: f"could not prepare: {a.error}" for a in answers if not a.ok}
     expected: dict[str, str] = {}
     for key in COMPARED:
@@ -131,6 +134,18 @@ def read_book(fleet_dir: Path) -> dict[str, Placed]:
 
 def write_book(fleet_dir: Path, book: dict[str, Placed]) -> None:
     fleet_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = fleet_dir / f".{BOOK_FILE}.{os.getpid()}"
+    temporary = fleet_dir / f".{BOOK_FILE}.{os.getpid()}.{threading.get_ident()}"
     temporary.write_text(json.dumps({name: p.to_dict() for name, p in sorted(book.items())}, indent=2))
     temporary.replace(fleet_dir / BOOK_FILE)
+
+
+def update_book(fleet_dir: Path, change: Callable[[dict[str, Placed]], None]) -> dict[str, Placed]:
+    """Read, `change` in place and write the book under a lock, so that a `fleet up` and the
+    daemon's re-placement never lose each other's entry; the book as written."""
+    fleet_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with (fleet_dir / f".{BOOK_FILE}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        book = read_book(fleet_dir)
+        change(book)
+        write_book(fleet_dir, book)
+        return book

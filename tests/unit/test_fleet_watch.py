@@ -1,0 +1,137 @@
+"""The daemon's watch over the fleet, one node table at a time: a host that dies while it serves a
+placed stack leaves routing once (by its serving address) and the stack is re-placed; a host that
+comes back is swept, then restored; a dead host that serves nothing is left alone. Against a
+recording control plane and gateway control; the watch's thread is not started."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.fleetwatch import FleetWatch
+from sparkctl.errors import SparkctlError
+from sparkctl.fleet.placement import Placed, Replica, write_book
+from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, Node, NodeState
+from sparkctl.settings import Settings
+from sparkctl.spec.fleet import Fleet, load_fleet
+
+FLEET = "head: a\nhosts:\n" + "".join(f"""  - name: {n}
+    serving: {{interface: enp1s0f0np0, address: 10.0.0.{i + 2}}}
+    memory: 100GiB
+    ray: {{address: 10.0.0.{i + 2}}}
+""" for i, n in enumerate("abc"))
+GEMMA = Placed(stack="gemma", group="stack-gemma", spec="0123456789abcdef", parts={"image": "sha256:1"},
+               replicas=(Replica("a", "http://10.0.0.2:8110", "fp"), Replica("b", "http://10.0.0.3:8110", "fp")))
+
+
+class Recorder:
+    """The control plane (`Fleetwide`) and the gateway's `LoopControl`, writing every call to one log."""
+
+    def __init__(self, settings: Settings, fleet: Fleet | None) -> None:
+        self.settings, self.fleet, self.backend, self.head = settings, fleet, None, "10.0.0.2:6379"
+        self.calls: list[tuple] = []
+        self.sweep_fails = False
+
+    # Fleetwide
+    def recover(self, placed: Placed, *, wait: float, within: float) -> tuple[Placed, dict[str, str]]:
+        self.calls.append(("recover", placed.stack, wait, within))
+        return placed, {}
+
+    def sweep(self, host: str, *, wait: float) -> list[str]:
+        self.calls.append(("sweep", host, wait))
+        if self.sweep_fails:
+            raise SparkctlError(f"the agent on {host} did not answer")
+        return []
+
+    # LoopControl
+    def eject_host(self, address: str) -> None:
+        self.calls.append(("eject_host", address))
+
+    def restore_host(self, address: str) -> None:
+        self.calls.append(("restore_host", address))
+
+    def routes_changed(self) -> None:
+        self.calls.append(("routes_changed",))
+
+    def named(self, *names: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] in names]
+
+
+def node(host: str, state: NodeState = NodeState.ALIVE, **labels: str) -> Node:
+    return Node(node_id=host * 8, address="10.0.0.9", state=state, labels={LABEL_HOST: host, **labels},
+                died_at=time.time() - 0.5 if state is NodeState.DEAD else None)
+
+
+def table(dead: str = "", **labels: str) -> list[Node]:
+    return [node(h, NodeState.DEAD if h == dead else NodeState.ALIVE, **labels) for h in "abc"]
+
+
+@pytest.fixture
+def watched(tmp_path: Path) -> tuple[FleetWatch, Recorder, EventBus]:
+    settings = Settings(state_dir=tmp_path, instance="t1")
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    recorder, bus = Recorder(settings, load_fleet(tmp_path / "fleet.yaml")), EventBus()
+    write_book(settings.fleet_dir, {"gemma": GEMMA})
+    watch = FleetWatch(recorder, control=lambda: recorder, refresh=lambda: recorder.calls.append(("refresh",)),
+                       bus=bus, wait=30.0, within=12.0)
+    return watch, recorder, bus
+
+
+def test_a_dead_serving_host_is_ejected_by_its_serving_address_and_its_stack_re_placed(watched) -> None:
+    watch, recorder, bus = watched
+    watch.on_nodes(table())
+    assert recorder.calls == [] and watch.down == set()
+    watch.on_nodes(table(dead="b"))
+    assert recorder.calls == [("eject_host", "10.0.0.3"), ("recover", "gemma", 30.0, 12.0), ("refresh",),
+                              ("routes_changed",)]
+    assert watch.down == {"b"}
+    texts = [e["text"] for e in bus.after(0, timeout=0)]
+    assert texts == ["fleet host b is down: its replicas are out of routing", "gemma re-placed on a, b"]
+
+
+def test_the_same_node_table_again_does_not_eject_again(watched) -> None:
+    watch, recorder, _ = watched
+    watch.on_nodes(table(dead="b"))
+    watch.on_nodes(table(dead="b"))
+    assert recorder.named("eject_host") == [("eject_host", "10.0.0.3")]
+
+
+def test_a_host_that_comes_back_is_swept_then_restored(watched) -> None:
+    watch, recorder, _ = watched
+    watch.on_nodes(table(dead="b"))
+    recorder.calls.clear()
+    watch.on_nodes(table())
+    assert recorder.calls == [("sweep", "b", 30.0), ("restore_host", "10.0.0.3")]
+    assert watch.down == set()
+    watch.on_nodes(table())
+    assert recorder.named("sweep", "restore_host") == [("sweep", "b", 30.0), ("restore_host", "10.0.0.3")]
+
+
+def test_a_host_whose_sweep_fails_stays_out_of_routing_until_a_sweep_succeeds(watched) -> None:
+    watch, recorder, _ = watched
+    watch.on_nodes(table(dead="b"))
+    recorder.calls.clear()
+    recorder.sweep_fails = True
+    watch.on_nodes(table())
+    assert recorder.calls == [("sweep", "b", 30.0)] and watch.down == {"b"}
+    recorder.sweep_fails = False
+    watch.on_nodes(table())
+    assert recorder.calls[-1] == ("restore_host", "10.0.0.3") and watch.down == set()
+
+
+def test_a_dead_host_that_serves_nothing_is_not_ejected(watched) -> None:
+    watch, recorder, bus = watched
+    watch.on_nodes(table(dead="c"))
+    assert recorder.calls == [] and watch.down == set() and bus.last == 0
+    watch.on_nodes(table())
+    assert recorder.calls == []  # nor swept when it is back
+
+
+def test_without_an_inventory_the_address_its_node_advertises_is_ejected(watched) -> None:
+    watch, recorder, _ = watched
+    recorder.fleet = None
+    watch.on_nodes(table(dead="a", **{LABEL_ADDRESS: "10.9.9.9"}))
+    assert recorder.named("eject_host") == [("eject_host", "10.9.9.9")] and watch.down == {"a"}
