@@ -18,6 +18,7 @@ LABEL_MEMORY = "sparkctl.gpu-memory"  # the fraction reserved, for admission wit
 # On a container a fleet host's agent deployed (`sparkctl fleet up`): the fleet owns it, so the
 # daemon on the same host neither removes it as undesired nor routes it as a local stack.
 LABEL_PLACED = "sparkctl.placed"
+LABEL_RANK = "sparkctl.rank"  # a multi-node stack's rank (0 serves HTTP)
 
 
 @dataclass(frozen=True)

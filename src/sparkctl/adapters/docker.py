@@ -69,6 +69,7 @@ class DockerEngine:
                 shm_size=plan.shm_size,
                 mounts=[Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in plan.mounts],
                 device_requests=_gpus(plan.gpus),
+                init=plan.init,
             )
         return container.id
 

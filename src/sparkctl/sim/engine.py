@@ -376,3 +376,9 @@ class Engine:
 
 def log(message: str) -> None:
     print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] {message}", file=sys.stderr, flush=True)
+
+
+def die(message: str) -> None:
+    """Exit as vLLM does on a fatal error: its message last on stderr, exit code 1."""
+    print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [sim] {message}", file=sys.stderr, flush=True)
+    raise SystemExit(1)

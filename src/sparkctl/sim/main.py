@@ -4,6 +4,8 @@ Accepts the flags sparkctl renders (and a few more the compose projects use), re
 flags the way vLLM's argparse does (exit 2, message on stderr), checks the DFlash patches like
 the real engine would fail without them, loads for the profile's time (taking real memory when
 SPARKCTL_SIM_MEMORY_SCALE is set), then serves; VLLM_SERVER_DEV_MODE=1 adds the dev endpoints.
+With `--nnodes N` it is one rank of a multi-node group (`ranks.py`): rank 0 serves once the others
+joined, a `--headless` rank only answers rank 0's steps.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import time
 from pathlib import Path
 
 from sparkctl.sim.engine import VERSION, Engine, Faults, Memory, Vocabulary
+from sparkctl.sim.engine import die as _die
 from sparkctl.sim.engine import log as _log
 from sparkctl.sim.profiles import PROFILES, Profile, auto_profile, min_memory_fraction
+from sparkctl.sim.ranks import Group, worker
 
 OVERLAY_MARKERS = {  # the DSpark draft's vllm_patches carry these lines
     "model_executor/models/qwen3_dflash.py": "DSPARK_PATCH = \"qwen3_dflash\"",
@@ -52,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(profile, vocab, num_speculative=speculative.get("num_speculative_tokens", 0),
                     scale=scale, max_model_len=args.max_model_len, memory_fraction=args.gpu_memory_utilization,
                     faults=faults, seed=args.sim_seed, memory=memory, sleep_mode=args.enable_sleep_mode)
+    if args.headless:  # a worker rank: no API server
+        asyncio.run(worker(args.node_rank, args.master_addr, args.master_port))
+        return 0
     dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))  # vLLM's own parse
     asyncio.run(_serve(engine, args, dev_mode=dev_mode))
     return 0
@@ -78,6 +85,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--quantization", "-q")
     s.add_argument("--compilation-config", "-O", type=json.loads)
     s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    s.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    s.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    s.add_argument("--nnodes", type=int, default=1)
+    s.add_argument("--node-rank", type=int, default=0)
+    s.add_argument("--master-addr", default="127.0.0.1")
+    s.add_argument("--master-port", type=int, default=29501)
+    s.add_argument("--headless", action="store_true")
     s.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"])
     s.add_argument("--speculative-config", type=json.loads)
     s.add_argument("--enforce-eager", action="store_true")
@@ -227,8 +241,12 @@ async def _serve(engine: Engine, args: argparse.Namespace, *, dev_mode: bool) ->
     name = (args.served_model_name or [args.model])[0]
     if dev_mode:
         _log("SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!")
+    group = None
+    if args.nnodes > 1:  # rank 0 serves once every other rank has joined
+        group = Group(args.nnodes)
+        await group.form(args.master_addr, args.master_port)
     api = Api(engine, served_name=name, root=args.model, max_model_len=args.max_model_len, dev_mode=dev_mode,
-              workers=args.tensor_parallel_size)
+              workers=args.tensor_parallel_size, group=group)
     runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
     try:
@@ -243,11 +261,6 @@ async def _serve(engine: Engine, args: argparse.Namespace, *, dev_mode: bool) ->
 def _terminated(*_: object) -> None:
     _log("Shutting down on SIGTERM")
     raise SystemExit(0)
-
-
-def _die(message: str) -> None:
-    print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [sim] {message}", file=sys.stderr, flush=True)
-    raise SystemExit(1)
 
 
 if __name__ == "__main__":

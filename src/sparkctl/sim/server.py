@@ -17,15 +17,17 @@ from typing import Any
 from aiohttp import web
 
 from sparkctl.sim.engine import KV_BLOCK_SIZE, VERSION, Aborted, Engine, Histogram
+from sparkctl.sim.ranks import Group, GroupBroken
 
 _PAUSE_MODES = ("abort", "wait", "keep")
 
 
 class Api:
     def __init__(self, engine: Engine, *, served_name: str, root: str, max_model_len: int,
-                 dev_mode: bool = False, workers: int = 1) -> None:
+                 dev_mode: bool = False, workers: int = 1, group: Group | None = None) -> None:
         self.engine, self.served_name, self.max_model_len = engine, served_name, max_model_len
         self.root, self.dev_mode, self.workers = root, dev_mode, workers
+        self.group = group  # the other ranks, when this is rank 0 of a multi-node group
         self.created = int(time.time())
 
     def app(self) -> web.Application:
@@ -82,6 +84,11 @@ class Api:
         if body.get("model") != self.served_name:
             return _error(404, f"The model `{body.get('model')}` does not exist. Valid aliases: "
                           f"{self.served_name}.", "NotFoundError", param="model")
+        if self.group is not None:
+            try:
+                await self.group.step()
+            except GroupBroken as e:
+                return _error(500, f"EngineCore encountered an issue: {e}", "InternalServerError")
         prompt_tokens = self.engine.vocab.count(prompt)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if prompt_tokens + (max_tokens or 1) > self.max_model_len:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from sparkctl.policy.parking import Park
-from sparkctl.spec.base import Fraction, Name, Seconds, Spec
+from sparkctl.spec.base import Fraction, Name, Port, Seconds, Spec
 from sparkctl.spec.engine import ComposeProject, Container, Image, VllmArgs, Weights
 
 
@@ -85,6 +85,28 @@ class Placement(Spec):
         return self.replicas or 1
 
 
+class Parallel(Spec):
+    """One model across several Sparks with vLLM's native multi-node mode (no Ray inside the
+    engine): `nodes` ranks, one per host, each `vllm serve --nnodes N --node-rank r`; ranks above
+    0 run `--headless` and rank 0 serves HTTP. `tensor` x `pipeline` x `data` must use every GPU
+    of the nodes (a GB10 Spark has one)."""
+
+    tensor: int = Field(default=1, ge=1, le=64)
+    pipeline: int = Field(default=1, ge=1, le=64)
+    data: int = Field(default=1, ge=1, le=64)
+    nodes: int = Field(ge=2, le=64)
+    gpus_per_node: int = Field(default=1, ge=1, le=8)
+    master_port: Port = 29501  # rank 0's rendezvous port, on its serving address (vLLM's default)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Parallel:
+        world, gpus = self.tensor * self.pipeline * self.data, self.nodes * self.gpus_per_node
+        if world != gpus:
+            raise ValueError(f"tensor x pipeline x data = {self.tensor} x {self.pipeline} x {self.data} = {world} "
+                             f"ranks, but {self.nodes} nodes x {self.gpus_per_node} GPU(s) = {gpus}: they must match")
+        return self
+
+
 class SwitchOver(Spec):
     # The quick benchmark when this stack becomes an alias's target: as a gate before the flip
     # (a failure rolls the switch back), right after the queue is released, or not at all.
@@ -134,6 +156,7 @@ class Stack(Spec):
     expectations: Expectations = Expectations()
     switch: SwitchOver = SwitchOver()
     placement: Placement = Placement()
+    parallel: Parallel | None = None  # one model across several Sparks (vLLM multi-node)
     known_issues: tuple[KnownIssue, ...] = ()
     # Request parameters the gateway adds to each request to this stack unless the client set
     # them (objects merge key by key), e.g. `chat_template_kwargs: {enable_thinking: true}`.
@@ -156,6 +179,16 @@ class Stack(Spec):
             raise ValueError("a `compose` stack needs `compose`")
         if self.draft is not None and (self.vllm is None or self.vllm.speculative is None):
             raise ValueError("`draft` is set but `vllm.speculative` is not")
+        if self.parallel is not None:
+            if self.kind is not Kind.VLLM:
+                raise ValueError("`parallel` runs vLLM's multi-node mode: a `vllm` stack only")
+            v = self.vllm
+            if v is not None and (v.tensor_parallel_size != 1 or v.distributed_executor_backend):
+                raise ValueError("`parallel` sets the ranks' parallel sizes and backend: leave "
+                                 "vllm.tensor_parallel_size and vllm.distributed_executor_backend unset")
+            if self.placement.host is not None or (self.placement.replicas or 1) > 1:
+                raise ValueError("a `parallel` stack is one group on `parallel.nodes` different hosts: "
+                                 "no `placement.host` or `placement.replicas`")
         return self
 
     @model_validator(mode="after")
@@ -202,8 +235,10 @@ class Stack(Spec):
 
     @property
     def sleeps(self) -> bool:
-        """Whether the engine runs with sleep mode (only sparkctl's own vLLM containers park)."""
-        return self.kind is Kind.VLLM and self.switch.park is not Park.STOP
+        """Whether the engine runs with sleep mode (only sparkctl's own vLLM containers park). A
+        multi-node group does not: vLLM's sleep mode is per process, and waking ranks one by one
+        is not supported across nodes, so a group parks by stopping."""
+        return self.kind is Kind.VLLM and self.switch.park is not Park.STOP and self.parallel is None
 
     @property
     def max_concurrency(self) -> int | None:

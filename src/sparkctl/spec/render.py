@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkctl import instance as instances
-from sparkctl.container import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_PLACED, LABEL_SPEC_HASH, LABEL_STACK
+from sparkctl.container import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_PLACED, LABEL_RANK, LABEL_SPEC_HASH, LABEL_STACK
 from sparkctl.spec.models import Kind, Stack
+from sparkctl.spec.ranks import Rank, rank_args, rank_env
 
 MODEL_DIR = "/model"
 DRAFT_DIR = "/draft"
@@ -56,6 +57,7 @@ class ContainerPlan:
     shm_size: str
     gpus: str | int
     network_mode: str = "host"
+    init: bool = False  # Docker's --init: a tiny init as PID 1 that reaps the engine's children
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -63,7 +65,7 @@ class ContainerPlan:
 
     def docker_run(self) -> str:
         args = ["docker", "run", "-d", "--name", self.name, "--network", self.network_mode,
-                "--ipc", self.ipc_mode, "--shm-size", self.shm_size]
+                "--ipc", self.ipc_mode, "--shm-size", self.shm_size, *(["--init"] if self.init else [])]
         if self.gpus != "none":
             args += ["--gpus", str(self.gpus)]
         for key, value in self.labels.items():
@@ -106,10 +108,11 @@ def spec_hash(stack: Stack) -> str:
 def render(
     stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None,
     gpus: bool = True, env: dict[str, str] | None = None, instance: str = instances.DEFAULT, sleep: bool = True,
-    placed: bool = False,
+    placed: bool = False, rank: Rank | None = None,
 ) -> ContainerPlan:
     """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest);
-    `sleep=False` leaves sleep mode out where the image is known not to have it."""
+    `sleep=False` leaves sleep mode out where the image is known not to have it; `rank`: the
+    container of one rank of a multi-node stack, with its flags and its host's network env."""
     if stack.kind is not Kind.VLLM or stack.vllm is None:
         raise ValueError(f"stack {stack.name} is a {stack.kind} stack; only vllm stacks render to a container")
     labels = {LABEL_STACK: stack.name, instances.LABEL: instance, LABEL_SPEC_HASH: spec_hash(stack),
@@ -118,19 +121,28 @@ def render(
         labels[LABEL_FINGERPRINT] = fingerprint
     if placed:
         labels[LABEL_PLACED] = "fleet"
+    args = vllm_args(stack, sources.draft_subpath, sleep)
+    env = {**(env or {}), **_sleep_env(stack, sleep), **stack.container.env}
+    if rank is not None:
+        assert stack.parallel is not None, f"stack {stack.name} has no `parallel` section: it has no ranks"
+        args += rank_args(stack.parallel, rank)
+        env |= rank_env(rank.host)
+        labels[LABEL_RANK] = str(rank.index)
     c = stack.container
     return ContainerPlan(
         name=instances.container_name(stack.name, instance),
         image=image or stack.image.ref,
         entrypoint=c.entrypoint,
-        command=("serve", _inside(MODEL_DIR, sources.model_subpath), *vllm_args(stack, sources.draft_subpath, sleep)),
-        env={"HF_HUB_OFFLINE": "1", **dict(sorted({**(env or {}), **_sleep_env(stack, sleep), **c.env}.items()))},
+        command=("serve", _inside(MODEL_DIR, sources.model_subpath), *args),
+        env={"HF_HUB_OFFLINE": "1", **dict(sorted(env.items()))},
         mounts=_mounts(stack, sources),
         labels=labels,
         ipc_mode=c.ipc,
         shm_size=c.shm_size,
         gpus=c.gpus if gpus else "none",
+        init=stack.parallel is not None,  # a rank's children are reaped, not left as zombies
     )
+
 
 
 def vllm_args(stack: Stack, draft_subpath: str = "", sleep: bool = True) -> list[str]:
