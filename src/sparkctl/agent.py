@@ -27,6 +27,7 @@ from sparkctl.policy.images import parse_ref
 if TYPE_CHECKING:
     from sparkctl.deploy.pipeline import Deployer
     from sparkctl.spec.models import Stack
+    from sparkctl.spec.ranks import Rank
 
 CONFIRM_WITHIN = 30.0  # seconds `remove` waits for the host's Docker to list none of the stack's containers
 
@@ -56,10 +57,14 @@ class HostAgent:
         prepared = deployer.prepare(served)
         return {"host": self.host, "parts": prepared.parts, "notes": deployer.reporter.notes}
 
-    def up(self, stack: str, spec: str, expected: dict[str, str]) -> dict[str, Any]:
+    def up(self, stack: str, spec: str, expected: dict[str, str], ranks: dict[str, Any] | None = None
+           ) -> dict[str, Any]:
         """Deploy the stack here with the single-Spark pipeline, once what this host would run is
-        what the head `expected` (the parts every chosen host agreed on); the engine's URL."""
+        what the head `expected` (the parts every chosen host agreed on); the engine's URL. With
+        `ranks` (host -> rank), this host's rank of a multi-node group, on its own interface."""
         deployer, served = self._deployer(stack, spec)
+        if ranks is not None:
+            deployer = dataclasses.replace(deployer, rank=self._rank(ranks[self.host]))
         found = deployer.prepare(served).parts
         if differ := {k: (v, found.get(k)) for k, v in expected.items() if found.get(k) != v}:
             raise SparkctlError(f"host {self.host} would run something else than agreed: "
@@ -127,6 +132,18 @@ class HostAgent:
         catalog = dataclasses.replace(catalog, stacks={**catalog.stacks, name: served})
         deployer = dataclasses.replace(wiring.deployer(RecordingReporter(), catalog=catalog), placed=True)
         return deployer, served
+
+    def _rank(self, data: dict[str, Any]) -> Rank:
+        """The rank the head asked for, refused unless it names this host and this host's
+        interface holds the address (never another host's settings)."""
+        from sparkctl.fleet.local import check_on_interface
+        from sparkctl.spec.ranks import Rank, RankHost
+
+        host = RankHost(**data["host"])
+        if host.name != self.host:
+            raise SparkctlError(f"rank {data['index']} is for host {host.name}, not {self.host}")
+        check_on_interface(host.interface, host.address, self.host)
+        return Rank(index=int(data["index"]), master=str(data["master"]), host=host)
 
     def _inspect(self, container_id: str) -> dict[str, Any] | None:
         try:

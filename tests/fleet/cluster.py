@@ -103,23 +103,24 @@ def cluster(hosts: Hosts, *, instance: str, port: int, memory: dict[str, str] | 
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
-def stack_file(name: str, fraction: float, port: int, placement: dict) -> str:
-    """A stack of the sim serving Gemma-4 (it needs a fraction >= 0.16), placed as `placement` says."""
+def stack_file(name: str, fraction: float, port: int, placement: dict, **more: object) -> str:
+    """A stack of the sim serving Gemma-4 (it needs a fraction >= 0.16), placed as `placement`
+    says, with `more` top-level keys (e.g. `parallel`)."""
     return json.dumps({
         "name": name, "image": {"repository": IMAGE, "tag": "v1"}, "model": {"repo": GEMMA4, "revision": "main"},
         "vllm": {"port": port, "max_model_len": 2048}, "resources": {"gpu_memory_utilization": fraction},
-        "health": {"start": 60, "load": 120, "ready": 60, "canary": 60}, "placement": placement,
+        "health": {"start": 60, "load": 120, "ready": 60, "canary": 60}, "placement": placement, **more,
     })
 
 
 @contextmanager
 def deployable(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path,
-               stacks: dict[str, tuple[float, int, dict]]) -> Iterator[dict[str, str]]:
+               stacks: dict[str, tuple]) -> Iterator[dict[str, str]]:
     """What the hosts' agents deploy from: the stack files (name: fraction of a 2 GiB "Spark",
-    port, placement), the sim image in the bridge registry and a Hub on the bridge. Yields the
-    environment that points sparkctl at them."""
-    for name, (fraction, port, where) in stacks.items():
-        (stacks_dir / f"{name}.yaml").write_text(stack_file(name, fraction, port, where))
+    port, placement[, more keys]), the sim image in the bridge registry and a Hub on the bridge.
+    Yields the environment that points sparkctl at them."""
+    for name, (fraction, port, where, *more) in stacks.items():
+        (stacks_dir / f"{name}.yaml").write_text(stack_file(name, fraction, port, where, **(more[0] if more else {})))
     hosts.registry.push(sim_image, IMAGE.removeprefix("ghcr.io/") + ":v1")
     with HubServer(Hub(seed_repos(model_dir)), host=hosts.network.gateway) as hub:
         yield {"SPARKCTL_STACKS_DIR": str(stacks_dir), "SPARKCTL_PATCHES_DIR": str(stacks_dir / "none"),

@@ -63,6 +63,7 @@ class Load:
         self.client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=180)
         self.ok = {s: 0 for s in stacks}
         self.failed: dict[str, list[str]] = {s: [] for s in stacks}
+        self.failed_at: dict[str, list[float]] = {s: [] for s in stacks}  # epoch seconds, as `failed`
         self.slowest = {s: 0.0 for s in stacks}
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(s,), daemon=True) for s in stacks]
@@ -78,6 +79,7 @@ class Load:
                 self.ok[stack] += 1
             except Exception as e:  # noqa: BLE001 - every failure is counted, with its reason
                 self.failed[stack].append(f"{type(e).__name__}: {e}"[:300])
+                self.failed_at[stack].append(time.time())
             self.slowest[stack] = max(self.slowest[stack], time.monotonic() - began)
             time.sleep(0.05)
 

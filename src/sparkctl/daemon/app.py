@@ -65,9 +65,9 @@ class Daemon:
                                      kick=self.loops.kick)
         self.gateway: Gateway | None = None  # once it listens
         self.fleet_watch: FleetWatch | None = None
-        self._head_fleet()
+        self._head_fleet(policy, wiring)
 
-    def _head_fleet(self) -> None:
+    def _head_fleet(self, policy: planner.Policy, wiring: Wiring) -> None:
         """On a Spark that heads a fleet (`sparkctl fleet init`): the watch over its hosts, and
         switches to stacks placed across it."""
         s = self.settings
@@ -77,7 +77,9 @@ class Daemon:
         inventory = load_fleet(s.fleet_path) if s.fleet_path.exists() else None
         fleetwide = Fleetwide(membership.control_plane(s), s, inventory, record.head)
         self.fleet_watch = FleetWatch(fleetwide, control=lambda: self.operations.gateway, refresh=self.routes.refresh,
-                                      bus=self.bus, wait=s.fleet_deploy_timeout, within=s.fleet_replace_within)
+                                      bus=self.bus, wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
+                                      served_name=lambda name: wiring.catalog().stack(name).served_name,
+                                      policy=policy)
         self.operations.fleet = FleetSwitch(fleetwide, self.machine, self.routes, self.store,
                                             total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
 

@@ -6,18 +6,29 @@ When a host that serves placed stacks is no longer alive, the gateway ejects eve
 serving address in the same step, so requests go to the other replicas, or wait in the gateway's
 hold while a stack has none; then each such stack is re-placed where Ray put its bundles and the
 routes are rebuilt, which lets the held requests go. The time from Ray's verdict to the eject is
-logged (`fleet_host_ejected`). Runs on its own thread; started by the daemon on a fleet's head.
+logged (`fleet_host_ejected`).
+
+A multi-node group's `/health` lies (a dead worker, a dead rank 0's orphaned worker, a downed
+link: issue 18), so a second thread sends rank 0 a 1-token completion every `PROBE_EVERY` with a
+`PROBE_TIMEOUT`. A failed probe takes the group out of routing (its requests wait in the hold)
+and recreates it whole: every rank removed on every host, then started again where Ray has its
+bundles, with the crash-loop rule and backoff of single stacks. Both threads re-place a stack
+only while no other recovery of it runs. Started by the daemon on a fleet's head.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 
 import structlog
 
 from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.planner import Policy, backoff
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, placement
 from sparkctl.fleet.deploy import Fleetwide
@@ -27,20 +38,30 @@ from sparkctl.wire import Note
 
 log = structlog.get_logger()
 RETRY = 1.0  # s before watching again after the head stopped answering
+PROBE_EVERY = 1.0  # s between two probes of a multi-node group
+PROBE_TIMEOUT = 3.0  # s a 1-token completion may take before the group counts as hung
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # engines are reached directly, never by proxy
 
 
 class FleetWatch:
     def __init__(self, fleetwide: Fleetwide, *, control: Callable[[], LoopControl | None],
-                 refresh: Callable[[], None], bus: EventBus, wait: float, within: float) -> None:
+                 refresh: Callable[[], None], bus: EventBus, wait: float, within: float,
+                 served_name: Callable[[str], str] = str, policy: Policy = Policy()) -> None:
         self.fleetwide, self.control, self.refresh, self.bus = fleetwide, control, refresh, bus
         self.wait, self.within = wait, within  # an agent's deploy; Ray's re-placement
+        self.served_name, self.policy = served_name, policy  # a stack's model name; crash loops and backoff
         self.down: set[str] = set()  # hosts taken out of routing
+        self.failures: dict[str, list[float]] = {}  # group -> when its probes failed (the crash-loop window)
+        self.held_out: set[str] = set()  # rank-0 URLs a failed probe took out of routing
+        self._recovering: dict[str, threading.Lock] = {}
         self._stopping = threading.Event()
         self._watch = None
-        self._thread = threading.Thread(target=self._run, name="fleet-watch", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name="fleet-watch", daemon=True),
+                         threading.Thread(target=self._probe_groups, name="fleet-groups", daemon=True)]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -101,20 +122,70 @@ class FleetWatch:
             control.restore_host(address)
         log.info("fleet_host_back", host=host, removed=strays)
 
-    def _recover(self, placed: placement.Placed) -> None:
+    def _recover(self, placed: placement.Placed) -> bool:
+        """Re-place the stack (a group: recreate it), unless a recovery of it already runs."""
+        lock = self._recovering.setdefault(placed.stack, threading.Lock())
+        if not lock.acquire(blocking=False):
+            return False
         started = time.monotonic()
         try:
             entry, failed = self.fleetwide.recover(placed, wait=self.wait, within=self.within)
         except SparkctlError as e:
             log.error("fleet_replace_failed", stack=placed.stack, error=str(e))
-            return
+            return False
+        finally:
+            lock.release()
         self.refresh()
         control = self.control()
         if control is not None:
+            if placed.replicas and placed.replicas[0].url in self.held_out:  # the routes now say where rank 0 is
+                self.held_out.discard(placed.replicas[0].url)
+                control.restore_engine(placed.replicas[0].url)
             control.routes_changed()
         log.info("fleet_replaced", stack=placed.stack, hosts=entry.hosts, failed=failed,
                  seconds=round(time.monotonic() - started, 3))
         self.bus.publish(Note(placed.stack, f"{placed.stack} re-placed on {', '.join(entry.hosts)}"))
+        return True
+
+    # -- multi-node groups ----------------------------------------------------------------------
+    def _probe_groups(self) -> None:
+        while not self._stopping.wait(PROBE_EVERY):
+            try:
+                for placed in placement.read_book(self.fleetwide.settings.fleet_dir).values():
+                    if placed.ranks and placed.replicas and not self._recovering_now(placed.stack):
+                        self._probe(placed)
+            except Exception:  # noqa: BLE001 - the probes must outlive any one bad step
+                log.exception("fleet_group_probe_failed")
+
+    def _probe(self, placed: placement.Placed) -> None:
+        url = placed.replicas[0].url
+        failed_at = time.time()
+        why = probe(url, self.served_name(placed.stack))
+        control = self.control()
+        if why is None:
+            if url in self.held_out and control is not None:  # it answers again without a recreation
+                self.held_out.discard(url)
+                control.restore_engine(url)
+            return
+        if control is not None:
+            control.eject_engine(url)
+            self.held_out.add(url)
+        log.warning("fleet_group_ejected", stack=placed.stack, url=url, why=why, failed_at=failed_at,
+                    ejected_at=time.time())
+        self.bus.publish(Note(placed.stack, f"{placed.stack}'s group failed its probe ({why}): recreating it"))
+        now = time.time()
+        recent = [t for t in self.failures.get(placed.stack, []) if now - t < self.policy.window] + [now]
+        self.failures[placed.stack] = recent
+        if len(recent) >= self.policy.crash_loop:
+            log.error("fleet_group_crash_loop", stack=placed.stack, failures=len(recent),
+                      note="left out of routing: `sparkctl fleet up` it again once fixed")
+            return
+        self._stopping.wait(backoff(len(recent), self.policy))
+        self._recover(placed)
+
+    def _recovering_now(self, stack: str) -> bool:
+        lock = self._recovering.get(stack)
+        return lock is not None and lock.locked()
 
     def _address(self, host: str, nodes: list[Node]) -> str | None:
         """The host's serving address: the inventory's, else the one its node advertises."""
@@ -122,3 +193,16 @@ class FleetWatch:
         if fleet is not None and host in fleet.names:
             return fleet.host(host).serving.address
         return next((n.labels.get(LABEL_ADDRESS) for n in nodes if n.host == host), None)
+
+
+def probe(url: str, model: str) -> str | None:
+    """A 1-token completion at `url` within PROBE_TIMEOUT: None when it answered 200, else why not."""
+    body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}).encode()
+    request = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    try:
+        with DIRECT.open(request, timeout=PROBE_TIMEOUT) as answer:
+            return None if answer.status == 200 else f"status {answer.status}"
+    except urllib.error.HTTPError as e:
+        return f"status {e.code}"
+    except (OSError, TimeoutError) as e:
+        return f"no answer within {PROBE_TIMEOUT:g} s" if isinstance(e, TimeoutError) else f"unreachable ({e})"

@@ -39,6 +39,7 @@ HINTS = (
 
 POLL = 0.02  # seconds between looks at the engine's port
 LOOK = 0.25  # seconds between looks at its container (state, last log line)
+HEADLESS_SETTLE = 1.0  # s a headless rank's container must keep running to count as started
 
 
 class HealthError(SparkctlError):
@@ -123,6 +124,17 @@ def _canary(stack: Stack, url: str, engine: Engine) -> float | None:
         raise HealthError(f"canary speculative acceptance {shown} is under the stack's floor {floor:.2f}",
                           phase=Phase.CANARY)
     return rate
+
+
+def wait_started(engine: Engine, *, settle: float = HEADLESS_SETTLE, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+    """A headless rank serves no HTTP: it is started once its container still runs after
+    `settle` seconds (the group's rank 0 proves the rest when it serves and answers)."""
+    deadline = clock() + settle
+    while clock() < deadline:
+        _alive(engine, Phase.STARTING)
+        time.sleep(LOOK)
+    _alive(engine, Phase.STARTING)
 
 
 def _alive(engine: Engine, phase: Phase) -> str:

@@ -34,6 +34,7 @@ from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
+from sparkctl.spec.ranks import Rank
 from sparkctl.spec.render import Sources, render, spec_hash
 from sparkctl.state import desired as desired_file
 from sparkctl.state.store import Store
@@ -75,6 +76,7 @@ class Deployer:
     store: Store
     reporter: Reporter
     placed: bool = False  # run by a fleet host's agent: its containers are labelled the fleet's
+    rank: Rank | None = None  # one rank of a multi-node group (`parallel`), on this host
 
     def up(self, name: str, *, refresh: bool = False, replace: bool = False) -> UpResult:
         stack = self.catalog.stack(name)
@@ -213,10 +215,12 @@ class Deployer:
         fails is removed."""
         plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
                       fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
-                      instance=self.settings.instance, sleep=sleep, placed=self.placed)
+                      instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank)
         try:
             self.docker.create(plan)
             self.docker.start(plan.name)
+            if self.rank is not None and self.rank.headless:
+                return health.wait_started(self._engine(plan.name))
             return health.wait_healthy(stack, stack.url, self._engine(plan.name), reporter=phases.health())
         except SparkctlError:
             self.docker.remove(plan.name)

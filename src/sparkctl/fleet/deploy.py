@@ -24,9 +24,11 @@ from sparkctl.node import AgentAnswer, Node
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet
 from sparkctl.spec.models import Stack
+from sparkctl.spec.ranks import RankHost
 from sparkctl.spec.render import spec_hash
 
 PLACE_WAIT = 10.0  # s: a placement Ray can make is made within a second or two
+REMOVE_WAIT = 10.0  # s a host's agent has to confirm a group's rank gone, before a recreation
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Fleetwide:
         bundles, strategy = placement.bundles(stack, total_bytes)
         group = placement.group_name(stack.name)
         known = placement.read_book(self.settings.fleet_dir).get(stack.name)
-        if known is not None and len(known.replicas) != len(bundles):
+        if known is not None and len(known.hosts) != len(bundles):
             self._release(group)  # a new replica count is a new placement
         address = agents.driver_address(self.settings)
         try:
@@ -68,15 +70,46 @@ class Fleetwide:
             self._release(group)
             raise SparkctlError(agreement.refusal(stack.name))
         say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
-        started = self._ask(hosts, "up", [stack.name, spec, agreement.expected], wait, nodes)
-        placed = self._record(Placed(stack.name, group, _replicas(started), spec, agreement.expected))
+        if stack.parallel is None:
+            started = self._ask(hosts, "up", [stack.name, spec, agreement.expected], wait, nodes)
+            entry = Placed(stack.name, group, _replicas(started), spec, agreement.expected)
+        else:
+            started = self._start_group(stack.name, hosts, spec, agreement.expected, wait, nodes)
+            entry = Placed(stack.name, group, _replicas(started[:1]), spec, agreement.expected, tuple(hosts))
+        placed = self._record(entry)
         notes = [n for a in [*prepared, *started] if a.ok for n in a.value.get("notes", [])]
         return FleetUp(placed, {a.host: a.error or "" for a in started if not a.ok}, notes)
 
+    def _start_group(self, stack: str, hosts: list[str], spec: str, expected: dict[str, str], wait: float,
+                     nodes: list[Node]) -> list[AgentAnswer]:
+        """Every rank at once (rank 0 first in the answers), each with its own host's network
+        settings; if any rank fails, every rank is removed, so no orphan is left behind."""
+        ranks = group_ranks(self.fleet, hosts)
+        started = self._ask(hosts, "up", [stack, spec, expected, ranks], wait, nodes)
+        if not all(a.ok for a in started):
+            self._ask(hosts, "remove", [stack], wait, nodes)
+            failed = "; ".join(f"rank {hosts.index(a.host)} on {a.host}: {a.error}" for a in started if not a.ok)
+            raise SparkctlError(f"{stack}'s group did not start, every rank removed: {failed}")
+        return started
+
+    def recreate(self, placed: Placed, hosts: list[str], *, wait: float, nodes: list[Node]) -> Placed:
+        """A multi-node group as one unit: every rank removed on every live host it ran on (an
+        orphaned headless rank included), then the whole group started again on `hosts`. A
+        host Ray still counts alive whose agent does not confirm the removal within REMOVE_WAIT
+        (its link is down) fails the attempt at once: the next one finds it declared dead and
+        the group re-placed by Ray, or answering again."""
+        alive = set(agents.live_hosts(nodes))
+        removed = self._ask([h for h in placed.ranks if h in alive], "remove", [placed.stack], REMOVE_WAIT, nodes)
+        if silent := [a for a in removed if not a.ok]:
+            raise SparkctlError(f"{placed.stack}'s ranks could not be removed on "
+                                + "; ".join(f"host {a.host} ({a.error})" for a in silent))
+        started = self._start_group(placed.stack, hosts, placed.spec, placed.parts, wait, nodes)
+        return self._record(dataclasses.replace(placed, replicas=_replicas(started[:1]), ranks=tuple(hosts)))
+
     def recover(self, placed: Placed, *, wait: float, within: float) -> tuple[Placed, dict[str, str]]:
         """Replace the replicas whose host died, on the hosts where Ray re-placed their bundles,
-        with what was agreed; the replicas on live hosts stay. Returns the new entry (also in the
-        book) and the hosts that failed to start theirs."""
+        with what was agreed; the replicas on live hosts stay (a multi-node group is recreated
+        whole). Returns the new entry (also in the book) and the hosts that failed to start theirs."""
         address = agents.driver_address(self.settings)
         deadline = time.monotonic() + within
         while True:
@@ -93,6 +126,8 @@ class Fleetwide:
                 raise SparkctlError(f"Ray has not re-placed {placed.stack} within {within:g} s (no live host has "
                                     f"{placed.stack}'s memory free); it stays held at the gateway")
             time.sleep(0.2)
+        if placed.ranks:
+            return self.recreate(placed, hosts, wait=wait, nodes=nodes), {}
         kept = tuple(r for r in placed.replicas if r.host in hosts and r.host in alive)
         new = [h for h in hosts if h not in {r.host for r in kept}]
         started = self._ask(new, "up", [placed.stack, placed.spec, placed.parts], wait, nodes) if new else []
@@ -138,6 +173,21 @@ class Fleetwide:
 
     def _release(self, group: str) -> None:
         self.backend.remove(self.head, local_address=agents.driver_address(self.settings), name=group)
+
+
+def group_ranks(fleet: Fleet | None, hosts: list[str]) -> dict[str, dict]:
+    """Each host's rank of a group (rank r on hosts[r]), as its agent takes it: the index, rank
+    0's serving address and the host's own serving interface, address and RDMA device."""
+    if fleet is None:
+        raise SparkctlError("a multi-node stack needs the fleet file: each rank's interface and address come "
+                            "from its host's `serving` entry")
+    master = fleet.host(hosts[0]).serving.address
+    ranks = {}
+    for index, name in enumerate(hosts):
+        serving = fleet.host(name).serving
+        host = RankHost(name, serving.interface, serving.address, serving.hca)
+        ranks[name] = {"index": index, "master": master, "host": dataclasses.asdict(host)}
+    return ranks
 
 
 def _replicas(started: list[AgentAnswer]) -> tuple[Replica, ...]:

@@ -14,6 +14,7 @@ import os
 import secrets
 import socket
 import stat
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +52,18 @@ def check_interface(serving: Serving) -> None:
     if serving.interface not in names:
         raise SparkctlError(f"serving interface {serving.interface!r} does not exist here (interfaces: "
                             f"{', '.join(sorted(names))}); fix `serving.interface` in the fleet file")
+
+
+def check_on_interface(interface: str, address: str, host: str) -> None:
+    """Refuse when `interface` is absent here or does not hold `address` (a rank of a multi-node
+    group binds and advertises exactly that pair; nothing is guessed from the default route)."""
+    check_interface(Serving(interface=interface, address=address))
+    listed = subprocess.run(["ip", "-j", "addr", "show", "dev", interface], capture_output=True, text=True)
+    held = {a.get("local") for link in json.loads(listed.stdout or "[]") for a in link.get("addr_info", [])}
+    if address not in held:
+        holds = ", ".join(sorted(filter(None, held))) or "no address"
+        raise SparkctlError(f"host {host}: interface {interface} holds {holds}, not {address}; fix `serving` for "
+                            f"{host} in the fleet file")
 
 
 def choose_host(fleet: Fleet | None, *, name: str | None, address: str | None, port: int | None,

@@ -41,8 +41,8 @@ def bundles(stack: Stack, total_bytes: int) -> tuple[list[dict[str, float]], str
     bundle: dict[str, float] = {"memory": float(int(stack.resources.gpu_memory_utilization * total_bytes))}
     if stack.placement.host is not None:
         bundle[host_resource(stack.placement.host)] = PINNED_SHARE
-    replicas = stack.placement.count
-    return [dict(bundle) for _ in range(replicas)], "STRICT_SPREAD" if replicas > 1 else "PACK"
+    count = stack.parallel.nodes if stack.parallel is not None else stack.placement.count  # a group: a rank a host
+    return [dict(bundle) for _ in range(count)], "STRICT_SPREAD" if count > 1 else "PACK"
 
 
 def fits_nowhere(stack: Stack, bundle: dict[str, float], free: dict[str, int], replicas: int) -> str:
@@ -102,17 +102,20 @@ class Replica:
 @dataclass(frozen=True)
 class Placed:
     """A placed stack: its placement group, its replicas, and what they were agreed to run (the
-    stack file's spec hash and the prepared parts), so a lost replica is replaced with the same."""
+    stack file's spec hash and the prepared parts), so a lost replica is replaced with the same.
+    A multi-node group has one replica (rank 0, which serves) and `ranks`: its hosts by rank."""
 
     stack: str
     group: str
     replicas: tuple[Replica, ...]
     spec: str
     parts: dict[str, str]
+    ranks: tuple[str, ...] = ()
 
     @property
     def hosts(self) -> list[str]:
-        return [r.host for r in self.replicas]
+        """Every host it runs on: each rank's, or each replica's."""
+        return list(self.ranks) or [r.host for r in self.replicas]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +123,8 @@ class Placed:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Placed:
         return cls(stack=str(data["stack"]), group=str(data["group"]), spec=str(data["spec"]),
-                   replicas=tuple(Replica(**r) for r in data["replicas"]), parts=dict(data["parts"]))
+                   replicas=tuple(Replica(**r) for r in data["replicas"]), parts=dict(data["parts"]),
+                   ranks=tuple(data.get("ranks", ())))
 
 
 def read_book(fleet_dir: Path) -> dict[str, Placed]:

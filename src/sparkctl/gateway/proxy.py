@@ -140,7 +140,19 @@ class Gateway:
         """Take every replica on the host at `address` out of routing (its host is dead), and move
         the requests forwarded there that have no answer yet to other replicas, or hold them."""
         self.replicas.eject_host(address)
-        for url in [u for u in self.on_engine if host_of(u) == address]:
+        self._move_unanswered([u for u in self.on_engine if host_of(u) == address])
+
+    def eject_engine(self, url: str) -> None:
+        """Take one engine out of routing until `restore_engine` (a multi-node group that failed
+        its probe), moving its unanswered requests as `eject_host` does."""
+        self.replicas.hold_out(url)
+        self._move_unanswered([url])
+
+    def restore_engine(self, url: str) -> None:
+        self.replicas.restore(url)
+
+    def _move_unanswered(self, urls: list[str]) -> None:
+        for url in [u for u in urls if u in self.on_engine]:
             for exchange in [e for e in self.on_engine[url] if not e.started]:
                 exchange.call.cancel()
                 self._leave(exchange)
@@ -327,6 +339,12 @@ class LoopControl:
 
     def eject_host(self, address: str) -> None:
         self._call(lambda: self.gateway.eject_host(address))
+
+    def eject_engine(self, url: str) -> None:
+        self._call(lambda: self.gateway.eject_engine(url))
+
+    def restore_engine(self, url: str) -> None:
+        self._call(lambda: self.gateway.restore_engine(url))
 
     def restore_host(self, address: str) -> None:
         self._call(lambda: self.gateway.restore_host(address))

@@ -9,7 +9,8 @@ of N replicas takes N times its cap, and no engine ever more than its cap.
 
 A replica is out of routing while it is ejected: for `EJECT_S` after its engine refused or reset
 a connection before answering (then it gets requests again, and is ejected again if it still
-fails), until `restore(url)`, or while its whole host is ejected (`eject_host`, when the fleet's
+fails), until `restore(url)` (at once, or after `hold_out(url)` while its multi-node group is
+recreated), or while its whole host is ejected (`eject_host`, when the fleet's
 control plane marks the host dead, until `restore_host`). Whatever brings a replica back calls
 `on_return`, which the `Gateway` uses to let go the requests it held while its stack had no live
 replica. Lives on the gateway's event loop; nothing here does I/O.
@@ -80,6 +81,11 @@ class Replicas:
         asyncio.get_running_loop().call_later(self.eject_s, self._returned)
         self._recheck()
 
+    def hold_out(self, url: str) -> None:
+        """Leave out an engine until `restore` (its group is being recreated)."""
+        self.failed[url] = math.inf
+        self._recheck()
+
     def restore(self, url: str) -> None:
         if self.failed.pop(url, None) is not None:
             self._returned()
@@ -98,7 +104,8 @@ class Replicas:
         """What is out of routing now (for /health)."""
         now = self.clock()
         return {"hosts": sorted(self.hosts),
-                "engines": {url: round(until - now, 1) for url, until in sorted(self.failed.items()) if until > now}}
+                "engines": {url: round(until - now, 1) if until != math.inf else "until restored"
+                            for url, until in sorted(self.failed.items()) if until > now}}
 
     # --- helpers -----------------------------------------------------------------------------------
     def _choose(self, upstream: Upstream) -> str | None:

@@ -66,6 +66,9 @@ DockerUrl = Annotated[str, Field(pattern=r"^(unix:///\S+|tcp://\S+|ssh://\S+)$")
 class Serving(Spec):
     interface: Interface
     address: Address
+    # The host's RDMA device on that link (e.g. rocep1s0f1, as `ibv_devices` names it): NCCL_IB_HCA
+    # for the ranks of a multi-node stack; unset: NCCL picks one.
+    hca: Interface | None = None
 
 
 class RayNode(Spec):

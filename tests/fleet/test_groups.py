@@ -1,0 +1,127 @@
+"""One model across two namespace hosts: a multi-node stack (`parallel: {tensor: 2, nodes: 2}`)
+placed by Ray, one rank per host with its own host's interface and address, served through the
+head daemon's gateway; then each of the health lies (issue 18) under a client loop: rank 1's
+container killed, rank 0's container killed, rank 1's link taken down. Each time the group's
+probe takes it out of routing within 5 s, the group is recreated whole, and no rank is left over
+on any host. Requests that reach rank 0 between the fault and the probe get its 500 (the lie
+itself); from the ejection on, they wait in the gateway's hold and none fails.
+
+Slow (a Ray cluster and three group recreations: about two minutes, printed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fleet.cluster import Cluster, deployable
+from tests.fleet.cluster import cluster as start_cluster
+from tests.fleet.head import HeadDaemon, Load
+from tests.fleet.hosts import Hosts
+from tests.fleet.network import LINK
+
+PORT = 28800
+GATEWAY_PORT = 18700
+STACKS = {"duo": (0.2, 8901, {}, {"parallel": {"tensor": 2, "nodes": 2}})}
+DETECT_WITHIN = 5.0
+
+
+@pytest.fixture(scope="module")
+def head(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[Cluster, HeadDaemon]]:
+    with (deployable(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("group-stacks"), STACKS) as env,
+          start_cluster(fleet, instance="fleetgroup", port=PORT, env=env) as made):
+        code, out = made.up("duo")
+        assert code == 0, out
+        daemon = HeadDaemon(made, port=GATEWAY_PORT)
+        try:
+            yield made, daemon
+        finally:
+            daemon.stop()
+            made.fleet("down", "duo")
+
+
+def ranks(cluster: Cluster) -> dict[str, list[dict]]:
+    """Each host's duo containers, as its Docker reports them (state, rank, command, env)."""
+    found = {}
+    for host in cluster.hosts:
+        ids = host.docker("ps", "-aq", "--filter", "label=sparkctl.stack=duo").split()
+        found[host.name] = [json.loads(host.docker("inspect", i))[0] for i in ids]
+    return found
+
+
+def test_each_rank_runs_on_its_own_host_with_that_hosts_network(head) -> None:
+    cluster, _ = head
+    hosts = cluster.book()["duo"]["ranks"]
+    assert len(set(hosts)) == 2
+    seen = ranks(cluster)
+    for index, name in enumerate(hosts):
+        (container,) = seen[name]
+        config = container["Config"]
+        env = dict(e.split("=", 1) for e in config["Env"])
+        assert config["Labels"]["sparkctl.rank"] == str(index) and container["HostConfig"]["Init"] is True
+        assert env["VLLM_HOST_IP"] == cluster.hosts[name].address and env["GLOO_SOCKET_IFNAME"] == LINK
+        command = config["Cmd"]
+        assert command[command.index("--node-rank") + 1] == str(index)
+        assert command[command.index("--master-addr") + 1] == cluster.hosts[hosts[0]].address
+        assert ("--headless" in command) == (index > 0)
+
+
+@pytest.mark.parametrize("fault", ["worker killed", "rank 0 killed", "link down"])
+def test_a_health_lie_is_caught_and_the_group_recreated(head, fault: str) -> None:
+    cluster, daemon = head
+    hosts = cluster.book()["duo"]["ranks"]
+    victim = cluster.hosts[hosts[0] if fault == "rank 0 killed" else hosts[1]]
+    seen = len(daemon.events("fleet_group_ejected"))
+    replaced = len(daemon.events("fleet_replaced"))
+    load = Load(daemon.url, ["duo"])
+    try:
+        wait(lambda: load.ok["duo"] >= 3, "the group serves through the gateway", load)
+        began = time.time()
+        if fault == "link down":
+            cluster.hosts.network.set_link(victim.name, up=False)
+        else:
+            victim.docker("kill", _container(victim))
+        wait(lambda: len(daemon.events("fleet_group_ejected")) > seen, "the probe catches it", load, DETECT_WITHIN + 5)
+        ejected = daemon.events("fleet_group_ejected")[-1]
+        if fault == "link down":
+            time.sleep(2)
+            cluster.hosts.network.set_link(victim.name, up=True)
+        try:
+            wait(lambda: len(daemon.events("fleet_replaced")) > replaced, "the group is recreated", load, 120)
+        except AssertionError:
+            print(daemon.log()[-6000:])
+            raise
+        served = load.ok["duo"]
+        wait(lambda: load.ok["duo"] >= served + 3, "it serves again", load)
+    finally:
+        load.stop()
+    assert all(t <= ejected["ejected_at"] for t in load.failed_at["duo"]), (load.failed, ejected)
+    detected = ejected["ejected_at"] - began
+    assert detected <= DETECT_WITHIN, ejected
+    if [e for e in daemon.events("fleet_host_ejected") if e["host"] == victim.name and e["ejected_at"] > began]:
+        # Ray declared the host dead while its link was down: its owner rejoins it, and the sweep
+        # reaps the rank it still ran
+        assert cluster.fleet("leave", on=victim.name).returncode == 0
+        cluster.join(victim)
+        wait(lambda: [e for e in daemon.events("fleet_host_back") if e["host"] == victim.name], "it comes back", None)
+    running = {name: [c for c in found if c["State"]["Running"]] for name, found in ranks(cluster).items()}
+    assert sorted(h for h, found in running.items() for _ in found) == sorted(cluster.book()["duo"]["ranks"]), running
+    print(f"\n{fault}: caught {detected:.2f} s after the fault ({ejected['why']}); group recreated on "
+          f"{cluster.book()['duo']['ranks']}; {load.ok['duo']} requests ok, {len(load.failed['duo'])} failed "
+          "before the ejection, none after")
+
+
+def _container(host) -> str:  # noqa: ANN001 - a tests.fleet Host
+    return host.docker("ps", "-q", "--filter", "label=sparkctl.stack=duo").split()[0]
+
+
+def wait(condition, what: str, load: Load | None, timeout: float = 30) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s; {load.ok if load else ''} " \
+                                            f"{load.failed if load else ''}"
+        time.sleep(0.05)
