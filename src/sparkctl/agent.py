@@ -71,7 +71,7 @@ class HostAgent:
                                 + "; ".join(f"{k} {mine} here, {v} agreed" for k, (v, mine) in differ.items()))
         result = deployer.up(stack)
         return {"host": self.host, "url": result.url, "fingerprint": result.fingerprint, "changed": result.changed,
-                "notes": deployer.reporter.notes}
+                "timings": result.timings, "notes": deployer.reporter.notes}
 
     def containers(self) -> list[dict[str, Any]]:
         """This instance's containers on the host, as its Docker reports them now."""

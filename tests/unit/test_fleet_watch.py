@@ -13,6 +13,7 @@ import pytest
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.errors import SparkctlError
+from sparkctl.fleet.deploy import Recovered
 from sparkctl.fleet.placement import Placed, Replica, write_book
 from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, Node, NodeState
 from sparkctl.settings import Settings
@@ -36,9 +37,9 @@ class Recorder:
         self.sweep_fails = False
 
     # Fleetwide
-    def recover(self, placed: Placed, *, wait: float, within: float) -> tuple[Placed, dict[str, str]]:
+    def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered:
         self.calls.append(("recover", placed.stack, wait, within))
-        return placed, {}
+        return Recovered(placed, {})
 
     def sweep(self, host: str, *, wait: float) -> list[str]:
         self.calls.append(("sweep", host, wait))

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the spec layer is imported when a command runs, not when th
     from sparkctl.spec.engine import Weights
     from sparkctl.spec.load import Catalog
     from sparkctl.spec.models import KnownIssue, Stack
+    from sparkctl.spec.ranks import Rank
 
 app = typer.Typer(help="List, show, validate and render stacks.", no_args_is_help=True)
 
@@ -85,9 +86,13 @@ def render_(
     ctx: typer.Context,
     name: str,
     fmt: Format = typer.Option(Format.DOCKER_RUN, "--format", "-f", help="Output format."),
+    rank: int | None = typer.Option(None, "--rank", min=0, help="A multi-node stack's rank: its container, with "
+                                                                 "its host's network settings."),
 ) -> None:
     """Print the container a vLLM stack runs as: weights at their HF cache paths, and each file
-    its patch sets change mounted over vLLM's (paths only the image can tell are placeholders)."""
+    its patch sets change mounted over vLLM's (paths only the image can tell are placeholders).
+    A multi-node stack's ranks run on the hosts its placement recorded, else (a preview) on the
+    fleet file's hosts in order."""
     from ruamel.yaml import YAML
 
     from sparkctl.spec.models import Kind
@@ -104,7 +109,7 @@ def render_(
         overlays=_overlays(rt, stack),
         compile_cache_dir=str(rt.settings.state_dir / "compile-cache" / stack.name),
     )
-    plan = render(stack, sources, instance=rt.settings.instance)
+    plan = render(stack, sources, instance=rt.settings.instance, rank=_rank(rt, stack, rank))
     if any("<" in m.source or "<" in m.target for m in plan.mounts):
         typer.echo(f"note: the paths in <...> are known once the image is: `sparkctl patch check {name}` "
                    "shows them", err=True)
@@ -204,6 +209,33 @@ def _weights(weights: Weights | None) -> str:
     if weights is None:
         return "-"
     return weights.path or f"{weights.repo}@{weights.revision}"
+
+
+def _rank(rt: Runtime, stack: Stack, index: int | None) -> Rank | None:
+    """The rank `--rank` asks for, on the host that runs it (placed) or would (the fleet file's
+    order); without a fleet file, placeholders."""
+    from sparkctl.fleet.deploy import rank_on
+    from sparkctl.fleet.placement import read_book
+    from sparkctl.spec.fleet import load_fleet
+    from sparkctl.spec.ranks import Rank, RankHost
+
+    if index is None:
+        return None
+    if stack.parallel is None:
+        raise SpecError(str(rt.catalog.files[stack.name]), "parallel", "not a multi-node stack: it has no ranks")
+    if index >= stack.parallel.nodes:
+        raise SpecError(str(rt.catalog.files[stack.name]), "parallel.nodes",
+                        f"rank {index} does not exist: ranks 0 to {stack.parallel.nodes - 1}")
+    if not rt.settings.fleet_path.exists():
+        unknown = RankHost(f"<rank {index}'s host>", "<its serving interface>", "<its serving address>")
+        return Rank(index, "<rank 0's serving address>", unknown)
+    fleet = load_fleet(rt.settings.fleet_path)
+    placed = read_book(rt.settings.fleet_dir).get(stack.name)
+    hosts = list(placed.ranks) if placed and placed.ranks else fleet.names[:stack.parallel.nodes]
+    if len(hosts) <= index:
+        raise SpecError(str(rt.settings.fleet_path), "hosts", f"rank {index} needs {stack.parallel.nodes} hosts; "
+                                                               f"the fleet file has {len(fleet.names)}")
+    return rank_on(fleet, hosts, index)
 
 
 def _cache_path(rt: Runtime, weights: Weights | None) -> str:

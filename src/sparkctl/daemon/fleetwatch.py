@@ -129,7 +129,7 @@ class FleetWatch:
             return False
         started = time.monotonic()
         try:
-            entry, failed = self.fleetwide.recover(placed, wait=self.wait, within=self.within)
+            done = self.fleetwide.recover(placed, wait=self.wait, within=self.within)
         except SparkctlError as e:
             log.error("fleet_replace_failed", stack=placed.stack, error=str(e))
             return False
@@ -142,9 +142,9 @@ class FleetWatch:
                 self.held_out.discard(placed.replicas[0].url)
                 control.restore_engine(placed.replicas[0].url)
             control.routes_changed()
-        log.info("fleet_replaced", stack=placed.stack, hosts=entry.hosts, failed=failed,
-                 seconds=round(time.monotonic() - started, 3))
-        self.bus.publish(Note(placed.stack, f"{placed.stack} re-placed on {', '.join(entry.hosts)}"))
+        log.info("fleet_replaced", stack=placed.stack, hosts=done.entry.hosts, failed=done.failed,
+                 seconds=round(time.monotonic() - started, 3), engine_s=done.engine_s)
+        self.bus.publish(Note(placed.stack, f"{placed.stack} re-placed on {', '.join(done.entry.hosts)}"))
         return True
 
     # -- multi-node groups ----------------------------------------------------------------------

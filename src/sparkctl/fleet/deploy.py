@@ -24,11 +24,18 @@ from sparkctl.node import AgentAnswer, Node
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet
 from sparkctl.spec.models import Stack
-from sparkctl.spec.ranks import RankHost
+from sparkctl.spec.ranks import Rank, RankHost
 from sparkctl.spec.render import spec_hash
 
 PLACE_WAIT = 10.0  # s: a placement Ray can make is made within a second or two
 REMOVE_WAIT = 10.0  # s a host's agent has to confirm a group's rank gone, before a recreation
+
+
+@dataclass(frozen=True)
+class Recovered:
+    entry: Placed  # as the book has it now
+    failed: dict[str, str]  # host -> why its replica did not start
+    engine_s: float | None = None  # a recreated group's rank 0: its engine's own start (container to /health)
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,7 @@ class Fleetwide:
             raise SparkctlError(f"{stack}'s group did not start, every rank removed: {failed}")
         return started
 
-    def recreate(self, placed: Placed, hosts: list[str], *, wait: float, nodes: list[Node]) -> Placed:
+    def recreate(self, placed: Placed, hosts: list[str], *, wait: float, nodes: list[Node]) -> Recovered:
         """A multi-node group as one unit: every rank removed on every live host it ran on (an
         orphaned headless rank included), then the whole group started again on `hosts`. A
         host Ray still counts alive whose agent does not confirm the removal within REMOVE_WAIT
@@ -104,9 +111,10 @@ class Fleetwide:
             raise SparkctlError(f"{placed.stack}'s ranks could not be removed on "
                                 + "; ".join(f"host {a.host} ({a.error})" for a in silent))
         started = self._start_group(placed.stack, hosts, placed.spec, placed.parts, wait, nodes)
-        return self._record(dataclasses.replace(placed, replicas=_replicas(started[:1]), ranks=tuple(hosts)))
+        entry = self._record(dataclasses.replace(placed, replicas=_replicas(started[:1]), ranks=tuple(hosts)))
+        return Recovered(entry, {}, started[0].value.get("timings", {}).get("engine_start_s"))
 
-    def recover(self, placed: Placed, *, wait: float, within: float) -> tuple[Placed, dict[str, str]]:
+    def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered:
         """Replace the replicas whose host died, on the hosts where Ray re-placed their bundles,
         with what was agreed; the replicas on live hosts stay (a multi-node group is recreated
         whole). Returns the new entry (also in the book) and the hosts that failed to start theirs."""
@@ -127,12 +135,12 @@ class Fleetwide:
                                     f"{placed.stack}'s memory free); it stays held at the gateway")
             time.sleep(0.2)
         if placed.ranks:
-            return self.recreate(placed, hosts, wait=wait, nodes=nodes), {}
+            return self.recreate(placed, hosts, wait=wait, nodes=nodes)
         kept = tuple(r for r in placed.replicas if r.host in hosts and r.host in alive)
         new = [h for h in hosts if h not in {r.host for r in kept}]
         started = self._ask(new, "up", [placed.stack, placed.spec, placed.parts], wait, nodes) if new else []
         entry = self._record(dataclasses.replace(placed, replicas=kept + _replicas(started)))
-        return entry, {a.host: a.error or "" for a in started if not a.ok}
+        return Recovered(entry, {a.host: a.error or "" for a in started if not a.ok})
 
     def sweep(self, host: str, *, wait: float) -> list[str]:
         """Remove the fleet's containers on `host` that the book does not place there (a host that
@@ -176,18 +184,19 @@ class Fleetwide:
 
 
 def group_ranks(fleet: Fleet | None, hosts: list[str]) -> dict[str, dict]:
-    """Each host's rank of a group (rank r on hosts[r]), as its agent takes it: the index, rank
-    0's serving address and the host's own serving interface, address and RDMA device."""
+    """Each host's rank of a group (rank r on hosts[r]), as its agent takes it."""
     if fleet is None:
         raise SparkctlError("a multi-node stack needs the fleet file: each rank's interface and address come "
                             "from its host's `serving` entry")
-    master = fleet.host(hosts[0]).serving.address
-    ranks = {}
-    for index, name in enumerate(hosts):
-        serving = fleet.host(name).serving
-        host = RankHost(name, serving.interface, serving.address, serving.hca)
-        ranks[name] = {"index": index, "master": master, "host": dataclasses.asdict(host)}
-    return ranks
+    return {name: dataclasses.asdict(rank_on(fleet, hosts, index)) for index, name in enumerate(hosts)}
+
+
+def rank_on(fleet: Fleet, hosts: list[str], index: int) -> Rank:
+    """Rank `index` of a group on `hosts` (by rank): rank 0's serving address as the master, and
+    the rank's own host's serving interface, address and RDMA device."""
+    serving = fleet.host(hosts[index]).serving
+    host = RankHost(hosts[index], serving.interface, serving.address, serving.hca)
+    return Rank(index, fleet.host(hosts[0]).serving.address, host)
 
 
 def _replicas(started: list[AgentAnswer]) -> tuple[Replica, ...]:

@@ -1,0 +1,142 @@
+"""Multi-node group figures: for each health lie, the time from the fault to the group being out of
+routing, beside what plain `/health` polling of rank 0 sees in the same run; and the group's
+recreate time minus its engine's own start.
+
+Three namespace hosts (tests/fleet), a head daemon on host a, a stack `duo` (`parallel: {tensor:
+2, nodes: 2}`) of the sim engine, whose ranks reproduce vLLM's behaviour (sim/ranks.py). Each run
+injects one fault under a client loop: rank 1's container killed, rank 0's container killed, or
+rank 1's link down for 5 s. The reference, in the same run: a poller reads rank 0's `/health`
+every 0.1 s from the fault until sparkctl takes the group out of routing (after that, sparkctl's
+own recreation would be what the poller sees), and for a killed rank 0, whether the worker rank
+still runs then. sparkctl's figure is the daemon's `fleet_group_ejected` (its 1-token probe:
+every 1 s, 3 s timeout). Recreate: the daemon's `fleet_replaced` seconds minus rank 0's engine
+start (container start to /health 200) in that recreation. Goal: <= 5 s for each lie, where
+plain polling still sees 200 (a dead worker, a downed link) or sees rank 0 go but leaves its
+worker running.
+
+Needs root. Run with `make perf` (or `.venv/bin/python tests/perf/bench_fleet_groups.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from world import load, runs, spread  # noqa: E402
+
+from sparkctl.deploy.health import http_status  # noqa: E402
+from sparkctl.sim.registry import SIM_IMAGE  # noqa: E402
+from sparkctl.sim.tinymodel import cached_model  # noqa: E402
+from tests.fleet.cluster import Cluster, cluster, deployable  # noqa: E402
+from tests.fleet.head import HeadDaemon, Load  # noqa: E402
+from tests.fleet.hosts import Hosts, check_machine  # noqa: E402
+from tests.fleet.images import load as load_image  # noqa: E402
+
+RUNS = runs(3)
+LINK_DOWN_S = 5.0
+FAULTS = ("worker killed", "rank 0 killed", "link down")
+STACKS = {"duo": (0.2, 8951, {}, {"parallel": {"tensor": 2, "nodes": 2}})}
+
+
+def main() -> None:
+    print(load())
+    check_machine()
+    found: dict[str, list[tuple[float, float | None, float, bool]]] = {f: [] for f in FAULTS}
+    with tempfile.TemporaryDirectory(prefix="sparkctl-groups-") as tmp, Hosts(3) as hosts:
+        root = Path(tmp)
+        os.environ["no_proxy"] = ",".join([*(h.address for h in hosts), hosts.network.gateway])
+        load_image(hosts.hosts, SIM_IMAGE, cache=root)
+        cache = os.environ.get("SPARKCTL_BUILD_CACHE")
+        model = cached_model(Path(cache) / "models" if cache else root / "models")
+        (root / "stacks").mkdir()
+        with (deployable(hosts, SIM_IMAGE, model, root / "stacks", STACKS) as env,
+              cluster(hosts, instance="benchgroup", port=28900, env=env) as fleet):
+            code, out = fleet.up("duo")
+            assert code == 0, out
+            daemon = HeadDaemon(fleet, port=18900)
+            clients = Load(daemon.url, ["duo"])
+            try:
+                for _ in range(RUNS):
+                    for fault in FAULTS:
+                        found[fault].append(inject(fleet, daemon, fault))
+            finally:
+                clients.stop()
+                daemon.stop()
+                fleet.fleet("down", "duo")
+    print(f"multi-node group (2 ranks on 2 namespace hosts), fault -> out of routing, {RUNS} run(s) each; "
+          "beside what plain /health polling of rank 0 saw by then")
+    for fault, rows in found.items():
+        caught = [r[0] for r in rows]
+        polled = [r[1] for r in rows]
+        plain = (f"not 200 after {spread([p for p in polled if p is not None])}" if all(p is not None for p in polled)
+                 else f"still 200 when sparkctl caught it ({polled.count(None)} of {len(polled)})")
+        orphans = sum(r[3] for r in rows)
+        worker = f"; the worker rank still ran then in {orphans} of {len(rows)}" if fault == "rank 0 killed" else ""
+        print(f"  {fault:>14}: sparkctl {spread(caught)}  {'ok' if max(caught) <= 5 else 'MISSED'} (goal <= 5 s); "
+              f"plain /health: {plain}{worker}")
+    recreate = [r[2] for rows in found.values() for r in rows]
+    print(f"  group recreate minus the engine's own start: {spread(recreate)}")
+    print(f"  requests through the gateway: {clients.ok['duo']} ok, {len(clients.failed['duo'])} failed "
+          "(between a fault and its ejection, rank 0 answers 500: the lie itself)")
+
+
+def inject(fleet: Cluster, daemon: HeadDaemon, fault: str) -> tuple[float, float | None, float, bool]:
+    """One fault: (sparkctl's detection, plain polling's or None, recreate minus engine start,
+    whether the worker rank still ran when sparkctl caught it)."""
+    ranks = fleet.book()["duo"]["ranks"]
+    url = fleet.book()["duo"]["replicas"][0]["url"]
+    victim = fleet.hosts[ranks[0] if fault == "rank 0 killed" else ranks[1]]
+    seen, replaced = len(daemon.events("fleet_group_ejected")), len(daemon.events("fleet_replaced"))
+    began = time.time()
+    polled: list[float] = []
+    caught = threading.Event()
+    poller = threading.Thread(target=poll, args=(url, caught, polled), daemon=True)
+    poller.start()
+    if fault == "link down":
+        fleet.hosts.network.set_link(victim.name, up=False)
+    else:
+        victim.docker("kill", victim.docker("ps", "-q", "--filter", "label=sparkctl.stack=duo").split()[0])
+    until(lambda: len(daemon.events("fleet_group_ejected")) > seen, 30, daemon)
+    caught.set()
+    ejected = daemon.events("fleet_group_ejected")[-1]
+    worker = fleet.hosts[ranks[1]]
+    orphan = bool(worker.docker("ps", "-q", "--filter", "label=sparkctl.stack=duo").split())
+    if fault == "link down":
+        time.sleep(max(0.0, began + LINK_DOWN_S - time.time()))
+        fleet.hosts.network.set_link(victim.name, up=True)
+    until(lambda: len(daemon.events("fleet_replaced")) > replaced, 180, daemon)
+    done = daemon.events("fleet_replaced")[-1]
+    poller.join()
+    if [e for e in daemon.events("fleet_host_ejected") if e["host"] == victim.name and e["ejected_at"] > began]:
+        back = len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name])
+        fleet.fleet("leave", on=victim.name)  # Ray declared it dead while its link was down: rejoin it
+        fleet.join(victim)
+        until(lambda: len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name]) > back, 60, daemon)
+    seen_at = polled[0] - began if polled and polled[0] <= ejected["ejected_at"] else None
+    return ejected["ejected_at"] - began, seen_at, done["seconds"] - done["engine_s"], orphan
+
+
+def poll(url: str, caught: threading.Event, polled: list[float]) -> None:
+    """Plain /health polling of rank 0: the first moment it is not 200, until sparkctl caught the fault."""
+    while not caught.is_set():
+        if http_status(url + "/health") != 200:
+            polled.append(time.time())
+            return
+        caught.wait(0.1)
+
+
+def until(condition, timeout: float, daemon: HeadDaemon) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, daemon.log()[-4000:]
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    main()
