@@ -64,6 +64,8 @@ class HostAgent:
         `ranks` (host -> rank), this host's rank of a multi-node group, on its own interface."""
         deployer, served = self._deployer(stack, spec)
         if ranks is not None:
+            if self.host not in ranks:
+                raise SparkctlError(f"the group's ranks name no rank for host {self.host}")
             deployer = dataclasses.replace(deployer, rank=self._rank(ranks[self.host]))
         found = deployer.prepare(served).parts
         if differ := {k: (v, found.get(k)) for k, v in expected.items() if found.get(k) != v}:

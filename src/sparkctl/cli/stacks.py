@@ -95,6 +95,7 @@ def render_(
     fleet file's hosts in order."""
     from ruamel.yaml import YAML
 
+    from sparkctl.agent import served_on
     from sparkctl.spec.models import Kind
     from sparkctl.spec.render import Sources, render
 
@@ -109,7 +110,10 @@ def render_(
         overlays=_overlays(rt, stack),
         compile_cache_dir=str(rt.settings.state_dir / "compile-cache" / stack.name),
     )
-    plan = render(stack, sources, instance=rt.settings.instance, rank=_rank(rt, stack, rank))
+    chosen = _rank(rt, stack, rank)
+    if chosen is not None:  # as the host's agent runs it: listening on the host's serving address
+        stack = served_on(stack, chosen.host.address)
+    plan = render(stack, sources, instance=rt.settings.instance, rank=chosen, placed=chosen is not None)
     if any("<" in m.source or "<" in m.target for m in plan.mounts):
         typer.echo(f"note: the paths in <...> are known once the image is: `sparkctl patch check {name}` "
                    "shows them", err=True)
@@ -234,7 +238,7 @@ def _rank(rt: Runtime, stack: Stack, index: int | None) -> Rank | None:
     hosts = list(placed.ranks) if placed and placed.ranks else fleet.names[:stack.parallel.nodes]
     if len(hosts) <= index:
         raise SpecError(str(rt.settings.fleet_path), "hosts", f"rank {index} needs {stack.parallel.nodes} hosts; "
-                                                               f"the fleet file has {len(fleet.names)}")
+                                                               f"there are {len(hosts)}")
     return rank_on(fleet, hosts, index)
 
 

@@ -37,8 +37,8 @@ class FleetSwitch:
     wait: float  # each host's deploy
 
     def applies(self, stack: Stack) -> bool:
-        """Whether `stack` runs across the fleet: it has a placement, or it is placed already."""
-        return stack.placement.fleet or stack.name in self._book()
+        """Whether `stack` runs across the fleet: it has a placement or ranks, or is placed already."""
+        return stack.placement.fleet or stack.parallel is not None or stack.name in self._book()
 
     def run(self, alias: str, stack: Stack, gateway: GatewayControl) -> dict[str, Any]:
         old = self.machine.desired().aliases.get(alias)

@@ -84,6 +84,9 @@ class Deployer:
         phases = Phases(self.store, self.reporter, stack.name, deployment)
         prepared = None
         try:
+            if stack.parallel is not None and self.rank is None:
+                raise SparkctlError(f"{name} is a multi-node stack ({stack.parallel.nodes} ranks): it runs across a "
+                                    f"fleet, with `sparkctl fleet up {name}` on the fleet's head")
             check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
             for _, why in stack.risks():  # opted into with `allow:`
                 self.reporter.note(stack.name, f"warning: {why}")

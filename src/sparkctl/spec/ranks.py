@@ -50,8 +50,13 @@ def rank_args(parallel: Parallel, rank: Rank) -> list[str]:
     return [*args, "--headless"] if rank.headless else args
 
 
+NETWORK_ENV = ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+               "NCCL_IB_HCA")
+
+
 def rank_env(host: RankHost) -> dict[str, str]:
-    """The network environment of a rank on `host`: its own interface and address only."""
+    """The network environment of a rank on `host`: its own interface and address only (render
+    drops these keys from the stack's env first, so none is carried from one host to another)."""
     env = {"VLLM_HOST_IP": host.address, "GLOO_SOCKET_IFNAME": host.interface, "NCCL_SOCKET_IFNAME": host.interface,
            "TP_SOCKET_IFNAME": host.interface, "UCX_NET_DEVICES": host.interface}
     return env | ({"NCCL_IB_HCA": host.hca} if host.hca else {})

@@ -16,7 +16,7 @@ from typing import Any
 from sparkctl import instance as instances
 from sparkctl.container import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_PLACED, LABEL_RANK, LABEL_SPEC_HASH, LABEL_STACK
 from sparkctl.spec.models import Kind, Stack
-from sparkctl.spec.ranks import Rank, rank_args, rank_env
+from sparkctl.spec.ranks import NETWORK_ENV, Rank, rank_args, rank_env
 
 MODEL_DIR = "/model"
 DRAFT_DIR = "/draft"
@@ -126,7 +126,7 @@ def render(
     if rank is not None:
         assert stack.parallel is not None, f"stack {stack.name} has no `parallel` section: it has no ranks"
         args += rank_args(stack.parallel, rank)
-        env |= rank_env(rank.host)
+        env = {k: v for k, v in env.items() if k not in NETWORK_ENV} | rank_env(rank.host)
         labels[LABEL_RANK] = str(rank.index)
     c = stack.container
     return ContainerPlan(
