@@ -1,20 +1,29 @@
-"""The fleet's head as the failover test and bench drive it: `sparkctl daemon` on host a with its
-gateway on a's address (`HeadDaemon`, whose JSON log is read back for its fleet events), and
-client loops through that gateway with the official `openai` client (`Load`).
+"""The fleet's head as the failover and group tests and benchmarks drive it: `sparkctl daemon` on
+host a with its gateway on a's address (`HeadDaemon`, whose JSON log is read back for its fleet
+events), client loops through that gateway with the official `openai` client (`Load`), a whole
+served fleet (`headed`), and hosts for a benchmark run outside pytest (`standalone`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from openai import OpenAI
 
 from sparkctl.deploy.health import http_status
-from tests.fleet.cluster import Cluster
+from sparkctl.sim.registry import SIM_IMAGE
+from sparkctl.sim.tinymodel import cached_model
+from tests.fleet.cluster import Cluster, cluster, deployable
+from tests.fleet.hosts import Hosts
+from tests.fleet.images import load as load_image
 
 
 class HeadDaemon:
@@ -24,7 +33,9 @@ class HeadDaemon:
         a = cluster.hosts["a"]
         self.url = f"http://{a.address}:{port}"
         self.log_path = cluster.root / "daemon.log"
+        # many faults in a few minutes are the point here, not a crash loop: the rule is tested elsewhere
         env = cluster.env_for(a) | {"SPARKCTL_GATEWAY_HOST": a.address, "SPARKCTL_GATEWAY_PORT": str(port),
+                                    "SPARKCTL_CRASH_LOOP": "100",
                                     "SPARKCTL_SWITCH_HOLD_TIMEOUT": "150"}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([*a.enter(), sys.executable, "-m", "sparkctl", "daemon"], stdout=log,
@@ -87,3 +98,34 @@ class Load:
         self.stopping.set()
         for thread in self.threads:
             thread.join(timeout=200)
+
+
+@contextmanager
+def headed(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path, stacks: dict[str, tuple], *,
+           instance: str, port: int, gateway_port: int, up: tuple[str, ...],
+           memory: dict[str, str] | None = None) -> Iterator[tuple[Cluster, HeadDaemon]]:
+    """A fleet on `hosts` serving `stacks` (those in `up` placed with `fleet up`), and the head's
+    daemon; every stack taken down at the end."""
+    with (deployable(hosts, sim_image, model_dir, stacks_dir, stacks) as env,
+          cluster(hosts, instance=instance, port=port, memory=memory, env=env) as made):
+        for stack in up:
+            code, out = made.up(stack)
+            assert code == 0, out
+        daemon = HeadDaemon(made, port=gateway_port)
+        try:
+            yield made, daemon
+        finally:
+            daemon.stop()
+            for stack in stacks:
+                made.fleet("down", stack)
+
+
+@contextmanager
+def standalone(root: Path) -> Iterator[tuple[Hosts, str, Path]]:
+    """For a benchmark run outside pytest: three hosts with the sim image loaded, and the tiny
+    model (cached in SPARKCTL_BUILD_CACHE when set); (hosts, sim image, model dir)."""
+    with Hosts(3) as hosts:
+        os.environ["no_proxy"] = ",".join([*(h.address for h in hosts), hosts.network.gateway])
+        load_image(hosts.hosts, SIM_IMAGE, cache=root)
+        cache = os.environ.get("SPARKCTL_BUILD_CACHE")
+        yield hosts, SIM_IMAGE, cached_model(Path(cache) / "models" if cache else root / "models")

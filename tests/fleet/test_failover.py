@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.cluster import Cluster, deployable
-from tests.fleet.cluster import cluster as start_cluster
-from tests.fleet.head import HeadDaemon, Load
+from tests.fleet.cluster import Cluster
+from tests.fleet.head import HeadDaemon, Load, headed
 from tests.fleet.hosts import Hosts
 
 PORT = 28200
@@ -30,18 +29,10 @@ STACKS = {"solo": (0.6, 8701, {}), "pair": (0.2, 8702, {"replicas": 2}), "green"
 
 @pytest.fixture(scope="module")
 def head(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[Cluster, HeadDaemon]]:
-    with (deployable(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("failover-stacks"), STACKS) as env,
-          start_cluster(fleet, instance=INSTANCE, port=PORT, memory={"a": "1GiB"}, env=env) as made):
-        for stack in ("solo", "pair"):
-            code, out = made.up(stack)
-            assert code == 0, out
-        daemon = HeadDaemon(made, port=GATEWAY_PORT)
-        try:
-            yield made, daemon
-        finally:
-            daemon.stop()
-            for stack in STACKS:
-                made.fleet("down", stack)
+    with headed(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("failover-stacks"), STACKS,
+                instance=INSTANCE, port=PORT, gateway_port=GATEWAY_PORT, up=("solo", "pair"),
+                memory={"a": "1GiB"}) as served:
+        yield served
 
 
 def test_a_dead_host_leaves_routing_its_stack_moves_and_it_comes_back_swept(head) -> None:

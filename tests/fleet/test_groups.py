@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.cluster import Cluster, deployable
-from tests.fleet.cluster import cluster as start_cluster
-from tests.fleet.head import HeadDaemon, Load
+from tests.fleet.cluster import Cluster
+from tests.fleet.head import HeadDaemon, Load, headed
 from tests.fleet.hosts import Hosts
 from tests.fleet.network import LINK
 
@@ -32,16 +31,9 @@ DETECT_WITHIN = 5.0
 
 @pytest.fixture(scope="module")
 def head(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[Cluster, HeadDaemon]]:
-    with (deployable(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("group-stacks"), STACKS) as env,
-          start_cluster(fleet, instance="fleetgroup", port=PORT, env=env) as made):
-        code, out = made.up("duo")
-        assert code == 0, out
-        daemon = HeadDaemon(made, port=GATEWAY_PORT)
-        try:
-            yield made, daemon
-        finally:
-            daemon.stop()
-            made.fleet("down", "duo")
+    with headed(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("group-stacks"), STACKS,
+                instance="fleetgroup", port=PORT, gateway_port=GATEWAY_PORT, up=("duo",)) as served:
+        yield served
 
 
 def ranks(cluster: Cluster) -> dict[str, list[dict]]:

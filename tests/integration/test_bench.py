@@ -71,7 +71,11 @@ def test_auto_takes_llama_benchys_cached_book(scaled, cli, monkeypatch, tmp_path
     assert f"Loading text from cache: {book}" in (Path(run.folder) / "llama-benchy.log").read_text()
 
 
-def test_sweep_writes_a_comparison_report_with_the_seed_shape(scaled, cli, engine, tmp_path) -> None:
+def test_sweep_writes_a_comparison_report_with_the_seed_shape(scaled, cli, engine, tmp_path, monkeypatch) -> None:
+    # Decode 10x rather than 20x: the ratios between configs below are compared at 15 %, and the
+    # per-token CPU cost of a faster stream takes a larger share of its time on a loaded machine
+    # (at 20x, a run beside heavy benchmarks measured NVFP4/BF16 1.70 instead of 2.0).
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "SPARKCTL_SIM_TIME_SCALE=0.1,SPARKCTL_SIM_LOAD_SCALE=0.002")
     code, out, err = cli("bench", "sweep", "qwen36-nvfp4-stock", "qwen36-nvfp4-aeon", "qwen36-bf16-stock",
                          "qwen36-dflash", "--profile", "quick", "--depths", "0,8192,12288", "--out",
                          str(tmp_path / "report"), "--label", "measured on simulated engines")

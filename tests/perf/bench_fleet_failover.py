@@ -17,7 +17,6 @@ Needs root. Run with `make perf` (or `.venv/bin/python tests/perf/bench_fleet_fa
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -27,12 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import load, runs, spread  # noqa: E402
 
-from sparkctl.sim.registry import SIM_IMAGE  # noqa: E402
-from sparkctl.sim.tinymodel import cached_model  # noqa: E402
-from tests.fleet.cluster import cluster, deployable  # noqa: E402
-from tests.fleet.head import HeadDaemon, Load  # noqa: E402
-from tests.fleet.hosts import Hosts, check_machine  # noqa: E402
-from tests.fleet.images import load as load_image  # noqa: E402
+from tests.fleet.head import HeadDaemon, Load, headed, standalone  # noqa: E402
+from tests.fleet.hosts import check_machine  # noqa: E402
 
 KILLS = runs(5)
 STACKS = {"pair": (0.2, 8801, {"replicas": 2})}
@@ -42,26 +37,17 @@ def main() -> None:
     print(load())
     check_machine()
     rows: list[tuple[float, float]] = []  # (Ray's detection, eject after Ray)
-    with tempfile.TemporaryDirectory(prefix="sparkctl-failover-") as tmp, Hosts(3) as hosts:
-        root = Path(tmp)
-        os.environ["no_proxy"] = ",".join([*(h.address for h in hosts), hosts.network.gateway])
-        load_image(hosts.hosts, SIM_IMAGE, cache=root)
-        cache = os.environ.get("SPARKCTL_BUILD_CACHE")
-        model = cached_model(Path(cache) / "models" if cache else root / "models")
-        (root / "stacks").mkdir()
-        with (deployable(hosts, SIM_IMAGE, model, root / "stacks", STACKS) as env,
-              cluster(hosts, instance="benchfail", port=28500, memory={"a": "1GiB"}, env=env) as fleet):
-            code, out = fleet.up("pair")
-            assert code == 0, out
-            daemon = HeadDaemon(fleet, port=18500)
+    with (tempfile.TemporaryDirectory(prefix="sparkctl-failover-") as tmp,
+          standalone(Path(tmp)) as (hosts, image, model)):
+        (Path(tmp) / "stacks").mkdir()
+        with headed(hosts, image, model, Path(tmp) / "stacks", STACKS, instance="benchfail", port=28500,
+                    gateway_port=18500, up=("pair",), memory={"a": "1GiB"}) as (fleet, daemon):
             clients = Load(daemon.url, ["pair"])
             try:
                 for _ in range(KILLS):
                     rows.append(kill_one(fleet, daemon))
             finally:
                 clients.stop()
-                daemon.stop()
-                fleet.fleet("down", "pair")
     detect, eject = [r[0] for r in rows], [r[1] for r in rows]
     total = [d + e for d, e in rows]
     print(f"host death -> out of routing, replicated stack under load ({KILLS} kills, Ray's dead-after ~2 s)")

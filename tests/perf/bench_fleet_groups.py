@@ -19,7 +19,6 @@ Needs root. Run with `make perf` (or `.venv/bin/python tests/perf/bench_fleet_gr
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import threading
@@ -31,12 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import load, runs, spread  # noqa: E402
 
 from sparkctl.deploy.health import http_status  # noqa: E402
-from sparkctl.sim.registry import SIM_IMAGE  # noqa: E402
-from sparkctl.sim.tinymodel import cached_model  # noqa: E402
-from tests.fleet.cluster import Cluster, cluster, deployable  # noqa: E402
-from tests.fleet.head import HeadDaemon, Load  # noqa: E402
-from tests.fleet.hosts import Hosts, check_machine  # noqa: E402
-from tests.fleet.images import load as load_image  # noqa: E402
+from tests.fleet.cluster import Cluster  # noqa: E402
+from tests.fleet.head import HeadDaemon, Load, headed, standalone  # noqa: E402
+from tests.fleet.hosts import check_machine  # noqa: E402
 
 RUNS = runs(3)
 LINK_DOWN_S = 5.0
@@ -48,18 +44,11 @@ def main() -> None:
     print(load())
     check_machine()
     found: dict[str, list[tuple[float, float | None, float, bool]]] = {f: [] for f in FAULTS}
-    with tempfile.TemporaryDirectory(prefix="sparkctl-groups-") as tmp, Hosts(3) as hosts:
-        root = Path(tmp)
-        os.environ["no_proxy"] = ",".join([*(h.address for h in hosts), hosts.network.gateway])
-        load_image(hosts.hosts, SIM_IMAGE, cache=root)
-        cache = os.environ.get("SPARKCTL_BUILD_CACHE")
-        model = cached_model(Path(cache) / "models" if cache else root / "models")
-        (root / "stacks").mkdir()
-        with (deployable(hosts, SIM_IMAGE, model, root / "stacks", STACKS) as env,
-              cluster(hosts, instance="benchgroup", port=28900, env=env) as fleet):
-            code, out = fleet.up("duo")
-            assert code == 0, out
-            daemon = HeadDaemon(fleet, port=18900)
+    with (tempfile.TemporaryDirectory(prefix="sparkctl-groups-") as tmp,
+          standalone(Path(tmp)) as (hosts, image, model)):
+        (Path(tmp) / "stacks").mkdir()
+        with headed(hosts, image, model, Path(tmp) / "stacks", STACKS, instance="benchgroup", port=28900,
+                    gateway_port=18900, up=("duo",)) as (fleet, daemon):
             clients = Load(daemon.url, ["duo"])
             try:
                 for _ in range(RUNS):
@@ -67,8 +56,6 @@ def main() -> None:
                         found[fault].append(inject(fleet, daemon, fault))
             finally:
                 clients.stop()
-                daemon.stop()
-                fleet.fleet("down", "duo")
     print(f"multi-node group (2 ranks on 2 namespace hosts), fault -> out of routing, {RUNS} run(s) each; "
           "beside what plain /health polling of rank 0 saw by then")
     for fault, rows in found.items():

@@ -1,7 +1,9 @@
 """The daemon's watch over the fleet, one node table at a time: a host that dies while it serves a
 placed stack leaves routing once (by its serving address) and the stack is re-placed; a host that
-comes back is swept, then restored; a dead host that serves nothing is left alone. Against a
-recording control plane and gateway control; the watch's thread is not started."""
+comes back is swept, then restored; a dead host that serves nothing is left alone. A multi-node
+group that fails its probe is held out and recreated, until the crash-loop rule leaves it out; a
+probe that passes brings it back. Against a recording control plane and gateway control; the
+watch's threads are not started."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl.daemon import fleetwatch
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.fleetwatch import FleetWatch
+from sparkctl.daemon.planner import Policy
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet.deploy import Recovered
 from sparkctl.fleet.placement import Placed, Replica, write_book
@@ -56,6 +60,12 @@ class Recorder:
 
     def routes_changed(self) -> None:
         self.calls.append(("routes_changed",))
+
+    def eject_engine(self, url: str) -> None:
+        self.calls.append(("eject_engine", url))
+
+    def restore_engine(self, url: str) -> None:
+        self.calls.append(("restore_engine", url))
 
     def named(self, *names: str) -> list[tuple]:
         return [c for c in self.calls if c[0] in names]
@@ -136,3 +146,23 @@ def test_without_an_inventory_the_address_its_node_advertises_is_ejected(watched
     recorder.fleet = None
     watch.on_nodes(table(dead="a", **{LABEL_ADDRESS: "10.9.9.9"}))
     assert recorder.named("eject_host") == [("eject_host", "10.9.9.9")] and watch.down == {"a"}
+
+
+DUO = Placed(stack="duo", group="stack-duo", spec="0123456789abcdef", parts={"image": "sha256:1"},
+             replicas=(Replica("a", "http://10.0.0.2:8901", "fp"),), ranks=("a", "b"))
+
+
+def test_a_group_that_fails_its_probe_is_held_out_and_recreated_until_a_crash_loop(
+        watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    watch, recorder, _ = watched
+    watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
+    answers = iter(["status 500", "no answer within 3 s", "status 500", "status 500", None])
+    monkeypatch.setattr(fleetwatch, "probe", lambda url, model: next(answers))
+    for _ in range(4):
+        watch._probe(DUO)
+    url = "http://10.0.0.2:8901"
+    assert recorder.named("eject_engine") == [("eject_engine", url)] * 3  # the fourth is not acted on
+    assert recorder.named("recover") == [("recover", "duo", 30.0, 12.0)] * 2  # the third failure gives up
+    assert watch.given_up == {"duo"}
+    watch._probe(DUO)  # it answers again (brought up by hand): back in routing, no longer given up
+    assert recorder.calls[-1] == ("restore_engine", url) and watch.given_up == set()

@@ -53,6 +53,7 @@ class FleetWatch:
         self.down: set[str] = set()  # hosts taken out of routing
         self.failures: dict[str, list[float]] = {}  # group -> when its probes failed (the crash-loop window)
         self.held_out: set[str] = set()  # rank-0 URLs a failed probe took out of routing
+        self.given_up: set[str] = set()  # groups in a crash loop: probed, not recreated
         self._recovering: dict[str, threading.Lock] = {}
         self._stopping = threading.Event()
         self._watch = None
@@ -163,9 +164,12 @@ class FleetWatch:
         why = probe(url, self.served_name(placed.stack))
         control = self.control()
         if why is None:
-            if url in self.held_out and control is not None:  # it answers again without a recreation
+            if url in self.held_out and control is not None:  # it answers again (or was brought up again)
                 self.held_out.discard(url)
                 control.restore_engine(url)
+            self.given_up.discard(placed.stack)
+            return
+        if placed.stack in self.given_up:  # a crash loop: left out until it answers again
             return
         if control is not None:
             control.eject_engine(url)
@@ -177,8 +181,9 @@ class FleetWatch:
         recent = [t for t in self.failures.get(placed.stack, []) if now - t < self.policy.window] + [now]
         self.failures[placed.stack] = recent
         if len(recent) >= self.policy.crash_loop:
+            self.given_up.add(placed.stack)
             log.error("fleet_group_crash_loop", stack=placed.stack, failures=len(recent),
-                      note="left out of routing: `sparkctl fleet up` it again once fixed")
+                      note="left out of routing until it answers: `sparkctl fleet up` it again once fixed")
             return
         self._stopping.wait(backoff(len(recent), self.policy))
         self._recover(placed)
