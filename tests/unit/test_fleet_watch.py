@@ -7,6 +7,7 @@ watch's threads are not started."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -156,13 +157,30 @@ def test_a_group_that_fails_its_probe_is_held_out_and_recreated_until_a_crash_lo
         watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
-    answers = iter(["status 500", "no answer within 3 s", "status 500", "status 500", None])
-    monkeypatch.setattr(fleetwatch, "probe", lambda url, model: next(answers))
+    write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
+    answers = {"why": "status 500"}
+    monkeypatch.setattr(fleetwatch, "probe", lambda url, model: answers["why"])
     for _ in range(4):
         watch._probe(DUO)
     url = "http://10.0.0.2:8901"
     assert recorder.named("eject_engine") == [("eject_engine", url)] * 3  # the fourth is not acted on
     assert recorder.named("recover") == [("recover", "duo", 30.0, 12.0)] * 2  # the third failure gives up
     assert watch.given_up == {"duo"}
+    answers["why"] = None
     watch._probe(DUO)  # it answers again (brought up by hand): back in routing, no longer given up
     assert recorder.calls[-1] == ("restore_engine", url) and watch.given_up == set()
+
+
+def test_a_group_recovered_meanwhile_is_not_recreated_again(watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    watch, recorder, _ = watched
+    watch.policy = Policy(crash_loop=5, window=600, backoff_base=0, backoff_max=0)
+    write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
+    moved = dataclasses.replace(DUO, ranks=("a", "c"))
+
+    def failing(url: str, model: str) -> str:
+        write_book(watch.fleetwide.settings.fleet_dir, {"duo": moved})  # its host died: the watch re-placed it
+        return "no answer within 3 s"
+
+    monkeypatch.setattr(fleetwatch, "probe", failing)
+    watch._probe(DUO)
+    assert recorder.named("eject_engine") and not recorder.named("recover")

@@ -186,6 +186,12 @@ class FleetWatch:
                       note="left out of routing until it answers: `sparkctl fleet up` it again once fixed")
             return
         self._stopping.wait(backoff(len(recent), self.policy))
+        current = placement.read_book(self.fleetwide.settings.fleet_dir).get(placed.stack)
+        if current != placed:  # recovered meanwhile (its host died, say), or taken down: nothing to redo
+            return
+        if probe(url, self.served_name(placed.stack)) is None:  # it came back by itself
+            self._probe(placed)
+            return
         self._recover(placed)
 
     def _recovering_now(self, stack: str) -> bool:
