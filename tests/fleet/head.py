@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from openai import OpenAI
@@ -47,6 +48,13 @@ class HeadDaemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def until(self, condition: Callable[[], object], timeout: float) -> None:
+        """Wait for `condition`; past `timeout`, fail with the daemon's last log lines."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, self.log()[-4000:]
+            time.sleep(0.05)
 
     def events(self, name: str) -> list[dict]:
         found = []
@@ -129,3 +137,49 @@ def standalone(root: Path) -> Iterator[tuple[Hosts, str, Path]]:
         load_image(hosts.hosts, SIM_IMAGE, cache=root)
         cache = os.environ.get("SPARKCTL_BUILD_CACHE")
         yield hosts, SIM_IMAGE, cached_model(Path(cache) / "models" if cache else root / "models")
+
+
+FAULTS = ("worker killed", "rank 0 killed", "link down")  # the three ways a group's /health lies
+LINK_DOWN_S = 5.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault and what the head's daemon did about it."""
+
+    began: float  # epoch seconds
+    victim: str  # the host whose rank failed
+    ejected: dict  # the daemon's `fleet_group_ejected` entry
+    replaced: dict  # its `fleet_replaced` entry for the recreation
+    rejoined: bool  # Ray declared the host dead (its link was down): it was rejoined and swept
+
+
+def inject(cluster: Cluster, daemon: HeadDaemon, fault: str, stack: str, *,
+           caught: Callable[[], None] = lambda: None) -> Fault:
+    """Break a group as `fault` says, wait for the daemon to take it out of routing (then
+    `caught()`), bring a downed link back after LINK_DOWN_S (rejoining the host when Ray declared
+    it dead meanwhile, as its owner would), and wait for the recreation."""
+    ranks = cluster.book()[stack]["ranks"]
+    victim = cluster.hosts[ranks[0] if fault == "rank 0 killed" else ranks[1]]
+    seen, replaced = len(daemon.events("fleet_group_ejected")), len(daemon.events("fleet_replaced"))
+    began = time.time()
+    if fault == "link down":
+        cluster.hosts.network.set_link(victim.name, up=False)
+    else:
+        victim.docker("kill", victim.docker("ps", "-q", "--filter", f"label=sparkctl.stack={stack}").split()[0])
+    daemon.until(lambda: len(daemon.events("fleet_group_ejected")) > seen, 30)
+    caught()
+    rejoined = False
+    if fault == "link down":
+        time.sleep(max(0.0, began + LINK_DOWN_S - time.time()))
+        cluster.hosts.network.set_link(victim.name, up=True)
+        if [e for e in daemon.events("fleet_host_ejected") if e["host"] == victim.name and e["ejected_at"] > began]:
+            back = len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name])
+            assert cluster.fleet("leave", on=victim.name).returncode == 0
+            cluster.join(victim)
+            daemon.until(lambda: len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name]) > back,
+                         60)
+            rejoined = True
+    daemon.until(lambda: len(daemon.events("fleet_replaced")) > replaced, 180)
+    return Fault(began, victim.name, daemon.events("fleet_group_ejected")[seen], daemon.events("fleet_replaced")[-1],
+                 rejoined)

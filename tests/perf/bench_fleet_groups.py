@@ -3,7 +3,8 @@ routing, beside what plain `/health` polling of rank 0 sees in the same run; and
 recreate time minus its engine's own start.
 
 Three namespace hosts (tests/fleet), a head daemon on host a, a stack `duo` (`parallel: {tensor:
-2, nodes: 2}`) of the sim engine, whose ranks reproduce vLLM's behaviour (sim/ranks.py). Each run
+2, nodes: 2}`) of the sim engine on hosts b and c (a is too small for a rank), whose ranks
+reproduce vLLM's behaviour (sim/ranks.py). Each run
 injects one fault under a client loop: rank 1's container killed, rank 0's container killed, or
 rank 1's link down for 5 s. The reference, in the same run: a poller reads rank 0's `/health`
 every 0.1 s from the fault until sparkctl takes the group out of routing (after that, sparkctl's
@@ -31,12 +32,10 @@ from world import load, runs, spread  # noqa: E402
 
 from sparkctl.deploy.health import http_status  # noqa: E402
 from tests.fleet.cluster import Cluster  # noqa: E402
-from tests.fleet.head import HeadDaemon, Load, headed, standalone  # noqa: E402
+from tests.fleet.head import FAULTS, HeadDaemon, Load, headed, inject, standalone  # noqa: E402
 from tests.fleet.hosts import check_machine  # noqa: E402
 
 RUNS = runs(3)
-LINK_DOWN_S = 5.0
-FAULTS = ("worker killed", "rank 0 killed", "link down")
 STACKS = {"duo": (0.2, 8951, {}, {"parallel": {"tensor": 2, "nodes": 2}})}
 
 
@@ -48,12 +47,12 @@ def main() -> None:
           standalone(Path(tmp)) as (hosts, image, model)):
         (Path(tmp) / "stacks").mkdir()
         with headed(hosts, image, model, Path(tmp) / "stacks", STACKS, instance="benchgroup", port=28900,
-                    gateway_port=18900, up=("duo",)) as (fleet, daemon):
+                    gateway_port=18900, up=("duo",), memory={"a": "0.3GiB"}) as (fleet, daemon):
             clients = Load(daemon.url, ["duo"])
             try:
                 for _ in range(RUNS):
                     for fault in FAULTS:
-                        found[fault].append(inject(fleet, daemon, fault))
+                        found[fault].append(measure(fleet, daemon, fault))
             finally:
                 clients.stop()
     print(f"multi-node group (2 ranks on 2 namespace hosts), fault -> out of routing, {RUNS} run(s) each; "
@@ -73,40 +72,26 @@ def main() -> None:
           "(between a fault and its ejection, rank 0 answers 500: the lie itself)")
 
 
-def inject(fleet: Cluster, daemon: HeadDaemon, fault: str) -> tuple[float, float | None, float, bool]:
+def measure(fleet: Cluster, daemon: HeadDaemon, fault: str) -> tuple[float, float | None, float, bool]:
     """One fault: (sparkctl's detection, plain polling's or None, recreate minus engine start,
     whether the worker rank still ran when sparkctl caught it)."""
     ranks = fleet.book()["duo"]["ranks"]
     url = fleet.book()["duo"]["replicas"][0]["url"]
-    victim = fleet.hosts[ranks[0] if fault == "rank 0 killed" else ranks[1]]
-    seen, replaced = len(daemon.events("fleet_group_ejected")), len(daemon.events("fleet_replaced"))
-    began = time.time()
     polled: list[float] = []
     caught = threading.Event()
+    orphan: list[bool] = []
+
+    def stop_polling() -> None:
+        caught.set()
+        orphan.append(bool(fleet.hosts[ranks[1]].docker("ps", "-q", "--filter", "label=sparkctl.stack=duo").split()))
+
     poller = threading.Thread(target=poll, args=(url, caught, polled), daemon=True)
     poller.start()
-    if fault == "link down":
-        fleet.hosts.network.set_link(victim.name, up=False)
-    else:
-        victim.docker("kill", victim.docker("ps", "-q", "--filter", "label=sparkctl.stack=duo").split()[0])
-    until(lambda: len(daemon.events("fleet_group_ejected")) > seen, 30, daemon)
-    caught.set()
-    ejected = daemon.events("fleet_group_ejected")[-1]
-    worker = fleet.hosts[ranks[1]]
-    orphan = bool(worker.docker("ps", "-q", "--filter", "label=sparkctl.stack=duo").split())
-    if fault == "link down":
-        time.sleep(max(0.0, began + LINK_DOWN_S - time.time()))
-        fleet.hosts.network.set_link(victim.name, up=True)
-    until(lambda: len(daemon.events("fleet_replaced")) > replaced, 180, daemon)
-    done = daemon.events("fleet_replaced")[-1]
+    done = inject(fleet, daemon, fault, "duo", caught=stop_polling)
     poller.join()
-    if [e for e in daemon.events("fleet_host_ejected") if e["host"] == victim.name and e["ejected_at"] > began]:
-        back = len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name])
-        fleet.fleet("leave", on=victim.name)  # Ray declared it dead while its link was down: rejoin it
-        fleet.join(victim)
-        until(lambda: len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name]) > back, 60, daemon)
-    seen_at = polled[0] - began if polled and polled[0] <= ejected["ejected_at"] else None
-    return ejected["ejected_at"] - began, seen_at, done["seconds"] - done["engine_s"], orphan
+    seen_at = polled[0] - done.began if polled and polled[0] <= done.ejected["ejected_at"] else None
+    return (done.ejected["ejected_at"] - done.began, seen_at, done.replaced["seconds"] - done.replaced["engine_s"],
+            orphan[0])
 
 
 def poll(url: str, caught: threading.Event, polled: list[float]) -> None:
@@ -116,13 +101,6 @@ def poll(url: str, caught: threading.Event, polled: list[float]) -> None:
             polled.append(time.time())
             return
         caught.wait(0.1)
-
-
-def until(condition, timeout: float, daemon: HeadDaemon) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, daemon.log()[-4000:]
-        time.sleep(0.05)
 
 
 if __name__ == "__main__":
