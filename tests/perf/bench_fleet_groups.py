@@ -67,8 +67,9 @@ def main() -> None:
         print(f"  {fault:>14}: sparkctl {spread(caught)}  {'ok' if max(caught) <= 5 else 'MISSED'} (goal <= 5 s); "
               f"plain /health: {plain}{worker}")
     killed = [r[2] for fault, rows in found.items() if fault != "link down" for r in rows]
+    linked = [r[2] for r in found["link down"]]
     print(f"  group recreate minus the engine's own start, after a killed rank: {spread(killed)}; after a downed "
-          f"link (Ray declared the host dead: it waits for the host to rejoin): {spread([r[2] for r in found['link down']])}")
+          f"link (Ray declared the host dead: it waits for the host to rejoin): {spread(linked)}")
     print(f"  requests through the gateway: {clients.ok['duo']} ok, {len(clients.failed['duo'])} failed "
           "(between a fault and its ejection, rank 0 answers 500: the lie itself)")
 
