@@ -35,6 +35,24 @@ def head(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -
         yield served
 
 
+def test_a_dead_engine_on_a_live_host_is_started_again_while_its_twin_serves(head) -> None:
+    cluster, daemon = head
+    host = cluster.hosts[cluster.hosts_of("pair")[-1]]
+    restarted = len(daemon.events("fleet_replica_restarted"))
+    load = Load(daemon.url, ["pair"])
+    try:
+        daemon.until(lambda: load.ok["pair"] >= 5, 30)
+        host.docker("kill", host.docker("ps", "-q", "--filter", "label=sparkctl.stack=pair").split()[0])
+        daemon.until(lambda: len(daemon.events("fleet_replica_restarted")) > restarted, 90)
+        served = load.ok["pair"]
+        daemon.until(lambda: load.ok["pair"] >= served + 5, 30)
+    finally:
+        load.stop()
+    assert load.failed == {"pair": []}, load.failed
+    assert host.docker("ps", "-q", "--filter", "label=sparkctl.stack=pair").split()  # running there again
+    assert len(set(cluster.hosts_of("pair"))) == 2
+
+
 def test_a_dead_host_leaves_routing_its_stack_moves_and_it_comes_back_swept(head) -> None:
     cluster, daemon = head
     solo_host = cluster.hosts_of("solo")[0]

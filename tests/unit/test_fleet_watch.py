@@ -46,6 +46,9 @@ class Recorder:
         self.calls.append(("recover", placed.stack, wait, within))
         return Recovered(placed, {})
 
+    def restart(self, placed: Placed, host: str, *, wait: float) -> None:
+        self.calls.append(("restart", placed.stack, host))
+
     def sweep(self, host: str, *, wait: float) -> list[str]:
         self.calls.append(("sweep", host, wait))
         if self.sweep_fails:
@@ -184,3 +187,28 @@ def test_a_group_recovered_meanwhile_is_not_recreated_again(watched, monkeypatch
     monkeypatch.setattr(fleetwatch, "probe", failing)
     watch._probe(DUO)
     assert recorder.named("eject_engine") and not recorder.named("recover")
+
+
+def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop(
+        watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    watch, recorder, _ = watched
+    watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
+    alive = {"http://10.0.0.2:8110": True, "http://10.0.0.3:8110": False}
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url: alive[url])
+    for _ in range(4):
+        for replica in GEMMA.replicas:
+            watch._check_replica(GEMMA, replica)
+    assert recorder.named("restart") == [("restart", "gemma", "b")] * 2  # the third failure is a crash loop
+    assert recorder.named("restore_engine") == [("restore_engine", "http://10.0.0.3:8110")] * 2
+    assert watch.given_up == {"gemma@b"}
+    alive["http://10.0.0.3:8110"] = True
+    watch._check_replica(GEMMA, GEMMA.replicas[1])
+    assert watch.given_up == set()
+
+
+def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    watch, recorder, _ = watched
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url: False)
+    watch.down.add("b")
+    watch._check_replica(GEMMA, GEMMA.replicas[1])
+    assert recorder.named("restart") == []

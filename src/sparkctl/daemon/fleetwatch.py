@@ -8,12 +8,15 @@ hold while a stack has none; then each such stack is re-placed where Ray put its
 routes are rebuilt, which lets the held requests go. The time from Ray's verdict to the eject is
 logged (`fleet_host_ejected`).
 
-A multi-node group's `/health` lies (a dead worker, a dead rank 0's orphaned worker, a downed
-link: issue 18), so a second thread sends rank 0 a 1-token completion every `PROBE_EVERY` with a
-`PROBE_TIMEOUT`. A failed probe takes the group out of routing (its requests wait in the hold)
-and recreates it whole: every rank removed on every host, then started again where Ray has its
-bundles, with the crash-loop rule and backoff of single stacks. Both threads re-place a stack
-only while no other recovery of it runs. Started by the daemon on a fleet's head.
+A second thread checks the placed engines every `PROBE_EVERY`. A replica whose `/health` fails
+on a live host (its engine died: nothing else restarts the fleet's containers) is started again
+there by its host's agent, under the crash-loop rule; meanwhile the gateway routes around it. A
+multi-node group's `/health` lies (a dead worker, a dead rank 0's orphaned worker, a downed link:
+issue 18), so its rank 0 gets a 1-token completion with a `PROBE_TIMEOUT` instead. A failed
+probe takes the group out of routing (its requests wait in the hold) and recreates it whole:
+every rank removed on every host, then started again where Ray has its bundles, with the
+crash-loop rule and backoff of single stacks. Both threads re-place a stack only while no other
+recovery of it runs. Started by the daemon on a fleet's head.
 """
 
 from __future__ import annotations
@@ -153,10 +156,34 @@ class FleetWatch:
         while not self._stopping.wait(PROBE_EVERY):
             try:
                 for placed in placement.read_book(self.fleetwide.settings.fleet_dir).values():
-                    if placed.ranks and placed.replicas and not self._recovering_now(placed.stack):
+                    if self._recovering_now(placed.stack):
+                        continue
+                    if placed.ranks and placed.replicas:
                         self._probe(placed)
+                    for replica in () if placed.ranks else placed.replicas:
+                        self._check_replica(placed, replica)
             except Exception:  # noqa: BLE001 - the probes must outlive any one bad step
                 log.exception("fleet_group_probe_failed")
+
+    def _check_replica(self, placed: placement.Placed, replica: placement.Replica) -> None:
+        """A replica whose engine died on a live host is started again there (the crash-loop rule
+        per stack and host); a dead host is the node watch's to handle."""
+        key = f"{placed.stack}@{replica.host}"
+        if replica.host in self.down or healthy(replica.url):
+            self.given_up.discard(key)
+            return
+        if key in self.given_up or self._crash_loop(key):
+            return
+        log.warning("fleet_replica_down", stack=placed.stack, host=replica.host, url=replica.url)
+        try:
+            self.fleetwide.restart(placed, replica.host, wait=self.wait)
+        except SparkctlError as e:
+            log.error("fleet_replica_restart_failed", stack=placed.stack, host=replica.host, error=str(e))
+            return
+        log.info("fleet_replica_restarted", stack=placed.stack, host=replica.host)
+        control = self.control()
+        if control is not None:
+            control.restore_engine(replica.url)  # back in routing now, not after the gateway's own ejection
 
     def _probe(self, placed: placement.Placed) -> None:
         url = placed.replicas[0].url
@@ -177,15 +204,9 @@ class FleetWatch:
         log.warning("fleet_group_ejected", stack=placed.stack, url=url, why=why, failed_at=failed_at,
                     ejected_at=time.time())
         self.bus.publish(Note(placed.stack, f"{placed.stack}'s group failed its probe ({why}): recreating it"))
-        now = time.time()
-        recent = [t for t in self.failures.get(placed.stack, []) if now - t < self.policy.window] + [now]
-        self.failures[placed.stack] = recent
-        if len(recent) >= self.policy.crash_loop:
-            self.given_up.add(placed.stack)
-            log.error("fleet_group_crash_loop", stack=placed.stack, failures=len(recent),
-                      note="left out of routing until it answers: `sparkctl fleet up` it again once fixed")
+        if self._crash_loop(placed.stack):
             return
-        self._stopping.wait(backoff(len(recent), self.policy))
+        self._stopping.wait(backoff(len(self.failures[placed.stack]), self.policy))
         current = placement.read_book(self.fleetwide.settings.fleet_dir).get(placed.stack)
         if current != placed:  # recovered meanwhile (its host died, say), or taken down: nothing to redo
             return
@@ -193,6 +214,19 @@ class FleetWatch:
             self._probe(placed)
             return
         self._recover(placed)
+
+    def _crash_loop(self, key: str) -> bool:
+        """Count one more failure of `key` (a group, or a stack's replica on a host); True, and
+        left alone from now on until it answers again, once the crash-loop rule says so."""
+        now = time.time()
+        recent = [t for t in self.failures.get(key, []) if now - t < self.policy.window] + [now]
+        self.failures[key] = recent
+        if len(recent) < self.policy.crash_loop:
+            return False
+        self.given_up.add(key)
+        log.error("fleet_crash_loop", key=key, failures=len(recent),
+                  note="left out of routing until it answers: `sparkctl fleet up` it again once fixed")
+        return True
 
     def _recovering_now(self, stack: str) -> bool:
         lock = self._recovering.get(stack)
@@ -217,3 +251,12 @@ def probe(url: str, model: str) -> str | None:
         return f"status {e.code}"
     except (OSError, TimeoutError) as e:
         return f"no answer within {PROBE_TIMEOUT:g} s" if isinstance(e, TimeoutError) else f"unreachable ({e})"
+
+
+def healthy(url: str) -> bool:
+    """Whether the engine at `url` answers /health with 200 within PROBE_TIMEOUT."""
+    try:
+        with DIRECT.open(url + "/health", timeout=PROBE_TIMEOUT) as answer:
+            return answer.status == 200
+    except OSError:  # refused, reset, timed out, or an HTTP error status
+        return False

@@ -142,6 +142,14 @@ class Fleetwide:
         entry = self._record(dataclasses.replace(placed, replicas=kept + _replicas(started)))
         return Recovered(entry, {a.host: a.error or "" for a in started if not a.ok})
 
+    def restart(self, placed: Placed, host: str, *, wait: float) -> None:
+        """Start a placed stack's replica again on `host`, with what was agreed (its engine
+        died while the host lives: the host's own daemon does not restart the fleet's containers)."""
+        (answer,) = self._ask([host], "up", [placed.stack, placed.spec, placed.parts], wait,
+                              self.backend.nodes(self.head))
+        if not answer.ok:
+            raise SparkctlError(f"{placed.stack} did not start again on host {host}: {answer.error}")
+
     def sweep(self, host: str, *, wait: float) -> list[str]:
         """Remove the fleet's containers on `host` that the book does not place there (a host that
         comes back restarts what it ran before it died, which now runs elsewhere); their stacks."""
