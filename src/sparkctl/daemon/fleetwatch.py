@@ -172,6 +172,8 @@ class FleetWatch:
         if replica.host in self.down or healthy(replica.url):
             self.given_up.discard(key)
             return
+        if placement.read_book(self.fleetwide.settings.fleet_dir).get(placed.stack) != placed:
+            return  # taken down or re-placed since the book was read: not ours to restart
         if key in self.given_up or self._crash_loop(key):
             return
         log.warning("fleet_replica_down", stack=placed.stack, host=replica.host, url=replica.url)

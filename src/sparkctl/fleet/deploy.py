@@ -164,13 +164,14 @@ class Fleetwide:
         return strays
 
     def down(self, stack: str, *, wait: float) -> list[AgentAnswer]:
-        """Remove the stack's containers on every host; the placement and the book entry go
-        only once every host confirmed (an unreachable host keeps them, so a retry finds it)."""
+        """Remove the stack's containers on every host. Its book entry goes first, so the head's
+        daemon stops restarting what is being removed; the placement goes once every host
+        confirmed (a retry asks every host again and releases it)."""
+        placement.update_book(self.settings.fleet_dir, lambda book: book.pop(stack, None))
         answers = agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet,
                              method="remove", args=[stack], wait=wait)
         if all(a.ok for a in answers):
             self._release(placement.group_name(stack))
-            placement.update_book(self.settings.fleet_dir, lambda book: book.pop(stack, None))
         return answers
 
     def free(self) -> dict[str, int]:
