@@ -35,6 +35,12 @@ class SwitchRequest:
 
 
 @dataclass(frozen=True)
+class RouteRequest:
+    alias: str
+    rules: str = ""  # `STACK:TOKENS ... STACK` in order (policy/routing.parse); empty: the alias is not routed
+
+
+@dataclass(frozen=True)
 class ParkRequest:
     stack: str
     how: str = "auto"  # auto, sleep1, sleep2 or stop

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from sparkctl.bench.metrics import kv_tokens
 from sparkctl.deploy.health import metrics
+from sparkctl.gateway import tokens
 from tests.e2e.conftest import assert_measured, llama_benchy
 
 
@@ -55,6 +56,22 @@ def test_completion_usage_counts_match_the_tokenizer(served, tiny_model_dir: Pat
     tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
     assert reply.usage.prompt_tokens == len(tokenizer.encode(prompt).ids)
     assert reply.usage.completion_tokens == 9 and reply.choices[0].finish_reason == "length"
+
+
+def test_the_gateways_prompt_count_is_the_engines_own(served, tiny_model_dir: Path) -> None:
+    """What routed aliases route by (gateway/tokens.py): the chat template rendered and tokenized
+    as the engine does, content parts included; and a completions prompt."""
+    counter = tokens.load(tiny_model_dir)
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Speculative decoding drafts several tokens."},
+                {"role": "assistant", "content": "The target model verifies them."},
+                {"role": "user", "content": [{"type": "text", "text": "Unified memory"},
+                                             {"type": "text", "text": "holds the KV cache."}]}]
+    chat = client(served).chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    assert chat.usage.prompt_tokens == counter.count("/v1/chat/completions", {"messages": messages})
+    prompt = "Benchmarks measure prefill and decode throughput at growing context depths."
+    done = client(served).completions.create(model="tiny", prompt=prompt, max_tokens=1)
+    assert done.usage.prompt_tokens == counter.count("/v1/completions", {"prompt": prompt})
 
 
 def test_min_tokens_and_ignore_eos(served) -> None:

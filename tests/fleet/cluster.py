@@ -51,9 +51,9 @@ class Cluster:
     def fleet(self, *args: str, on: str = "a", timeout: float = 90) -> subprocess.CompletedProcess[str]:
         return self.sparkctl(self.hosts[on], "fleet", *args, timeout=timeout)
 
-    def up(self, stack: str) -> tuple[int, str]:
+    def up(self, stack: str, *, wait: float = 240) -> tuple[int, str]:
         """`sparkctl fleet up STACK` on the head: its exit code and output."""
-        done = self.fleet("up", stack, "--wait", "240", timeout=300)
+        done = self.fleet("up", stack, "--wait", str(wait), timeout=wait + 60)
         return done.returncode, done.stdout + done.stderr
 
     def book(self) -> dict:

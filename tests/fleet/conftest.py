@@ -54,6 +54,19 @@ def fleet_sim(fleet: Hosts, images: dict[str, str], image_cache: Path) -> str:
     return images["sim"]
 
 
+@pytest.fixture(scope="session")
+def fleet_vllm_cpu(fleet: Hosts, images: dict[str, str], image_cache: Path) -> str:
+    """The real vLLM CPU image (3.9 GB), loaded into hosts b and c (where multi-node ranks run);
+    its tarball removed once loaded."""
+    image = images["vllm-cpu"]
+    seconds = load([fleet["b"], fleet["c"]], image, cache=image_cache)
+    for tar in image_cache.glob("*vllm-cpu*.tar"):
+        tar.unlink()
+    SUMMARY.append(f"  vLLM CPU image ({image}) by docker save | load: "
+                   + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
+    return image
+
+
 class HostEngine:
     """The sim engine in a host's dockerd, `--network host`, bound to the host's address."""
 

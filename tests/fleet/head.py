@@ -30,14 +30,14 @@ from tests.fleet.images import load as load_image
 class HeadDaemon:
     """`sparkctl daemon` on host a, its gateway on a's address."""
 
-    def __init__(self, cluster: Cluster, *, port: int) -> None:
+    def __init__(self, cluster: Cluster, *, port: int, env: dict[str, str] | None = None) -> None:
         a = cluster.hosts["a"]
         self.url = f"http://{a.address}:{port}"
         self.log_path = cluster.root / "daemon.log"
         # many faults in a few minutes are the point here, not a crash loop: the rule is tested elsewhere
         env = cluster.env_for(a) | {"SPARKCTL_GATEWAY_HOST": a.address, "SPARKCTL_GATEWAY_PORT": str(port),
                                     "SPARKCTL_CRASH_LOOP": "100",
-                                    "SPARKCTL_SWITCH_HOLD_TIMEOUT": "150"}
+                                    "SPARKCTL_SWITCH_HOLD_TIMEOUT": "150", **(env or {})}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([*a.enter(), sys.executable, "-m", "sparkctl", "daemon"], stdout=log,
                                          stderr=subprocess.STDOUT, env=env)
@@ -78,8 +78,8 @@ class HeadDaemon:
 class Load:
     """One client loop per stack through the gateway, sequential requests, no retries."""
 
-    def __init__(self, url: str, stacks: list[str]) -> None:
-        self.client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=180)
+    def __init__(self, url: str, stacks: list[str], *, timeout: float = 180) -> None:
+        self.client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
         self.ok = {s: 0 for s in stacks}
         self.failed: dict[str, list[str]] = {s: [] for s in stacks}
         self.failed_at: dict[str, list[float]] = {s: [] for s in stacks}  # epoch seconds, as `failed`
@@ -111,15 +111,16 @@ class Load:
 @contextmanager
 def headed(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path, stacks: dict[str, tuple], *,
            instance: str, port: int, gateway_port: int, up: tuple[str, ...],
-           memory: dict[str, str] | None = None) -> Iterator[tuple[Cluster, HeadDaemon]]:
-    """A fleet on `hosts` serving `stacks` (those in `up` placed with `fleet up`), and the head's
-    daemon; every stack taken down at the end."""
+           memory: dict[str, str] | None = None, wait: float = 240,
+           daemon_env: dict[str, str] | None = None) -> Iterator[tuple[Cluster, HeadDaemon]]:
+    """A fleet on `hosts` serving `stacks` (those in `up` placed with `fleet up`, each given
+    `wait` seconds), and the head's daemon; every stack taken down at the end."""
     with (deployable(hosts, sim_image, model_dir, stacks_dir, stacks) as env,
           cluster(hosts, instance=instance, port=port, memory=memory, env=env) as made):
         for stack in up:
-            code, out = made.up(stack)
+            code, out = made.up(stack, wait=wait)
             assert code == 0, out
-        daemon = HeadDaemon(made, port=gateway_port)
+        daemon = HeadDaemon(made, port=gateway_port, env=daemon_env)
         try:
             yield made, daemon
         finally:
@@ -155,7 +156,7 @@ class Fault:
 
 
 def inject(cluster: Cluster, daemon: HeadDaemon, fault: str, stack: str, *,
-           caught: Callable[[], None] = lambda: None) -> Fault:
+           caught: Callable[[], None] = lambda: None, recreate_within: float = 180) -> Fault:
     """Break a group as `fault` says, wait for the daemon to take it out of routing (then
     `caught()`), bring a downed link back after LINK_DOWN_S (rejoining the host when Ray declared
     it dead meanwhile, as its owner would), and wait for the recreation."""
@@ -180,6 +181,6 @@ def inject(cluster: Cluster, daemon: HeadDaemon, fault: str, stack: str, *,
             daemon.until(lambda: len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name]) > back,
                          60)
             rejoined = True
-    daemon.until(lambda: len(daemon.events("fleet_replaced")) > replaced, 180)
+    daemon.until(lambda: len(daemon.events("fleet_replaced")) > replaced, recreate_within)
     return Fault(began, victim.name, daemon.events("fleet_group_ejected")[seen], daemon.events("fleet_replaced")[-1],
                  rejoined)

@@ -6,9 +6,11 @@ probe takes it out of routing within 5 s, the group is recreated whole, and no r
 on any host. Requests that reach rank 0 between the fault and the probe get its 500 (the lie
 itself); from the ejection on, they wait in the gateway's hold and none fails.
 
+All of it runs twice: on the sim engine, and on real vLLM (the CPU build, `-tp 2 --nnodes 2`
+over gloo, a tiny Llama), whose every start takes minutes on two cores (printed per start).
+
 Host a (the head) is too small for a rank, so the ranks run on b and c and a downed link never
-cuts the head off; Ray re-places a rank whose host it declared dead once that host rejoins. Slow
-(a Ray cluster and three group recreations: about two minutes, printed).
+cuts the head off; Ray re-places a rank whose host it declared dead once that host rejoins.
 """
 
 from __future__ import annotations
@@ -16,40 +18,73 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from openai import OpenAI
 
 from tests.fleet.cluster import Cluster
 from tests.fleet.head import FAULTS, HeadDaemon, Load, headed, inject
-from tests.fleet.hosts import Hosts
 from tests.fleet.network import LINK
 
-PORT = 28800
-GATEWAY_PORT = 18700
-STACKS = {"duo": (0.2, 8901, {}, {"parallel": {"tensor": 2, "nodes": 2}})}
 DETECT_WITHIN = 5.0
 
 
-@pytest.fixture(scope="module")
-def head(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[Cluster, HeadDaemon]]:
-    with headed(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("group-stacks"), STACKS,
-                instance="fleetgroup", port=PORT, gateway_port=GATEWAY_PORT, up=("duo",),
-                memory={"a": "0.3GiB"}) as served:  # the group's ranks on b and c: the head's link stays up
-        yield served
+@dataclass(frozen=True)
+class Engine:
+    """How a group of this engine is declared and how long it may take to start."""
+
+    more: dict  # the stack file's keys beside the sim's defaults
+    ray_port: int
+    gateway_port: int
+    starts_within: float  # seconds, for `fleet up` and each recreation
+    hold: float = 150  # the gateway's hold while the group is recreated
+    fixtures: tuple[str, ...] = field(default=())  # what must be on the hosts first
 
 
-def ranks(cluster: Cluster) -> dict[str, list[dict]]:
-    """Each host's duo containers, as its Docker reports them (state, rank, command, env)."""
+PARALLEL = {"parallel": {"tensor": 2, "nodes": 2}}
+ENGINES = {
+    "sim": Engine(PARALLEL, 28800, 18700, starts_within=180),
+    "vllm-cpu": Engine(PARALLEL | {
+        "image": {"repository": "sparkctl-test/vllm-cpu", "tag": "0.32.0"},
+        "vllm": {"port": 8902, "max_model_len": 2048, "enforce_eager": True},
+        "health": {"start": 600, "load": 900, "ready": 600, "canary": 300},
+        # the CPU image has no C++ compiler, which torch.compile needs on the TP path: run eagerly
+        "container": {"env": {"TORCHDYNAMO_DISABLE": "1"}},
+    }, 28810, 18710, starts_within=900, hold=900, fixtures=("fleet_vllm_cpu",)),
+}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def head(request, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[Cluster, HeadDaemon,
+                                                                                              Engine]]:
+    engine = ENGINES[request.param]
+    for name in engine.fixtures:
+        request.getfixturevalue(name)
+    fleet = request.getfixturevalue("fleet")
+    started = time.monotonic()
+    with headed(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("group-stacks"),
+                {"duo": (0.2, 8901, {}, engine.more), "solo": (0.1, 8903, {"host": "b"})},
+                instance=f"fleetgroup-{request.param}",
+                port=engine.ray_port, gateway_port=engine.gateway_port, up=("duo",), wait=engine.starts_within,
+                memory={"a": "0.3GiB"},  # the group's ranks on b and c: the head's link stays up
+                daemon_env={"SPARKCTL_SWITCH_HOLD_TIMEOUT": str(engine.hold)}) as (cluster, daemon):
+        print(f"\n{request.param}: fleet up duo (two ranks) took {time.monotonic() - started:.1f} s")
+        yield cluster, daemon, engine
+
+
+def ranks(cluster: Cluster, stack: str = "duo") -> dict[str, list[dict]]:
+    """Each host's containers of `stack`, as its Docker reports them (state, rank, command, env)."""
     found = {}
     for host in cluster.hosts:
-        ids = host.docker("ps", "-aq", "--filter", "label=sparkctl.stack=duo").split()
+        ids = host.docker("ps", "-aq", "--filter", f"label=sparkctl.stack={stack}").split()
         found[host.name] = [json.loads(host.docker("inspect", i))[0] for i in ids]
     return found
 
 
 def test_each_rank_runs_on_its_own_host_with_that_hosts_network(head) -> None:
-    cluster, _ = head
+    cluster, _, _ = head
     hosts = cluster.book()["duo"]["ranks"]
     assert len(set(hosts)) == 2
     seen = ranks(cluster)
@@ -67,13 +102,13 @@ def test_each_rank_runs_on_its_own_host_with_that_hosts_network(head) -> None:
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_health_lie_is_caught_and_the_group_recreated(head, fault: str) -> None:
-    cluster, daemon = head
-    load = Load(daemon.url, ["duo"])
+    cluster, daemon, engine = head
+    load = Load(daemon.url, ["duo"], timeout=engine.hold + 60)
     try:
         wait(lambda: load.ok["duo"] >= 3, "the group serves through the gateway", load)
-        done = inject(cluster, daemon, fault, "duo")
+        done = inject(cluster, daemon, fault, "duo", recreate_within=engine.starts_within)
         served = load.ok["duo"]
-        wait(lambda: load.ok["duo"] >= served + 3, "it serves again", load)
+        wait(lambda: load.ok["duo"] >= served + 3, "it serves again", load, timeout=engine.hold)
     finally:
         load.stop()
     assert all(t <= done.ejected["ejected_at"] for t in load.failed_at["duo"]), (load.failed, done.ejected)
@@ -83,8 +118,50 @@ def test_a_health_lie_is_caught_and_the_group_recreated(head, fault: str) -> Non
     running = {name: [c for c in found if c["State"]["Running"]] for name, found in ranks(cluster).items()}
     assert sorted(h for h, found in running.items() for _ in found) == sorted(cluster.book()["duo"]["ranks"]), running
     print(f"\n{fault}: caught {detected:.2f} s after the fault ({done.ejected['why']}); group recreated on "
-          f"{cluster.book()['duo']['ranks']}; {load.ok['duo']} requests ok, {len(load.failed['duo'])} failed "
-          "before the ejection, none after")
+          f"{cluster.book()['duo']['ranks']} in {done.replaced['seconds']:.1f} s "
+          f"(engine {done.replaced['engine_s']} s); "
+          f"{load.ok['duo']} requests ok, {len(load.failed['duo'])} failed before the ejection, none after")
+
+
+@pytest.mark.parametrize("head", ["sim"], indirect=True)  # the real engine's park is the same stop and start
+def test_a_parked_group_keeps_its_placement_and_wakes_whole_on_a_request(head) -> None:
+    cluster, daemon, _ = head
+    placed = cluster.book()["duo"]
+    parked = cluster.sparkctl(cluster.hosts["a"], "park", "duo", timeout=120)
+    assert parked.returncode == 0 and "placement stays reserved" in " ".join(parked.stdout.split()), parked
+    assert not [c for found in ranks(cluster).values() for c in found], ranks(cluster)
+    assert cluster.book()["duo"]["parked"] is True
+    assert "duo is parked" in " ".join(cluster.fleet("ps").stdout.split())
+    client = OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    answer = client.chat.completions.with_raw_response.create(model="duo", max_tokens=2,
+                                                              messages=[{"role": "user", "content": "hi"}])
+    assert answer.headers["x-sparkctl-stack"] == "duo"
+    woken = cluster.book()["duo"]
+    assert woken["parked"] is False and woken["group"] == placed["group"] and len(woken["ranks"]) == 2
+    running = {name: [c for c in found if c["State"]["Running"]] for name, found in ranks(cluster).items()}
+    assert sorted(h for h, found in running.items() for _ in found) == sorted(woken["ranks"]), running
+
+
+@pytest.mark.parametrize("head", ["sim"], indirect=True)
+def test_an_alias_switches_to_a_group_and_away_without_a_failed_request(head) -> None:
+    cluster, daemon, _ = head
+    a = cluster.hosts["a"]
+    first = cluster.sparkctl(a, "switch", "primary", "duo", timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    load = Load(daemon.url, ["primary"])
+    try:
+        wait(lambda: load.ok["primary"] >= 3, "primary serves", load)
+        for stack in ("solo", "duo"):  # away from the group (every rank removed), then back to it (started whole)
+            switched = cluster.sparkctl(a, "switch", "primary", stack, timeout=300)
+            assert switched.returncode == 0, switched.stdout + switched.stderr
+            wait(lambda served=load.ok["primary"]: load.ok["primary"] >= served + 3, f"primary serves from {stack}",
+                 load)
+            gone = "duo" if stack == "solo" else "solo"
+            assert gone not in cluster.book() and all(not found for found in ranks(cluster, gone).values())
+    finally:
+        load.stop()
+    assert load.failed == {"primary": []}, load.failed
+    assert len(cluster.book()["duo"]["ranks"]) == 2
 
 
 def wait(condition, what: str, load: Load | None, timeout: float = 30) -> None:  # noqa: ANN001

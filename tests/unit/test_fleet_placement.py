@@ -4,6 +4,7 @@ runs where."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from sparkctl.fleet.placement import (
     bundles,
     fits_nowhere,
     read_book,
+    serving,
     write_book,
 )
 from sparkctl.node import AgentAnswer
@@ -127,11 +129,12 @@ def placed(stack_name: str, *hosts: str) -> Placed:
                   replicas=tuple(Replica(h, f"http://10.0.0.{i + 2}:8110", f"fp-{h}") for i, h in enumerate(hosts)))
 
 
-def test_the_book_round_trips(tmp_path: Path) -> None:
-    book = {"gemma": placed("gemma", "a", "b"), "qwen": placed("qwen", "c")}
+def test_the_book_round_trips_and_a_parked_stack_is_not_serving(tmp_path: Path) -> None:
+    book = {"gemma": placed("gemma", "a", "b"), "qwen": dataclasses.replace(placed("qwen", "c"), parked=True)}
     write_book(tmp_path / "fleet", book)
     assert read_book(tmp_path / "fleet") == book
     assert read_book(tmp_path / "fleet")["gemma"].hosts == ["a", "b"]
+    assert list(serving(read_book(tmp_path / "fleet"))) == ["gemma"]
 
 
 @pytest.mark.parametrize("where", ["", "missing"])

@@ -212,3 +212,10 @@ def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytes
     watch.down.add("b")
     watch._check_replica(GEMMA, GEMMA.replicas[1])
     assert recorder.named("restart") == []
+
+
+def test_a_parked_stack_is_neither_ejected_nor_recovered_when_its_host_dies(watched) -> None:
+    watch, recorder, _ = watched
+    write_book(watch.fleetwide.settings.fleet_dir, {"gemma": dataclasses.replace(GEMMA, parked=True)})
+    watch.on_nodes(table(dead="b"))
+    assert recorder.calls == [] and watch.down == set()  # nothing runs there: Ray moves its bundle, a wake follows it

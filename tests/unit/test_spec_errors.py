@@ -122,3 +122,13 @@ def test_an_opted_in_risk_loads_and_says_so(workspace: Path, cli) -> None:
     code, out, err = cli("stacks", "validate")
     assert code == 0, err
     assert "warning: a: vllm.host / extra_args: the engine listens beyond loopback" in out
+
+
+def test_a_speculative_max_model_len_is_flagged_as_ignored_with_the_routed_alias_to_use(workspace: Path, cli) -> None:
+    (workspace / "stacks" / "a.yaml").write_text(
+        "name: a\nextends: qwen36-dflash\nvllm:\n  port: 8198\n  speculative: {max_model_len: 8192}\n")
+    code, out, err = cli("stacks", "validate")
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "warning: a: vllm.speculative.max_model_len (8192) has no effect on vLLM V1" in said
+    assert "`sparkctl route set ALIAS a:8192 <a no-spec stack>`" in said

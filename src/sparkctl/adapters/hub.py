@@ -8,6 +8,7 @@ the CLI or the daemon.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,19 @@ class Snapshot:
 def repo_folder(cache_dir: Path, repo: str) -> Path:
     """Where the Hugging Face cache keeps a model repo (snapshots/, blobs/, refs/)."""
     return cache_dir / ("models--" + repo.replace("/", "--"))
+
+
+def cached_snapshot(cache_dir: Path, repo: str, revision: str) -> Path:
+    """The snapshot dir of `repo` at `revision` (a commit, or a branch the cache has a ref for)."""
+    folder = repo_folder(cache_dir, repo)
+    commit = revision
+    if not re.fullmatch(r"[0-9a-f]{40}", revision):
+        try:
+            commit = (folder / "refs" / revision).read_text().strip()
+        except OSError:
+            raise SparkctlError(f"{repo}@{revision} is not in the Hugging Face cache ({cache_dir}); "
+                                "`sparkctl up` downloads it") from None
+    return folder / "snapshots" / commit
 
 
 class HubClient:

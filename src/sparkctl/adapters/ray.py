@@ -175,20 +175,22 @@ class RayBackend:
         """Call `method(*args)` on each host's agent at once (after starting the agents of
         `ensure` that do not run yet: idempotent); one answer per host, in `hosts` order. A host
         whose agent did not answer within `wait` s, or has none, gets an error, not a value."""
-        answer = self._call("agents", head=head, local_address=local_address, namespace=self.namespace,
+        answer = self._call("agents", beyond=wait, head=head, local_address=local_address, namespace=self.namespace,
                             ensure=[vars(spec) for spec in ensure or []], hosts=hosts, method=method,
                             args=args or [], wait=wait)
         return [AgentAnswer(host=h, value=answer[h].get("value"), error=answer[h].get("error")) for h in hosts]
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _call(self, op: str, **args: Any) -> Any:
+    def _call(self, op: str, *, beyond: float = 0.0, **args: Any) -> Any:
+        """Run `op` in a child; it has the timeout, plus `beyond` s of work it waits for (an agent's deploy)."""
         self._reachable(args["head"])
         env = self._child_environment()
+        limit = self.timeout + beyond
         try:
             done = subprocess.run([sys.executable, "-m", "sparkctl.adapters.ray", op], input=json.dumps(args),
-                                  capture_output=True, text=True, timeout=self.timeout, env=env)
+                                  capture_output=True, text=True, timeout=limit, env=env)
         except subprocess.TimeoutExpired:
-            raise TransientError(f"Ray {op} against {args['head']} did not answer within {self.timeout:g} s; check "
+            raise TransientError(f"Ray {op} against {args['head']} did not answer within {limit:g} s; check "
                                  "the head with `sparkctl fleet status`, or raise SPARKCTL_FLEET_RAY_TIMEOUT") from None
         lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
         if done.returncode == 0 and lines:

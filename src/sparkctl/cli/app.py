@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparkctl import __version__
-from sparkctl.cli import bench, config, deploy, fleet, images, service, stacks
+from sparkctl.cli import bench, config, deploy, fleet, images, route, service, stacks
 from sparkctl.cli.runtime import Runtime
 from sparkctl.errors import SparkctlError
 
@@ -34,6 +34,7 @@ app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
 app.add_typer(bench.app, name="bench")
 app.add_typer(fleet.app, name="fleet")
+app.add_typer(route.app, name="route")
 for command in (deploy.up, deploy.down, deploy.switch, deploy.park, deploy.wake, deploy.status, deploy.logs,
                 service.daemon):
     app.command()(command)

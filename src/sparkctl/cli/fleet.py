@@ -18,7 +18,7 @@ from rich.table import Table
 
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet import agents, census, drift, local, membership, status
+from sparkctl.fleet import agents, census, drift, local, membership, placement, status
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.node import NodeState
 from sparkctl.spec.fleet import Fleet, load_fleet
@@ -140,17 +140,21 @@ def up(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack to p
 @app.command("ps")
 def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
        as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Every container of this instance on every host, as that host's Docker reports it."""
+    """Every container of this instance on every host, as that host's Docker reports it, and
+    the stacks parked across the fleet (no container; their placement kept)."""
     rt = runtime(ctx)
     found = census.census(_ask(rt, head, "containers", [], wait))
+    parked = {name: p.hosts for name, p in placement.read_book(rt.settings.fleet_dir).items() if p.parked}
     if as_json:
-        print(json.dumps(found.to_dict(), indent=2))
+        print(json.dumps(found.to_dict() | {"parked": parked}, indent=2))
     else:
         table = Table("host", "stack", "container", "state", "image", "repo digest", title="fleet containers")
         for row in found.rows:
             table.add_row(escape(row.host), escape(row.stack), escape(row.name), row.state, escape(row.image),
                           (row.repo_digest or "-")[:19])
         rt.console.print(table)
+        for name, hosts in parked.items():
+            rt.console.print(f"{escape(name)} is parked: no engine runs, its placement on {', '.join(hosts)} is kept")
         _print_unreachable(rt, found.unreachable, "its containers are not listed")
     if not found.complete:
         raise typer.Exit(1)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sparkctl.cli.runtime import Runtime, runtime
@@ -76,8 +77,8 @@ def validate(
             check(rt.policy, stack.image.ref, allow_latest=stack.image.allow_latest)
         except ImageRefused as e:
             raise SpecError(str(catalog.files[stack.name]), "image", str(e)) from None
-        for _, why in stack.risks():  # opted into with `allow:`: still worth a look
-            rt.console.print(f"[yellow]warning[/]: {stack.name}: {why}")
+        for why in [why for _, why in stack.risks()] + stack.advice():  # risks opted into with `allow:`, too
+            rt.console.print(f"[yellow]warning[/]: {escape(stack.name)}: {escape(why)}")
     rt.console.print(f"[green]ok[/]: {len(checked)} stacks valid")
 
 

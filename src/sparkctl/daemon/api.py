@@ -51,6 +51,8 @@ class Service(Protocol):
 
     def park(self, stack: str, *, how: Park, ticket: int) -> dict[str, Any]: ...
 
+    def route(self, alias: str, rules: str, *, ticket: int) -> dict[str, Any]: ...
+
     def wake(self, stack: str, *, ticket: int) -> dict[str, Any]: ...
 
     def retest_target(self, ref: str, stack: str) -> tuple[str, str]: ...
@@ -76,6 +78,7 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
     app.router.add_post("/v1/up", up)
     app.router.add_post("/v1/down", down)
     app.router.add_post("/v1/switch", switch)
+    app.router.add_post("/v1/route", route)
     app.router.add_post("/v1/park", park)
     app.router.add_post("/v1/wake", wake)
     app.router.add_post("/v1/retest", retest)
@@ -92,7 +95,8 @@ async def status(request: web.Request) -> web.Response:
 async def desired(request: web.Request) -> web.Response:
     d = await asyncio.to_thread(request.app[SERVICE].desired)
     return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks,
-                              "parked": d.parked})
+                              "parked": d.parked,
+                              "routes": {a: [asdict(r) for r in rules] for a, rules in d.routes.items()}})
 
 
 async def up(request: web.Request) -> web.StreamResponse:
@@ -113,6 +117,14 @@ async def switch(request: web.Request) -> web.StreamResponse:
         old = (await asyncio.to_thread(service.desired)).aliases.get(ask.alias)
     return await _stream_action(request, (stack, ask.alias, *filter(None, [old])),
                                 lambda: service.switch(ask.alias, stack, ticket=ticket))
+
+
+async def route(request: web.Request) -> web.StreamResponse:
+    ask = await _request(request, wire.RouteRequest)
+    service: Service = request.app[SERVICE]
+    async with _queued(service, f"alias:{ask.alias}") as ticket:
+        pass
+    return await _stream_action(request, (ask.alias,), lambda: service.route(ask.alias, ask.rules, ticket=ticket))
 
 
 async def park(request: web.Request) -> web.StreamResponse:

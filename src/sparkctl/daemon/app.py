@@ -11,10 +11,12 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import structlog
 from aiohttp import web
 
+from sparkctl.adapters import hub
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.fleetswitch import FleetSwitch
@@ -31,6 +33,7 @@ from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.proxy import Gateway, LoopControl, Waker
+from sparkctl.gateway.tokens import Counters
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import load_fleet
 from sparkctl.wiring import Wiring
@@ -114,6 +117,13 @@ class Daemon:
                          reason="made before instances; labelled at its next deploy")
                 self.store.events.record(c.stack, "adopted", c.id[:12])
 
+    def _model_dir(self, stack: str) -> Path:
+        """Where a stack's model snapshot is in the HF cache (its tokenizer counts routed prompts)."""
+        model = self.machine.catalog().stack(stack).model
+        if model is None or model.repo is None:
+            raise SparkctlError(f"{stack} names no model repo, so it has no tokenizer to count prompts with")
+        return hub.cached_snapshot(self.settings.hf_cache_dir, model.repo, model.revision)
+
     async def _serve_gateway(self) -> tuple[Gateway, asyncio.Server]:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
         s = self.settings
@@ -123,6 +133,7 @@ class Daemon:
                           metrics_key=s.gateway_metrics_key, limits=limits, hold_queue=s.switch_hold_queue,
                           hold_timeout=s.switch_hold_timeout)
         gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
+        gateway.counters = Counters(self._model_dir)
         self.gateway = gateway
         self.operations.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                               hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)

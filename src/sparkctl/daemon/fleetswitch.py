@@ -5,17 +5,23 @@ requests drain, and an old placed stack is then removed from every host. A local
 left as it runs (its own `switch` to another local stack parks it). Nothing is held: both stacks
 serve until the flip, so the agent sees no failed request. A failure before the flip leaves the
 alias where it was. Recorded like any switch (a daemon killed mid-way settles it on start).
+
+`sparkctl park` and `wake` of a placed stack stop and start its engines on every host (a group
+whole) and keep its placement, so a wake always fits. Sleep mode is not used: whether vLLM's
+`/sleep` reaches the ranks of other nodes has not been verified here, and a single stack placed
+on a host is parked the same way for one rule. The gateway wakes it on its first request.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import structlog
 
-from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.machine import DockerMachine, Woken
 from sparkctl.daemon.operations import Routes
 from sparkctl.daemon.switch import GatewayControl, SwitchFailed
 from sparkctl.errors import SparkctlError
@@ -73,6 +79,33 @@ class FleetSwitch:
         if error is not None:
             raise SwitchFailed(error)
         return record
+
+    def placed(self, stack: str) -> bool:
+        return stack in self._book()
+
+    def parked(self, stack: str) -> bool:
+        entry = self._book().get(stack)
+        return entry is not None and entry.parked
+
+    def park(self, stack: str, drain: Callable[[str], None]) -> dict[str, Any]:
+        """Stop the stack's engines on every host once its requests drained; new ones wait in
+        the gateway's hold and wake it."""
+        if self.parked(stack):
+            return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already"}
+        placed = self.fleetwide.park(stack, wait=self.wait, before=lambda: drain(stack))
+        self.routes.refresh()
+        self.store.events.record(stack, "parked", f"stopped on {', '.join(placed.hosts)}")
+        what = f"its {len(placed.ranks)} ranks" if placed.ranks else "its engines"
+        return {"stack": stack, "park": "stop", "why": f"stop: {stack} is placed across the fleet, so {what} stop on "
+                f"every host and its placement stays reserved (sleep mode is not used across hosts)"}
+
+    def wake(self, stack: str) -> dict[str, Any]:
+        """Start a parked placed stack again where Ray has its bundles; routed once it serves."""
+        began = time.monotonic()
+        done = self.fleetwide.wake(stack, wait=self.wait, within=self.fleetwide.settings.fleet_replace_within)
+        self.routes.refresh()
+        self.store.events.record(stack, "woke", f"started cold on {', '.join(done.entry.hosts)}")
+        return {"stack": stack, **asdict(Woken(0, round(time.monotonic() - began, 3)))}
 
     def _book(self) -> dict[str, placement.Placed]:
         return placement.read_book(self.fleetwide.settings.fleet_dir)

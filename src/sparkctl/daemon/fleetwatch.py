@@ -92,7 +92,7 @@ class FleetWatch:
         """One change of the node table: eject the hosts that died, re-place what they served,
         restore and sweep the hosts that came back."""
         alive = set(agents.live_hosts(nodes))
-        book = placement.read_book(self.fleetwide.settings.fleet_dir)
+        book = placement.serving(placement.read_book(self.fleetwide.settings.fleet_dir))
         serving = {h for placed in book.values() for h in placed.hosts}
         for host in sorted(serving - alive - self.down):
             self._eject(host, nodes)
@@ -155,7 +155,7 @@ class FleetWatch:
     def _probe_groups(self) -> None:
         while not self._stopping.wait(PROBE_EVERY):
             try:
-                for placed in placement.read_book(self.fleetwide.settings.fleet_dir).values():
+                for placed in placement.serving(placement.read_book(self.fleetwide.settings.fleet_dir)).values():
                     if self._recovering_now(placed.stack):
                         continue
                     if placed.ranks and placed.replicas:

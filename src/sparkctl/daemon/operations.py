@@ -27,8 +27,10 @@ from sparkctl.deploy import retest
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.status import other_instances, status_rows
 from sparkctl.errors import ImageRefused, SparkctlError
+from sparkctl.fleet import placement
 from sparkctl.fleet.placement import Placed
 from sparkctl.gateway.routes import RouteTable, Upstream, build_table
+from sparkctl.policy import routing
 from sparkctl.policy.parking import Park, choose
 from sparkctl.policy.switch import Leaving, plan_switch
 from sparkctl.settings import Settings
@@ -64,13 +66,15 @@ class Routes:
                        and c.stack not in desired.parked
                        and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
             stacks = {s.name: upstream_of(s) for s in self.catalog().deployable()}
-            for name, entry in self.placed().items():
+            placed = self.placed()
+            for name, entry in placement.serving(placed).items():
                 if name in stacks and entry.replicas:
                     first, *others = (r.url for r in entry.replicas)
                     stacks[name] = dataclasses.replace(stacks[name], url=first, replicas=tuple(others), placed=True)
                     running.add(name)
             self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running,
-                                     parked=set(desired.parked))
+                                     parked=set(desired.parked) | {n for n, e in placed.items() if e.parked},
+                                     routes=desired.routes)
 
 
 def upstream_of(stack: Stack) -> Upstream:
@@ -154,6 +158,10 @@ class Operations:
         """Move `alias` to `stack` (blue/green or hold/swap); rolled back on any failure."""
         with self.turns.turn(f"alias:{alias}", ticket), self.memory_lock:  # one switch of an alias at a time
             spec = self.machine.catalog().stack(stack)
+            if rules := self.machine.desired().routes.get(alias):
+                raise SparkctlError(f"{alias} is routed by prompt length ({'; '.join(r.describe() for r in rules)}): "
+                                    f"change its rules with `sparkctl route set {alias} ...`, or `sparkctl route rm "
+                                    f"{alias}` and switch it then")
             if self.fleet is not None and self.fleet.applies(spec):
                 assert self.gateway is not None, "the gateway starts before the API"
                 return self.fleet.run(alias, spec, self.gateway)
@@ -182,11 +190,36 @@ class Operations:
                 self.serving_since[spec.name] = time.monotonic()
                 self.kick()
 
+    def route(self, alias: str, rules: str, *, ticket: int | None = None) -> dict[str, Any]:
+        """Route `alias` by prompt length (`rules`: `STACK:TOKENS ... STACK`), or, with no rules,
+        make it unrouted. Every stack it names must be up or parked: the gateway may send a
+        request to any of them at once."""
+        with self.turns.turn(f"alias:{alias}", ticket):
+            parsed = routing.check(alias, [routing.parse(r) for r in rules.split()]) if rules.strip() else None
+            catalog, desired = self.machine.catalog(), self.machine.desired()
+            memory = 0.0
+            for rule in parsed or ():
+                spec = catalog.stack(rule.stack)
+                placed = self.fleet is not None and self.fleet.placed(rule.stack)
+                if rule.stack not in desired.stacks and not placed:
+                    raise SparkctlError(f"routed alias {alias}: {rule.stack} is neither up nor parked, and the gateway "
+                                        f"may send it a request at any time; `sparkctl up {rule.stack}` first")
+                memory += 0.0 if placed else spec.resources.gpu_memory_utilization
+            self.machine.update_desired(lambda d: d.routed(alias, parsed))
+            self.routes.refresh()
+        if parsed is None:
+            return {"alias": alias, "rules": None}
+        return {"alias": alias, "rules": [dataclasses.asdict(r) for r in parsed], "memory": round(memory, 3),
+                "ceiling": self.settings.memory_ceiling}
+
     def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
              still: Callable[[], bool] = lambda: True) -> dict[str, Any]:
         """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
         requests drain first. `still`: checked once in the stack's turn (an idle park that a
         request or a switch overtook does nothing)."""
+        if self.fleet is not None and self.fleet.placed(stack):
+            with self.turns.turn(stack, ticket):
+                return self.fleet.park(stack, self.quiesce)
         with self.memory_lock, self.turns.turn(stack, ticket):
             spec, desired = self.machine.catalog().stack(stack), self.machine.desired()
             if stack in desired.parked or not still():
@@ -212,6 +245,9 @@ class Operations:
 
     def wake(self, stack: str, *, ticket: int | None = None) -> dict[str, Any]:
         """Wake a parked stack, if its wake peak fits beside what runs."""
+        if self.fleet is not None and self.fleet.placed(stack):
+            with self.turns.turn(stack, ticket):
+                return self.fleet.wake(stack)
         with self.memory_lock, self.turns.turn(stack, ticket):
             desired = self.machine.desired()
             if stack not in desired.parked:
@@ -276,7 +312,7 @@ class Operations:
 
     def wake_on_demand(self, stack: str) -> None:
         """A request named the parked stack (the gateway holds it meanwhile)."""
-        if stack in self.machine.desired().parked:
+        if stack in self.machine.desired().parked or (self.fleet is not None and self.fleet.parked(stack)):
             self.wake(stack)
         else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
             self.routes.refresh()

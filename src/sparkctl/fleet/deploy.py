@@ -6,7 +6,8 @@ refused with the fleet's free memory per host. Every chosen host prepares (pulls
 fetches the weights' commit, patches) without starting; unless they all agree, nothing starts and
 each host that differs is named. Then every host starts its engine, and the book records each
 replica's URL for the gateway. Down removes the containers on every host (each host's Docker
-confirms), releases the placement and drops the stack from the book.
+confirms), releases the placement and drops the stack from the book. Park removes the engines
+but keeps the placement, so waking starts them again where Ray has the stack's bundles.
 """
 
 from __future__ import annotations
@@ -118,6 +119,50 @@ class Fleetwide:
         """Replace the replicas whose host died, on the hosts where Ray re-placed their bundles,
         with what was agreed; the replicas on live hosts stay (a multi-node group is recreated
         whole). Returns the new entry (also in the book) and the hosts that failed to start theirs."""
+        hosts, alive, nodes = self._placed_on(placed, within)
+        if placed.ranks:
+            return self.recreate(placed, hosts, wait=wait, nodes=nodes)
+        kept = tuple(r for r in placed.replicas if r.host in hosts and r.host in alive)
+        new = [h for h in hosts if h not in {r.host for r in kept}]
+        started = self._ask(new, "up", [placed.stack, placed.spec, placed.parts], wait, nodes) if new else []
+        entry = self._record(dataclasses.replace(placed, replicas=kept + _replicas(started)))
+        return Recovered(entry, {a.host: a.error or "" for a in started if not a.ok})
+
+    def park(self, stack: str, *, wait: float, before: Callable[[], None] = lambda: None) -> Placed:
+        """Remove the stack's engines on every host; its placement stays. Marked parked in the
+        book first, so the head's daemon neither routes, probes nor restarts it meanwhile; then
+        `before()` (its requests drain)."""
+        placed = placement.update_book(self.settings.fleet_dir, lambda book: _park(book, stack))[stack]
+        before()
+        removed = self._ask(placed.hosts, "remove", [stack], wait, self.backend.nodes(self.head))
+        if failed := [a for a in removed if not a.ok]:
+            raise SparkctlError(f"{stack} is parked, but its engine is not confirmed gone on "
+                                + "; ".join(f"host {a.host} ({a.error})" for a in failed)
+                                + f"; `sparkctl park {stack}` again removes it there")
+        return placed
+
+    def wake(self, stack: str, *, wait: float, within: float) -> Recovered:
+        """Start a parked stack's engines again with what was agreed, where Ray has its bundles
+        now (a host that died meanwhile had them re-placed); a group starts whole."""
+        placed = placement.read_book(self.settings.fleet_dir).get(stack)
+        if placed is None or not placed.parked:
+            raise SparkctlError(f"{stack} is not parked across the fleet")
+        hosts, _, nodes = self._placed_on(placed, within)
+        if placed.ranks:
+            started = self._start_group(stack, hosts, placed.spec, placed.parts, wait, nodes)
+            replicas, ranks = _replicas(started[:1]), tuple(hosts)
+        else:
+            started = self._ask(hosts, "up", [stack, placed.spec, placed.parts], wait, nodes)
+            replicas, ranks = _replicas(started), ()
+        if not replicas:
+            raise SparkctlError(f"{stack} woke on no host: " + "; ".join(f"{a.host}: {a.error}" for a in started))
+        entry = self._record(dataclasses.replace(placed, replicas=replicas, ranks=ranks, parked=False))
+        return Recovered(entry, {a.host: a.error or "" for a in started if not a.ok},
+                         started[0].value.get("timings", {}).get("engine_start_s") if started[0].ok else None)
+
+    def _placed_on(self, placed: Placed, within: float) -> tuple[list[str], set[str], list[Node]]:
+        """Where Ray has the stack's bundles, once every one of them is on a live host (within
+        `within` s): those hosts, the live ones, and the node table."""
         address = agents.driver_address(self.settings)
         deadline = time.monotonic() + within
         while True:
@@ -129,18 +174,11 @@ class Fleetwide:
             alive = set(agents.live_hosts(nodes))
             hosts = [_host_of(node_id, nodes) for node_id in now.nodes if node_id]
             if now.placed and set(hosts) <= alive:
-                break
+                return hosts, alive, nodes
             if time.monotonic() > deadline:
                 raise SparkctlError(f"Ray has not re-placed {placed.stack} within {within:g} s (no live host has "
                                     f"{placed.stack}'s memory free); it stays held at the gateway")
             time.sleep(0.2)
-        if placed.ranks:
-            return self.recreate(placed, hosts, wait=wait, nodes=nodes)
-        kept = tuple(r for r in placed.replicas if r.host in hosts and r.host in alive)
-        new = [h for h in hosts if h not in {r.host for r in kept}]
-        started = self._ask(new, "up", [placed.stack, placed.spec, placed.parts], wait, nodes) if new else []
-        entry = self._record(dataclasses.replace(placed, replicas=kept + _replicas(started)))
-        return Recovered(entry, {a.host: a.error or "" for a in started if not a.ok})
 
     def restart(self, placed: Placed, host: str, *, wait: float) -> None:
         """Start a placed stack's replica again on `host`, with what was agreed (its engine
@@ -156,9 +194,9 @@ class Fleetwide:
         (listed,) = self._ask([host], "containers", [], wait, self.backend.nodes(self.head))
         if not listed.ok:
             raise SparkctlError(f"host {host} did not list its containers: {listed.error}")
-        book = placement.read_book(self.settings.fleet_dir)
+        serving = placement.serving(placement.read_book(self.settings.fleet_dir))
         strays = sorted({c["stack"] for c in listed.value if c.get("placed")
-                         and host not in (book[c["stack"]].hosts if c["stack"] in book else [])})
+                         and host not in (serving[c["stack"]].hosts if c["stack"] in serving else [])})
         for stack in strays:
             self._ask([host], "remove", [stack], wait, self.backend.nodes(self.head))
         return strays
@@ -206,6 +244,12 @@ def rank_on(fleet: Fleet, hosts: list[str], index: int) -> Rank:
     serving = fleet.host(hosts[index]).serving
     host = RankHost(hosts[index], serving.interface, serving.address, serving.hca)
     return Rank(index, fleet.host(hosts[0]).serving.address, host)
+
+
+def _park(book: dict[str, Placed], stack: str) -> None:
+    if stack not in book:
+        raise SparkctlError(f"{stack} is not placed across the fleet (`sparkctl fleet ps` lists what is)")
+    book[stack] = dataclasses.replace(book[stack], parked=True)
 
 
 def _replicas(started: list[AgentAnswer]) -> tuple[Replica, ...]:

@@ -103,7 +103,8 @@ class Replica:
 class Placed:
     """A placed stack: its placement group, its replicas, and what they were agreed to run (the
     stack file's spec hash and the prepared parts), so a lost replica is replaced with the same.
-    A multi-node group has one replica (rank 0, which serves) and `ranks`: its hosts by rank."""
+    A multi-node group has one replica (rank 0, which serves) and `ranks`: its hosts by rank.
+    A parked stack runs no engine; its placement (and so its memory) stays reserved in Ray."""
 
     stack: str
     group: str
@@ -111,6 +112,7 @@ class Placed:
     spec: str
     parts: dict[str, str]
     ranks: tuple[str, ...] = ()
+    parked: bool = False
 
     @property
     def hosts(self) -> list[str]:
@@ -124,7 +126,7 @@ class Placed:
     def from_dict(cls, data: dict[str, Any]) -> Placed:
         return cls(stack=str(data["stack"]), group=str(data["group"]), spec=str(data["spec"]),
                    replicas=tuple(Replica(**r) for r in data["replicas"]), parts=dict(data["parts"]),
-                   ranks=tuple(data.get("ranks", ())))
+                   ranks=tuple(data.get("ranks", ())), parked=bool(data.get("parked", False)))
 
 
 def read_book(fleet_dir: Path) -> dict[str, Placed]:
@@ -134,6 +136,11 @@ def read_book(fleet_dir: Path) -> dict[str, Placed]:
     except FileNotFoundError:
         return {}
     return {name: Placed.from_dict(entry) for name, entry in data.items()}
+
+
+def serving(book: dict[str, Placed]) -> dict[str, Placed]:
+    """The book's stacks that run engines (not parked): what is routed, watched and probed."""
+    return {name: placed for name, placed in book.items() if not placed.parked}
 
 
 def write_book(fleet_dir: Path, book: dict[str, Placed]) -> None:

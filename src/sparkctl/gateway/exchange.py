@@ -28,8 +28,9 @@ class Proxied:
     """The upstream call's sink and the client connection's exchange, for one request."""
 
     def __init__(self, conn: Connection, path: str, payload: dict, *, ledger: Ledger,
-                 done: Callable[[Proxied], None], retry: Callable[[Proxied], bool] = lambda _: False) -> None:
-        self.conn, self.path, self.payload = conn, path, payload
+                 done: Callable[[Proxied], None], retry: Callable[[Proxied], bool] = lambda _: False,
+                 size: int = 0) -> None:
+        self.conn, self.path, self.payload, self.size = conn, path, payload, size  # size: the body's bytes
         self.ledger, self.done, self.retry = ledger, done, retry
         self.model: str = payload["model"]  # as the client named it
         self.upstream: Upstream | None = None  # once routed

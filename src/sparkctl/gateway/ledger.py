@@ -22,6 +22,7 @@ class Snapshot:
     in_flight: dict[str, int]  # stack -> forwarded upstream now
     accepted: dict[str, int]  # stack -> routed and not finished (incl. queued at a cap)
     peak: dict[str, int]  # stack -> most requests ever in flight at once
+    routed: dict[tuple[str, int, str], int]  # (routed alias, rule index, its stack) -> requests
 
 
 class Ledger:
@@ -32,12 +33,17 @@ class Ledger:
         self._accepted: defaultdict[str, int] = defaultdict(int)
         self._peak: defaultdict[str, int] = defaultdict(int)
         self._served: defaultdict[tuple[str, int], int] = defaultdict(int)
+        self._routed: defaultdict[tuple[str, int, str], int] = defaultdict(int)
         self._drained: dict[str, asyncio.Event] = {}  # stack -> set when its last accepted request finishes
         self._last: dict[str, float] = {}  # stack -> when its last request finished (monotonic)
 
     def accepted(self, stack: str) -> None:
         """Routed to `stack`; counted before any wait at a cap, so a drain waits for it too."""
         self._accepted[stack] += 1
+
+    def routed(self, alias: str, rule: int, stack: str) -> None:
+        """A request to a routed alias went by its rule number `rule` (to `stack`)."""
+        self._routed[(alias, rule, stack)] += 1
 
     def forwarded(self, stack: str) -> None:
         self._in_flight[stack] += 1
@@ -72,4 +78,4 @@ class Ledger:
 
     def snapshot(self) -> Snapshot:
         return Snapshot(served=dict(self._served), in_flight=dict(self._in_flight), accepted=dict(self._accepted),
-                        peak=dict(self._peak))
+                        peak=dict(self._peak), routed=dict(self._routed))

@@ -44,6 +44,9 @@ class Pages:
                   for (s, c), n in sorted(counts.served.items())]
         lines.append("# TYPE sparkctl_gateway_in_flight gauge")
         lines += [f'sparkctl_gateway_in_flight{{stack="{s}"}} {n}' for s, n in sorted(counts.in_flight.items())]
+        lines.append("# TYPE sparkctl_gateway_routed_total counter")
+        lines += [f'sparkctl_gateway_routed_total{{alias="{a}",rule="{i}",stack="{s}"}} {n}'
+                  for (a, i, s), n in sorted(counts.routed.items())]
         lines.append("# TYPE sparkctl_gateway_held gauge")
         lines += [f'sparkctl_gateway_held{{alias="{a}"}} {len(h.waiting)}' for a, h in sorted(self.holds.items())]
         conn.reply(200, ("\n".join(lines) + "\n").encode(), "text/plain; charset=utf-8")

@@ -14,7 +14,10 @@ replicas out of routing at once, moving their unanswered requests. While a stack
 in routing, its requests are held (`hold.py`) until one returns or the hold times out. During a switch
 an alias can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
 a request that names a parked stack is held the same way while the daemon wakes it (`Waker`);
-and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. Errors the
+and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. A request to
+a routed alias goes to the stack of the first rule that holds its prompt's tokens, counted with
+the stack's own tokenizer and chat template (`tokens.py`; long prompts are counted off the event
+loop), and is counted per rule on /metrics. Errors the
 gateway itself raises use the OpenAI envelope (`pages.py`). Optional API keys are compared in
 constant time. Built and served by the daemon, which drives a switch through `LoopControl`.
 """
@@ -29,6 +32,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import structlog
+
+from sparkctl.errors import SparkctlError
 from sparkctl.gateway.defaults import with_defaults
 from sparkctl.gateway.exchange import Proxied
 from sparkctl.gateway.hold import Hold
@@ -39,13 +45,18 @@ from sparkctl.gateway.replicas import Replicas, host_of
 from sparkctl.gateway.request import Answer, Request
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.server import Connection, serve
+from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.upstream import EnginePool
+from sparkctl.policy import routing
+from sparkctl.policy.routing import Rule
 
+log = structlog.get_logger()
 RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias switches
 PROXIED = ("/v1/chat/completions", "/v1/completions")
 # Failed forwards a request to a placed stack may have beyond one per replica: each ejects the
 # engine for EJECT_S, so this covers a host's death until the fleet's control plane declares it.
 PLACED_RETRIES = 6
+INLINE_COUNT = 32 * 1024  # request bytes counted on the event loop; longer prompts in a thread
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class Gateway:
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches (or a parked name's, while it wakes)
         self.waker: Waker | None = None  # set by the daemon: parked stacks wake on demand
         self.waking: dict[str, asyncio.Task] = {}  # stack -> its wake on demand
+        self.counters: Counters | None = None  # set by the daemon: each stack's prompt-token counter
         self.pages = Pages(routes, self.holds, self.ledger).by_path
 
     async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
@@ -184,7 +196,7 @@ class Gateway:
             error(conn, 400, "request body must be a JSON object with a string `model`", "invalid_request_error")
             return
         exchange = conn.exchange = Proxied(conn, request.path, body, ledger=self.ledger, done=self._finished,
-                                           retry=self._retry)
+                                           retry=self._retry, size=len(request.body))
         hold = self.holds.get(body["model"])
         if hold is not None:
             exchange.wait(self._after_hold(exchange, hold))
@@ -202,6 +214,10 @@ class Gateway:
     def _route(self, exchange: Proxied) -> None:
         model = exchange.model
         table = self.routes()
+        rules = table.rules.get(model)
+        if rules is not None:
+            exchange.wait(self._by_length(exchange, rules))
+            return
         upstream = table.resolve(model)
         if upstream is None and model in table.parked and self.waker is not None:
             exchange.wait(self._after_hold(exchange, self._wake(model, table.parked[model])))
@@ -222,6 +238,30 @@ class Gateway:
             self._forward(exchange, url)
         else:
             exchange.wait(self._after_cap(exchange))
+
+    async def _by_length(self, exchange: Proxied, rules: tuple[Rule, ...]) -> None:
+        """Route a routed alias's request to its rule's stack, by the prompt's tokens; a prompt
+        that cannot be counted goes to the last rule's stack, which takes any length."""
+        alias, first = exchange.model, rules[0]
+        try:
+            index = routing.pick(rules, await self._tokens(exchange, first.stack, first.up_to or 0))
+        except Exception as e:  # noqa: BLE001 - the request is served even when it cannot be counted
+            log.warning("route_count_failed", alias=alias, stack=first.stack, error=str(e))
+            index = len(rules) - 1
+        self.ledger.routed(alias, index, rules[index].stack)
+        exchange.model = rules[index].stack
+        self._route(exchange)
+
+    async def _tokens(self, exchange: Proxied, stack: str, limit: int) -> int:
+        """The prompt's tokens by `stack`'s counter; 0 when its size alone puts it under `limit`."""
+        if self.counters is None:
+            raise SparkctlError("this gateway counts no tokens (no counters were given to it)")
+        if not self.counters.loaded(stack):
+            await asyncio.to_thread(self.counters.get, stack)
+        counter, args = self.counters.get(stack), (exchange.path, exchange.payload, limit)
+        tokens = counter.at_most(*args) if exchange.size < INLINE_COUNT else \
+            await asyncio.to_thread(counter.at_most, *args)
+        return tokens or 0
 
     def _reroute(self, exchange: Proxied) -> None:
         """Route an accepted request again from the start (its replica failed, or its stack's

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sparkctl.policy.routing import Rule
+
 
 @dataclass(frozen=True)
 class Upstream:
@@ -35,6 +37,7 @@ class RouteTable:
     upstreams: dict[str, Upstream] = field(default_factory=dict)  # stack -> upstream
     aliases: dict[str, str] = field(default_factory=dict)  # alias -> stack
     parked: dict[str, str] = field(default_factory=dict)  # a parked stack's names and aliases -> the stack
+    rules: dict[str, tuple[Rule, ...]] = field(default_factory=dict)  # routed alias -> its rules
 
     def resolve(self, model: str) -> Upstream | None:
         """An alias, a served name or a stack name, to its upstream."""
@@ -53,14 +56,20 @@ class RouteTable:
                   for u in sorted(self.upstreams.values(), key=lambda u: u.served_name)]
         cards += [{"id": name, "object": "model", "owned_by": "sparkctl", "root": stack, "parked": True}
                   for name, stack in sorted(self.parked.items())]
+        cards += [{"id": alias, "object": "model", "owned_by": "sparkctl", "root": rules[-1].stack,
+                   "routes": [{"stack": r.stack, "up_to": r.up_to} for r in rules]}
+                  for alias, rules in sorted(self.rules.items())]
         return cards
 
 
 def build_table(*, aliases: dict[str, str], stacks: Mapping[str, Upstream], running: set[str],
-                parked: set[str] = frozenset()) -> RouteTable:
+                parked: set[str] = frozenset(), routes: Mapping[str, tuple[Rule, ...]] | None = None) -> RouteTable:
     """Routes to the running stacks: `stacks` maps each deployable stack's name to its upstream.
-    A parked stack's names lead to it too, for the gateway to wake it on demand."""
+    A parked stack's names lead to it too, for the gateway to wake it on demand. A routed alias
+    is kept while every stack it names is deployable (one not running gets a clear 404)."""
     upstreams = {name: upstream for name, upstream in stacks.items() if name in running}
     asleep = {name: stack for stack in parked if stack in stacks for name in (stack, stacks[stack].served_name)}
     asleep |= {alias: stack for alias, stack in aliases.items() if stack in parked and stack in stacks}
-    return RouteTable(upstreams, {alias: stack for alias, stack in aliases.items() if stack in upstreams}, asleep)
+    rules = {alias: rules for alias, rules in (routes or {}).items() if all(r.stack in stacks for r in rules)}
+    return RouteTable(upstreams, {alias: stack for alias, stack in aliases.items() if stack in upstreams}, asleep,
+                      rules)

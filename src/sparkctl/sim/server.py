@@ -294,8 +294,8 @@ def _echo(body: dict) -> dict[str, str]:
 
 
 def _content(content: Any) -> str:
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...], joined by newlines as vLLM joins them
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
     return "" if content is None else str(content)
 
 

@@ -52,6 +52,9 @@ class Speculative(Spec):
     attention_backend: str | None = None
     prompt_lookup_max: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int | None = Field(default=None, ge=1)
+    # Accepted by vLLM V1 and ignored: speculation stays on past it (vLLM #52258). `stacks validate`
+    # says so and points at a routed alias (`sparkctl route set`).
+    max_model_len: int | None = Field(default=None, ge=16)
 
     @property
     def needs_draft(self) -> bool:

@@ -215,6 +215,16 @@ class Stack(Spec):
                 found.append(("remote-code", "vllm.extra_args: --trust-remote-code runs Python from the model repo"))
         return found
 
+    def advice(self) -> list[str]:
+        """Settings that do not do what they seem to, with what to do instead."""
+        speculative = self.vllm.speculative if self.vllm is not None else None
+        if speculative is not None and speculative.max_model_len is not None:
+            return [f"vllm.speculative.max_model_len ({speculative.max_model_len}) has no effect on vLLM V1: it is "
+                    "accepted and ignored, so speculation stays on for longer prompts (vLLM #52258). To use "
+                    "speculation only for short prompts, route an alias by prompt length: `sparkctl route set "
+                    f"ALIAS {self.name}:{speculative.max_model_len} <a no-spec stack>`"]
+        return []
+
     @property
     def served_name(self) -> str:
         if self.compose is not None:

@@ -1,0 +1,129 @@
+"""Routed aliases, the pure part: the rules' checks, the CLI's `STACK:TOKENS` form, which rule a
+prompt goes to, their place in desired.yaml (round trip; a typo names the file and key), and the
+gateway's prompt count (a prompt routed by its size alone is within the limit in tokens too)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkctl.errors import SparkctlError, SpecError
+from sparkctl.gateway import tokens
+from sparkctl.policy import routing
+from sparkctl.policy.routing import Rule
+from sparkctl.sim.tinymodel import write_model
+from sparkctl.state import desired
+from sparkctl.state.desired import Desired
+
+PAIR = (Rule("qwen36-dflash", 8192), Rule("qwen36-nvfp4-aeon"))
+
+
+def test_a_prompt_goes_to_the_first_rule_that_holds_it() -> None:
+    rules = (Rule("a", 100), Rule("b", 1000), Rule("c"))
+    assert [routing.pick(rules, n) for n in (0, 100, 101, 1000, 1001, 10**6)] == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize(("rules", "problem"), [
+    ((Rule("a"),), "at least two rules"),
+    ((Rule("a", 10), Rule("b", 20)), "the last rule takes the rest"),
+    ((Rule("a"), Rule("b")), "every rule but the last needs `up_to`"),
+    ((Rule("a", 0), Rule("b")), "positive number"),
+    ((Rule("a", 20), Rule("b", 10), Rule("c")), "must grow"),
+    ((Rule("a", 10), Rule("a")), "a stack appears in two rules"),
+])
+def test_bad_rules_are_refused_with_what_is_wrong(rules, problem: str) -> None:
+    with pytest.raises(SparkctlError, match=problem):
+        routing.check("primary", rules)
+
+
+def test_the_cli_form_takes_tokens_and_k() -> None:
+    assert [routing.parse(t) for t in ("qwen36-dflash:8k", "x:300", "qwen36-nvfp4-aeon")] == [
+        Rule("qwen36-dflash", 8192), Rule("x", 300), Rule("qwen36-nvfp4-aeon")]
+    with pytest.raises(SparkctlError, match="not a number of tokens"):
+        routing.parse("x:lots")
+
+
+def test_routes_round_trip_in_desired_yaml_and_replace_a_plain_alias(tmp_path: Path) -> None:
+    path = tmp_path / "desired.yaml"
+    wanted = Desired(("qwen36-dflash", "qwen36-nvfp4-aeon"), {"primary": "qwen36-dflash"}).routed("primary", PAIR)
+    assert wanted.aliases == {} and wanted.routes == {"primary": PAIR}
+    desired.save(path, wanted)
+    assert desired.load(path) == wanted
+    assert desired.load(path).routed("primary", None).routes == {}
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("routes: {primary: [{stack: a, up_to: 10}, {stack: b, upto: 3}]}\n", "routes.primary"),
+    ("routes: {primary: [{stack: a, up_to: ten}, {stack: b}]}\n", "routes.primary"),
+    ("routes: {primary: [{stack: a, up_to: 10}, {stack: b, up_to: 20}]}\n", "routes.primary"),
+    ("routes: [a]\n", "routes"),
+    ("aliases: {primary: a}\nroutes: {primary: [{stack: a, up_to: 10}, {stack: b}]}\n", "routes.primary"),
+])
+def test_a_bad_route_in_desired_yaml_names_the_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "desired.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as e:
+        desired.load(path)
+    assert e.value.file == str(path) and e.value.key == key
+
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.text(max_size=8),
+                       lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+
+
+@given(routes=st.dictionaries(st.text(max_size=8), JSONISH, max_size=3))
+@settings(max_examples=200, deadline=None)
+def test_any_routes_section_loads_or_is_a_spec_error(tmp_path_factory, routes: dict) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "desired.yaml"
+    path.write_text(json.dumps({"routes": routes}))  # JSON is YAML
+    try:
+        loaded = desired.load(path)
+    except SpecError as e:
+        assert e.file == str(path) and e.key.startswith("routes")
+    else:
+        for alias, rules in loaded.routes.items():
+            assert routing.check(alias, rules) == rules
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory) -> tokens.PromptCounter:
+    return tokens.load(write_model(tmp_path_factory.mktemp("tiny"), weights=False))
+
+
+@given(text=st.text(max_size=400), limit=st.integers(0, 600))
+@settings(max_examples=300, deadline=None)
+def test_a_prompt_decided_by_its_size_alone_is_within_the_limit(counter, text: str, limit: int) -> None:
+    payload = {"messages": [{"role": "user", "content": text}]}
+    found = counter.at_most("/v1/chat/completions", payload, limit)
+    exact = counter.count("/v1/chat/completions", payload)
+    assert exact <= limit if found is None else found == exact
+
+
+def test_the_count_renders_the_chat_template_and_falls_back_to_the_text(counter) -> None:
+    payload = {"messages": [{"role": "user", "content": "hi"}]}
+    assert counter.text("/v1/chat/completions", payload) == ("<|user|>hi\n<|assistant|>", False)
+    assert counter.text("/v1/completions", {"prompt": ["a", "b"]}) == ("ab", True)
+    broken = tokens.PromptCounter(counter.tokenizer, tokens._compile("{{ raise_exception('no') }}"), {})
+    assert broken.text("/v1/chat/completions", payload) == ("hi", False)
+
+
+def test_route_suggest_proposes_the_seed_crossover_from_the_latest_runs(workspace: Path, cli) -> None:
+    """Seed 000's DFlash n=8 and its no-spec twin (calibrated rows): faster through depth 8192,
+    slower from 12288; the threshold is the deepest faster test's prompt (8192 + pp 512)."""
+    from sparkctl.settings import Settings
+    from sparkctl.state.store import Store
+    from tests.seedshape import seed_study
+
+    seed_study(Store(Settings().store_path))
+    code, out, err = cli("route", "suggest", "qwen36-dflash", "qwen36-nvfp4-aeon")
+    said = " ".join(out.split())
+    assert code == 0, err + out
+    assert "depth 8192: 21.0 vs 8.7" in said and "depth 12288: 7.5 vs 8.6" in said
+    assert "suggested: sparkctl route set ALIAS qwen36-dflash:8704 qwen36-nvfp4-aeon" in said
+    code, out, err = cli("route", "suggest", "qwen36-dflash", "qwen36-dflash")
+    assert code == 1 and "no crossover" in " ".join((out + err).split())
