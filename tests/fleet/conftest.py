@@ -57,11 +57,14 @@ def fleet_sim(fleet: Hosts, images: dict[str, str], image_cache: Path) -> str:
 @pytest.fixture(scope="session")
 def fleet_vllm_cpu(fleet: Hosts, images: dict[str, str], image_cache: Path) -> str:
     """The real vLLM CPU image (3.9 GB), loaded into hosts b and c (where multi-node ranks run);
-    its tarball removed once loaded."""
-    image = images["vllm-cpu"]
-    seconds = load([fleet["b"], fleet["c"]], image, cache=image_cache)
-    for tar in image_cache.glob("*vllm-cpu*.tar"):
-        tar.unlink()
+    its tarball kept in SPARKCTL_BUILD_CACHE for the next run (a save takes ~50 s here), else
+    removed once loaded."""
+    image, kept = images["vllm-cpu"], os.environ.get("SPARKCTL_BUILD_CACHE")
+    cache = Path(kept) / "fleet-images" if kept else image_cache
+    seconds = load([fleet["b"], fleet["c"]], image, cache=cache)
+    if not kept:
+        for tar in cache.glob("*vllm-cpu*.tar"):
+            tar.unlink()
     SUMMARY.append(f"  vLLM CPU image ({image}) by docker save | load: "
                    + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
     return image

@@ -61,11 +61,18 @@ class BridgeRegistry(Registry):
 
 
 def load(hosts: list[Host], image: str, *, cache: Path) -> dict[str, float]:
-    """`docker save` a local image once, `docker load` it into every host at once; the seconds
-    each host took (the save is counted under "save")."""
+    """`docker save` a local image once (into `cache`, named by its id: a rebuilt image is saved
+    again and its old tarball removed), `docker load` it into every host at once; the seconds each
+    host took (the save is counted under "save")."""
     started = time.monotonic()
-    tar = cache / (image.replace("/", "_").replace(":", "_") + ".tar")
+    name = image.replace("/", "_").replace(":", "_")
+    image_id = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image], check=True, capture_output=True,
+                              text=True).stdout.strip().removeprefix("sha256:")[:16]
+    tar = cache / f"{name}-{image_id}.tar"
     if not tar.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        for old in cache.glob(f"{name}-*.tar"):
+            old.unlink()
         subprocess.run(["docker", "save", "-o", str(tar), image], check=True, capture_output=True)
     seconds = {"save": time.monotonic() - started}
 

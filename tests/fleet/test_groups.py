@@ -65,7 +65,7 @@ def head(request, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Ite
     fleet = request.getfixturevalue("fleet")
     started = time.monotonic()
     with headed(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("group-stacks"),
-                {"duo": (0.2, 8901, {}, engine.more), "solo": (0.1, 8903, {"host": "b"})},
+                {"duo": (0.2, 8901, {}, engine.more), "solo": (0.2, 8903, {"host": "b"})},
                 instance=f"fleetgroup-{request.param}",
                 port=engine.ray_port, gateway_port=engine.gateway_port, up=("duo",), wait=engine.starts_within,
                 memory={"a": "0.3GiB"},  # the group's ranks on b and c: the head's link stays up

@@ -91,7 +91,7 @@ def watched(tmp_path: Path) -> tuple[FleetWatch, Recorder, EventBus]:
     recorder, bus = Recorder(settings, load_fleet(tmp_path / "fleet.yaml")), EventBus()
     write_book(settings.fleet_dir, {"gemma": GEMMA})
     watch = FleetWatch(recorder, control=lambda: recorder, refresh=lambda: recorder.calls.append(("refresh",)),
-                       bus=bus, wait=30.0, within=12.0)
+                       bus=bus, wait=30.0, within=12.0, background=lambda work: work())
     return watch, recorder, bus
 
 
@@ -219,3 +219,49 @@ def test_a_parked_stack_is_neither_ejected_nor_recovered_when_its_host_dies(watc
     write_book(watch.fleetwide.settings.fleet_dir, {"gemma": dataclasses.replace(GEMMA, parked=True)})
     watch.on_nodes(table(dead="b"))
     assert recorder.calls == [] and watch.down == set()  # nothing runs there: Ray moves its bundle, a wake follows it
+
+
+def test_a_recovery_runs_beside_the_watch_so_a_host_that_returns_meanwhile_is_restored(watched) -> None:
+    watch, recorder, _ = watched
+    pending: list = []
+    watch.background = pending.append  # a real engine's start takes minutes: held here until run
+    watch.on_nodes(table(dead="b"))
+    assert recorder.named("recover") == [] and len(pending) == 1
+    watch.on_nodes(table())  # b is back while its stack's recovery still runs
+    assert recorder.named("sweep", "restore_host") == [("sweep", "b", 30.0), ("restore_host", "10.0.0.3")]
+    pending[0]()
+    assert recorder.named("recover") == [("recover", "gemma", 30.0, 12.0)]
+
+
+def test_a_recovery_decided_before_another_one_succeeded_does_nothing(watched) -> None:
+    """Node-table changes while a host is down each ask for the stack's recovery; once one has
+    mended it, those still queued must not recreate the group again."""
+    watch, recorder, _ = watched
+    pending: list = []
+    watch.background = pending.append
+    watch.on_nodes(table(dead="b"))
+    watch.on_nodes(table(dead="b", **{LABEL_ADDRESS: "10.9.9.9"}))  # another change, b still dead
+    assert len(pending) == 2
+    pending[0]()
+    pending[1]()
+    assert recorder.named("recover") == [("recover", "gemma", 30.0, 12.0)]
+
+
+def test_a_group_being_recreated_stays_out_of_routing_though_it_answers_again(
+        watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link back up lets the old group answer while the node watch recreates it (its host was
+    declared dead): the recreation holds rank 0 out, and a passing probe does not put it back."""
+    watch, recorder, _ = watched
+    write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
+    monkeypatch.setattr(fleetwatch, "probe", lambda url, model: None)
+    inside = []
+
+    def recover(placed, *, wait, within):
+        watch._probe(DUO)  # the probe thread, meanwhile: the old group answers
+        inside.append(list(recorder.named("eject_engine", "restore_engine")))
+        return Recovered(placed, {})
+
+    recorder.recover = recover
+    watch.on_nodes(table(dead="b"))
+    assert inside == [[("eject_engine", "http://10.0.0.2:8901")]]
+    assert recorder.named("eject_engine", "restore_engine")[-1] == ("restore_engine", "http://10.0.0.2:8901")

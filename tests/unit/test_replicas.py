@@ -98,6 +98,22 @@ def test_an_ejected_engine_is_left_out_until_its_time_is_up_or_it_is_restored() 
     asyncio.run(scenario())
 
 
+def test_a_held_out_engine_stays_out_when_a_reset_request_ejects_it_again() -> None:
+    """A group being recreated is held out until restored; the requests its old rank 0 reset on
+    the way eject it for 5 s, which must not bring it back before the new group serves."""
+    async def scenario() -> None:
+        clock = Clock()
+        replicas, upstream = Replicas(clock=clock, eject_s=5.0), replicated(A)
+        replicas.hold_out(A)
+        replicas.eject(A)
+        clock.now += 60.0
+        assert replicas.live(upstream) == []
+        replicas.restore(A)
+        assert replicas.live(upstream) == [A]
+
+    asyncio.run(scenario())
+
+
 def test_ejecting_a_host_takes_every_replica_on_it_out_and_wakes_the_waiters() -> None:
     async def scenario() -> None:
         returned = []

@@ -1,5 +1,5 @@
 """Routed aliases, the pure part: the rules' checks, the CLI's `STACK:TOKENS` form, which rule a
-prompt goes to, their place in desired.yaml (round trip; a typo names the file and key), and the
+prompt goes to, their place in desired.yaml (round trip; the bad files are in test_state_files), and the
 gateway's prompt count (a prompt routed by its size alone is within the limit in tokens too)."""
 
 from __future__ import annotations
@@ -54,21 +54,6 @@ def test_routes_round_trip_in_desired_yaml_and_replace_a_plain_alias(tmp_path: P
     desired.save(path, wanted)
     assert desired.load(path) == wanted
     assert desired.load(path).routed("primary", None).routes == {}
-
-
-@pytest.mark.parametrize(("text", "key"), [
-    ("routes: {primary: [{stack: a, up_to: 10}, {stack: b, upto: 3}]}\n", "routes.primary"),
-    ("routes: {primary: [{stack: a, up_to: ten}, {stack: b}]}\n", "routes.primary"),
-    ("routes: {primary: [{stack: a, up_to: 10}, {stack: b, up_to: 20}]}\n", "routes.primary"),
-    ("routes: [a]\n", "routes"),
-    ("aliases: {primary: a}\nroutes: {primary: [{stack: a, up_to: 10}, {stack: b}]}\n", "routes.primary"),
-])
-def test_a_bad_route_in_desired_yaml_names_the_file_and_key(tmp_path: Path, text: str, key: str) -> None:
-    path = tmp_path / "desired.yaml"
-    path.write_text(text)
-    with pytest.raises(SpecError) as e:
-        desired.load(path)
-    assert e.value.file == str(path) and e.value.key == key
 
 
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.text(max_size=8),

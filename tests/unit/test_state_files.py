@@ -53,6 +53,11 @@ def test_a_corrupt_database_names_its_file(tmp_path: Path) -> None:
     ("stacks: [a, {b: 1}]\n", "stacks"),
     ("aliases: [primary]\n", "aliases"),
     ("fallbacks: {primary: [a]}\n", "fallbacks"),
+    ("routes: {primary: [{stack: a, up_to: 10}, {stack: b, upto: 3}]}\n", "routes.primary"),
+    ("routes: {primary: [{stack: a, up_to: ten}, {stack: b}]}\n", "routes.primary"),
+    ("routes: {primary: [{stack: a, up_to: 10}, {stack: b, up_to: 20}]}\n", "routes.primary: routed alias"),
+    ("routes: [a]\n", "routes"),
+    ("aliases: {primary: a}\nroutes: {primary: [{stack: a, up_to: 10}, {stack: b}]}\n", "routes.primary: an alias"),
 ])
 def test_a_broken_desired_file_names_file_and_place(tmp_path: Path, text: str, where: str) -> None:
     path = tmp_path / "desired.yaml"

@@ -184,8 +184,9 @@ def _counters(url: str) -> dict[str, float] | None:
         return None
 
 
-def save(folder: Path, sessions: list[Session]) -> Path:
+def save(folder: Path, sessions: list[dict[str, Any]]) -> Path:
+    """Sessions (as `Session.to_dict` gives them) in `folder/agent-sessions.json`."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "agent-sessions.json"
-    path.write_text(json.dumps([s.to_dict() for s in sessions], indent=2))
+    path.write_text(json.dumps(sessions, indent=2))
     return path

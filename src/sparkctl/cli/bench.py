@@ -1,5 +1,6 @@
-"""`sparkctl bench run | list | report | sweep`: benchmark running stacks with llama-benchy, judge
-them with the regression gate, and write comparison reports."""
+"""`sparkctl bench run | list | report | sweep | agent`: benchmark running stacks with llama-benchy,
+judge them with the regression gate, write comparison reports, and replay agent sessions
+through the gateway."""
 
 from __future__ import annotations
 
@@ -118,6 +119,59 @@ def report_cmd(
     entries = [(reported_spec(rt.catalog, run.stack), run) for run in _runs(rt, targets or [])]  # retests too
     path = _write_report(rt, entries, out, label=label)
     rt.console.print(f"report of {len(entries)} config(s): {path}")
+
+
+@app.command("agent")
+def agent_cmd(
+    ctx: typer.Context,
+    targets: list[str] = typer.Argument(..., help="Stacks or aliases (routed ones too), one session each, in turn."),
+    session: str = typer.Option("long", "--session", "-s", help="short | long | a shape file (YAML)."),
+) -> None:
+    """Replay an agent session through the gateway against each TARGET, one call at a time with
+    the openai client, and report seconds per session, the wait per call and a graph of it."""
+    import time
+
+    import openai
+
+    from sparkctl.adapters import hub
+    from sparkctl.bench import agent, corpus
+    from sparkctl.gateway import tokens
+    from sparkctl.report import agent as agent_report
+
+    rt = runtime(ctx)
+    if not rt.daemon.available():
+        raise SparkctlError("the agent benchmark goes through the gateway: start `sparkctl daemon` first")
+    spec, settings = agent.shape(session), rt.settings
+    routes = rt.daemon.get("/v1/desired").get("routes", {})
+    stacks: dict[str, list[str]] = {}  # target -> the stacks that may answer it
+    for target in targets:
+        if target not in routes and target not in rt.catalog.stacks:
+            raise SparkctlError(f"{target}: neither a stack nor a routed alias (for a plain alias, name its stack)")
+        stacks[target] = [r["stack"] for r in routes[target]] if target in routes else [target]
+    first = rt.catalog.stack(stacks[targets[0]][0])
+    if first.model is None or first.model.repo is None:
+        raise SparkctlError(f"{first.name} names no model repo: its tokenizer sizes the session's text")
+    tokenizer = tokens.load(hub.cached_snapshot(settings.hf_cache_dir, first.model.repo, first.model.revision))
+    fill = agent.Filler(tokenizer.tokenizer, corpus.text())
+    host = f"[{settings.gateway_host}]" if ":" in settings.gateway_host else settings.gateway_host
+    keys = settings.gateway_api_keys
+    client = openai.OpenAI(base_url=f"http://{host}:{settings.gateway_port}/v1", max_retries=0, timeout=3600,
+                           api_key=keys[0].get_secret_value() if keys else "unused")
+    done = []
+    for target in targets:
+        engines = {s: rt.catalog.stack(s).url for s in stacks[target]}
+        rt.console.print(f"{target}: {spec.name} session, {len(spec.calls())} calls")
+        session_run = agent.run(client, target, spec, fill, engines=engines, on_call=lambda c: rt.console.print(
+            f"  call {c.index + 1}: {c.context} tokens -> {c.stack}, ttft {c.ttft_s:.2f} s, total {c.total_s:.2f} s"))
+        done.append(session_run.to_dict())
+    folder = settings.state_dir / "bench" / f"agent-{time.strftime('%Y%m%d-%H%M%S')}"
+    agent.save(folder, done)
+    limits = {t: [r["up_to"] for r in routes[t] if r["up_to"] is not None] for t in targets if t in routes}
+    graph = agent_report.draw(done, folder, thresholds=limits)
+    (folder / "agent.md").write_text("## Seconds per agent session\n\n" + agent_report.table(done)
+                                     + f"\n![wait per call against context]({graph})\n")
+    rt.console.print(agent_report.table(done))
+    rt.console.print(f"written: {folder / 'agent.md'}")
 
 
 @app.command("sweep")

@@ -16,12 +16,15 @@ issue 18), so its rank 0 gets a 1-token completion with a `PROBE_TIMEOUT` instea
 probe takes the group out of routing (its requests wait in the hold) and recreates it whole:
 every rank removed on every host, then started again where Ray has its bundles, with the
 crash-loop rule and backoff of single stacks. Both threads re-place a stack only while no other
-recovery of it runs. Started by the daemon on a fleet's head.
+recovery of it runs, and each recovery runs in a thread of its own: a real engine's start takes
+minutes, and meanwhile the node table is still watched (another host's death, this host's
+return) and the other stacks still probed. Started by the daemon on a fleet's head.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.error
@@ -49,15 +52,19 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # engines
 class FleetWatch:
     def __init__(self, fleetwide: Fleetwide, *, control: Callable[[], LoopControl | None],
                  refresh: Callable[[], None], bus: EventBus, wait: float, within: float,
-                 served_name: Callable[[str], str] = str, policy: Policy = Policy()) -> None:
+                 served_name: Callable[[str], str] = str, policy: Policy = Policy(),
+                 background: Callable[[Callable[[], object]], None] = lambda work: threading.Thread(
+                     target=work, name="fleet-recover", daemon=True).start()) -> None:
         self.fleetwide, self.control, self.refresh, self.bus = fleetwide, control, refresh, bus
         self.wait, self.within = wait, within  # an agent's deploy; Ray's re-placement
         self.served_name, self.policy = served_name, policy  # a stack's model name; crash loops and backoff
+        self.background = background  # how a recovery runs beside the watch and the probes
         self.down: set[str] = set()  # hosts taken out of routing
         self.failures: dict[str, list[float]] = {}  # group -> when its probes failed (the crash-loop window)
         self.held_out: set[str] = set()  # rank-0 URLs a failed probe took out of routing
         self.given_up: set[str] = set()  # groups in a crash loop: probed, not recreated
         self._recovering: dict[str, threading.Lock] = {}
+        self._recovered: dict[str, float] = {}  # stack -> when its last recovery succeeded (monotonic)
         self._stopping = threading.Event()
         self._watch = None
         self._threads = [threading.Thread(target=self._run, name="fleet-watch", daemon=True),
@@ -100,7 +107,7 @@ class FleetWatch:
             self._restore(host, nodes)
         for placed in book.values():
             if set(placed.hosts) - alive:
-                self._recover(placed)
+                self._recover_later(placed)
 
     def _eject(self, host: str, nodes: list[Node]) -> None:
         control = self.control()
@@ -126,14 +133,25 @@ class FleetWatch:
             control.restore_host(address)
         log.info("fleet_host_back", host=host, removed=strays)
 
-    def _recover(self, placed: placement.Placed) -> bool:
-        """Re-place the stack (a group: recreate it), unless a recovery of it already runs."""
+    def _recover_later(self, placed: placement.Placed) -> None:
+        decided = time.monotonic()
+        self.background(lambda: self._recover(placed, decided))
+
+    def _recover(self, placed: placement.Placed, decided: float) -> bool:
+        """Re-place the stack (a group: recreate it), unless a recovery of it already runs or
+        one succeeded since this one was decided (`decided`, monotonic): the fault it answers
+        is mended, and a second recreation would take the group down again unannounced."""
         lock = self._recovering.setdefault(placed.stack, threading.Lock())
         if not lock.acquire(blocking=False):
             return False
         started = time.monotonic()
         try:
+            if self._recovered.get(placed.stack, -math.inf) > decided:
+                return False
+            if placed.ranks and placed.replicas:  # a group is out of routing while it is recreated, even
+                self._hold_out(placed.replicas[0].url)  # if it answered again meanwhile (a link back up)
             done = self.fleetwide.recover(placed, wait=self.wait, within=self.within)
+            self._recovered[placed.stack] = time.monotonic()
         except SparkctlError as e:
             log.error("fleet_replace_failed", stack=placed.stack, error=str(e))
             return False
@@ -193,6 +211,8 @@ class FleetWatch:
         why = probe(url, self.served_name(placed.stack))
         control = self.control()
         if why is None:
+            if self._recovering_now(placed.stack):  # a recreation runs: it puts the group back when done
+                return
             if url in self.held_out and control is not None:  # it answers again (or was brought up again)
                 self.held_out.discard(url)
                 control.restore_engine(url)
@@ -200,9 +220,7 @@ class FleetWatch:
             return
         if placed.stack in self.given_up:  # a crash loop: left out until it answers again
             return
-        if control is not None:
-            control.eject_engine(url)
-            self.held_out.add(url)
+        self._hold_out(url)
         log.warning("fleet_group_ejected", stack=placed.stack, url=url, why=why, failed_at=failed_at,
                     ejected_at=time.time())
         self.bus.publish(Note(placed.stack, f"{placed.stack}'s group failed its probe ({why}): recreating it"))
@@ -215,7 +233,7 @@ class FleetWatch:
         if probe(url, self.served_name(placed.stack)) is None:  # it came back by itself
             self._probe(placed)
             return
-        self._recover(placed)
+        self._recover_later(placed)
 
     def _crash_loop(self, key: str) -> bool:
         """Count one more failure of `key` (a group, or a stack's replica on a host); True, and
@@ -229,6 +247,12 @@ class FleetWatch:
         log.error("fleet_crash_loop", key=key, failures=len(recent),
                   note="left out of routing until it answers: `sparkctl fleet up` it again once fixed")
         return True
+
+    def _hold_out(self, url: str) -> None:
+        control = self.control()
+        if control is not None and url not in self.held_out:
+            control.eject_engine(url)
+            self.held_out.add(url)
 
     def _recovering_now(self, stack: str) -> bool:
         lock = self._recovering.get(stack)

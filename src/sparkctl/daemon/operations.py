@@ -174,7 +174,10 @@ class Operations:
             if old in self.machine.catalog().stacks and old in memory.held and old not in memory.parked:
                 old_spec = self.machine.catalog().stack(old)
                 leaving = Leaving(old_spec.switch.park, view.footprint(old), self.cannot_sleep(old_spec))
-            plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=desired.aliases,
+            # a stack a routed alias names is still named: the switch leaves it running
+            named = desired.aliases | {f"{a}[{i}]": r.stack for a, rules in desired.routes.items()
+                                       for i, r in enumerate(rules)}
+            plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=named,
                                memory=memory, leaving=leaving)
             assert self.gateway is not None, "the gateway starts before the API"
             self.reconciler.forget(spec.name)

@@ -76,8 +76,9 @@ class Replicas:
 
     # --- ejection ----------------------------------------------------------------------------------
     def eject(self, url: str) -> None:
-        """Leave out an engine that refused or reset a connection, for `eject_s`."""
-        self.failed[url] = self.clock() + self.eject_s
+        """Leave out an engine that refused or reset a connection, for `eject_s` (never shortening a
+        longer exclusion: a request reset by a group's recreation must not end its hold-out)."""
+        self.failed[url] = max(self.failed.get(url, -math.inf), self.clock() + self.eject_s)
         asyncio.get_running_loop().call_later(self.eject_s, self._returned)
         self._recheck()
 
