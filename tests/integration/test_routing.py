@@ -75,7 +75,7 @@ def test_a_routed_alias_through_the_daemon(switching, engine, cli, world: Path) 
         stop.set()
         thread.join(60)
     assert not failed
-    assert sorted(c["Labels"]["sparkctl.stack"] for c in containers(engine) if c["State"] == "running") == [A, B]
+    assert sorted(c["Labels"]["sparkctl.stack"] for c in containers(engine) if c["State"] == "running") == sorted([A, B])
 
     code, out, err = cli("bench", "agent", "long", "--session", "short")
     assert code == 0, err + out
