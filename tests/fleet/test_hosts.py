@@ -52,7 +52,8 @@ def test_each_host_is_a_namespace_with_one_link_and_no_way_out(fleet):
         marker = f"{fleet.tag}-{host.name}"  # its own /dev/shm: invisible to the machine's
         on_host = subprocess.run([*host.enter(), "sh", "-c", f"hostname; touch /dev/shm/{marker}; ls /dev/shm"],
                                  capture_output=True, text=True, check=True).stdout.split()
-        assert on_host == [host.hostname, marker] and not (Path("/dev/shm") / marker).exists()
+        # (other files may be there: the real vLLM ranks of test_groups leave torch's psm_* segments)
+        assert on_host[0] == host.hostname and marker in on_host[1:] and not (Path("/dev/shm") / marker).exists()
         assert json.loads(host.docker("info", "--format", "{{json .DockerRootDir}}")) == str(host.root / "docker")
 
 

@@ -75,7 +75,8 @@ def test_a_routed_alias_through_the_daemon(switching, engine, cli, world: Path) 
         stop.set()
         thread.join(60)
     assert not failed
-    assert sorted(c["Labels"]["sparkctl.stack"] for c in containers(engine) if c["State"] == "running") == sorted([A, B])
+    running = sorted(c["Labels"]["sparkctl.stack"] for c in containers(engine) if c["State"] == "running")
+    assert running == sorted([A, B])
 
     code, out, err = cli("bench", "agent", "long", "--session", "short")
     assert code == 0, err + out
