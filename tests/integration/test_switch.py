@@ -80,7 +80,7 @@ def test_a_failed_switch_rolls_back_without_failing_a_request(switching, engine,
     assert load.failures() == [], load.failures()[:3]
     assert {a.stack for a in load.answers} == {A}
     assert daemon.client.get("/v1/desired") == {"stacks": [A], "aliases": {"primary": A}, "fallbacks": {},
-                                                "parked": {}}
+                                                "parked": {}, "routes": {}}
     assert [c["Labels"]["sparkctl.stack"] for c in containers(engine)] == [A]
     [record] = daemon.client.get("/v1/history")["switches"]
     assert record["ok"] is False and record["error"] == outcome["error"]
