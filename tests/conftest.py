@@ -33,6 +33,15 @@ os.environ["SPARKCTL_BENCH_CORPUS"] = "loopback"
 os.environ["SPARKCTL_BENCH_SKIP_COHERENCE"] = "1"
 
 
+
+def wait_for(check, timeout: float = 30, what: str = "", logs=lambda: "") -> None:
+    """Poll `check` until it is true; fail after `timeout` s naming `what` (and the tail of `logs()`)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()[-4000:]}"
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of stacks/ and patches/, with settings pointed at it, a private state dir, and an
@@ -110,15 +119,26 @@ def run_id(engine) -> Iterator[str]:
 free_port = sandbox.free_port
 
 
-@pytest.fixture(scope="session")
-def registry(engine, tmp_path_factory) -> Iterator:
+def _serve_registry(tmp_path_factory, name: str) -> Iterator:
     if shutil.which("docker-registry") is None:
         _missing("docker-registry is not installed")
     from sparkctl.sim.registry import Registry
 
-    reg = Registry(tmp_path_factory.mktemp("registry"))
+    reg = Registry(tmp_path_factory.mktemp(name))
     yield reg
     reg.stop()
+
+
+@pytest.fixture(scope="session")
+def registry(engine, tmp_path_factory) -> Iterator:
+    yield from _serve_registry(tmp_path_factory, "registry")
+
+
+@pytest.fixture(scope="module")
+def own_registry(engine, tmp_path_factory) -> Iterator:
+    """A registry of the module's own, for tests that point real names at other images (the shared
+    one serves those names as the sim, for every later test)."""
+    yield from _serve_registry(tmp_path_factory, "own-registry")
 
 
 @pytest.fixture

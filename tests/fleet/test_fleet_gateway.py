@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -21,7 +20,7 @@ import pytest
 
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
-from tests.conftest import Running
+from tests.conftest import Running, wait_for
 
 REQUESTS, CLIENTS = 90, 4
 
@@ -125,15 +124,10 @@ def test_a_single_replica_stack_whose_host_is_ejected_holds_then_serves(fleet, s
     joiner = loop.run()
 
     held = lambda: on_loop(running, lambda: len(h.waiting) if (h := running.gateway.outages.get("lone")) else 0)  # noqa: E731
-    wait_until(lambda: held() == CLIENTS)
+    wait_for(lambda: held() == CLIENTS, what="every client held")
     assert loop.done == 0 and served(engine.url) == 0
     on_loop(running, lambda: running.gateway.restore_host(c.address))
     joiner.join(120)
     assert loop.failures == [] and loop.done == REQUESTS and served(engine.url) == REQUESTS
 
 
-def wait_until(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)

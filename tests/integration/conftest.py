@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.cli.client import DaemonClient
+from tests.conftest import wait_for  # noqa: F401  (re-exported for the integration tests)
 from tests.integration.agents import FAST_LOAD, A, B, amend, routed
 
 SMALL = "resources:\n  gpu_memory_utilization: 0.4\n"  # two of these fit under the 0.9 ceiling
@@ -79,13 +80,6 @@ def containers(engine, stack: str | None = None) -> list[dict]:
     from tests.conftest import ours
 
     return ours(engine, stack)
-
-
-def wait_for(check, timeout: float = 30, what: str = "", logs=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()[-4000:]}"
-        time.sleep(0.1)
 
 
 @pytest.fixture

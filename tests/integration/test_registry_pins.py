@@ -10,9 +10,9 @@ GEMMA = "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash"
 
 
 @pytest.fixture
-def mirrored(workspace, registry, monkeypatch):
-    monkeypatch.setenv("SPARKCTL_REGISTRY_MIRRORS", f"ghcr.io={registry.host}")
-    return registry
+def mirrored(workspace, own_registry, monkeypatch):
+    monkeypatch.setenv("SPARKCTL_REGISTRY_MIRRORS", f"ghcr.io={own_registry.host}")
+    return own_registry
 
 
 def test_pin_resolves_the_digest_through_the_mirror(workspace, tiny_image, mirrored, cli) -> None:

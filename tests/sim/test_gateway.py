@@ -18,7 +18,7 @@ import pytest
 
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
-from tests.conftest import Running
+from tests.conftest import Running, wait_for
 
 
 @pytest.fixture
@@ -156,11 +156,11 @@ def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
             answered.append((i, reply.headers["x-sparkctl-stack"]))
 
         threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)  # arrival order
         hold = running.gateway.holds["primary"]
-        assert len(hold.waiting) == 4 and not answered
+        for n, t in enumerate(threads, 1):
+            t.start()
+            wait_for(lambda n=n: len(hold.waiting) == n, what=f"request {n} held")  # arrival order
+        assert not answered
         models = client(running).models.list().data
         assert models[0].id == "primary" and models[0].switching["to"] == "qwen"
         tables["now"] = RouteTable(upstreams={"qwen": Upstream("qwen", engines["capped"].url, "tiny",

@@ -14,8 +14,8 @@ import pytest
 
 from sparkctl.gateway.proxy import PLACED_RETRIES, Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
-from tests.conftest import Running
-from tests.unit.test_replicas import Engines, ask, on_loop, port, wait_for
+from tests.conftest import Running, wait_for
+from tests.unit.test_replicas import Engines, ask, on_loop, port
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import asyncio
 import http.client
 import json
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.replicas import Replicas, host_of
 from sparkctl.gateway.routes import RouteTable, Upstream
-from tests.conftest import Running
+from tests.conftest import Running, wait_for
 
 A, B, C = "http://10.213.7.2:8110", "http://10.213.7.3:8110", "http://10.213.7.4:8110"
 
@@ -258,10 +257,3 @@ def on_loop(running: Running, fn):
         return fn()
 
     return asyncio.run_coroutine_threadsafe(call(), running.loop).result(10)
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.health import http_status
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 
 def rank(model: Path, index: int, master_port: int, http_port: int) -> subprocess.Popen:
@@ -40,13 +40,6 @@ def complete(url: str) -> int:
         return e.code
 
 
-def wait_for(condition, what: str, timeout: float = 30) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def group(tiny_model_dir: Path) -> Iterator[tuple[subprocess.Popen, subprocess.Popen, str]]:
     master, http = free_port(), free_port()
@@ -57,7 +50,7 @@ def group(tiny_model_dir: Path) -> Iterator[tuple[subprocess.Popen, subprocess.P
         assert http_status(url + "/health") is None and head.poll() is None
         worker = rank(tiny_model_dir, 1, master, 0)
         try:
-            wait_for(lambda: http_status(url + "/health") == 200, "rank 0 serves once rank 1 joined")
+            wait_for(lambda: http_status(url + "/health") == 200, what="rank 0 serves once rank 1 joined")
             yield head, worker, url
         finally:
             worker.kill()
