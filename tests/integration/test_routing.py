@@ -38,8 +38,12 @@ def test_a_routed_alias_through_the_daemon(switching, engine, cli, world: Path) 
     assert not refused["ok"] and f"{B} is neither up nor parked" in refused["error"]
     *_, up = daemon.client.stream("/v1/up", {"stack": B})
     assert up["ok"], up
+    too_long = route(daemon, "long", f"{A}:1000000 {B}")
+    assert not too_long["ok"] and f"{A} serves at most" in too_long["error"]
     done = route(daemon, "long", f"{A}:300 {B}")
     assert done["ok"] and done["result"]["rules"] == [{"stack": A, "up_to": 300}, {"stack": B, "up_to": None}]
+    assert [line.split(":")[0] for line in done["result"]["fit"]] == [A, B]
+    assert "prompts of 300 tokens at once" in done["result"]["fit"][0]  # the sims report their KV cache
     seen = [ask(client, words) for words in (5, 100, 150, 170, 400)]
     assert all(stack == (A if tokens <= 300 else B) for stack, tokens in seen), seen
     assert {s for s, _ in seen} == {A, B}

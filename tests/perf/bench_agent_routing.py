@@ -3,28 +3,38 @@ its no-spec twin alone, and a routed alias (up to 8192 prompt tokens to DFlash, 
 twin), side by side in one run; and what counting a prompt's tokens adds at the gateway.
 
 The engines are two simulated ones calibrated to seed 000 (`qwen36-dflash-n8`: 26 -> 21 tok/s
-through 8K, below no-spec past its cliff; `qwen36-nvfp4`: 8.9 -> 7.7 tok/s), co-resident, each
-re-prefilling the whole history on every call as the seed stacks do (prefix caching off). Their
-time runs at SPARKCTL_SIM_TIME_SCALE (0.01: a second of a Spark is 10 ms here); the session
-figures are printed in Spark seconds (divided by the scale). Goal (issue 19): routed <= 0.95 x
-the better single stack. Known flaw of this measurement: what runs in real time (the gateway's
-count of a 128K-token prompt, the sim's own tokenizing) is divided by the scale too, so it weighs
-100x what it would on a Spark; the routed session pays the gateway's count and the others do not.
+through 8K, below no-spec past its cliff; `qwen36-nvfp4`: 8.9 -> 7.7 tok/s), co-resident at 0.50
+and 0.45 of the GB10's memory (each holds a 128K session's KV cache). DFlash runs without prefix
+caching (with this draft it hangs: qwen36-dflash.yaml), so it prefills the whole history on
+every call. The twin runs twice: as seed 000 benchmarked it (prefix caching off), and with vLLM's
+default prefix caching, as an agent's long-context stack should; the routed alias pays one full
+prefill on the twin where it crosses over.
+
+Time: the engines run at SPARKCTL_SIM_TIME_SCALE (0.01: a Spark's second is 10 ms here) and count
+the engine time their profile gave each request in a Spark's seconds
+(`sparkctl_sim_engine_seconds_total`). A call's time on a Spark is that engine time plus what
+the call took here beyond its scaled-down engine time (the gateway, the token count, HTTP and
+JSON, the sim's own tokenizing), unscaled: overheads weigh what they weigh, not 100x. A
+session's time is the sum of its calls' (the agent's wait). Goal (issue 19): routed <= 0.95 x
+the better single stack.
 
 The counting cost: p50 of the gateway's prompt count (chat template rendered, then tokenized)
 for a 2K- and a 64K-token chat prompt with the tiny model's tokenizer, beside the prompt's own
-prefill time on a Spark at seed 000's prefill rate. Goal: <= 1 ms at 2K; at 64K well under the
-prefill.
+prefill time on a Spark at the profile's prefill rate. Goal: <= 1 ms at 2K; at 64K well under
+the prefill.
 
 Run with `make perf` (or `.venv/bin/python tests/perf/bench_agent_routing.py`).
 """
 
 from __future__ import annotations
 
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,17 +55,19 @@ SHAPE = "short" if SMOKE else "long"
 COUNTS = runs(200, smoke=5)
 
 
-def engines(model: Path, procs: list) -> dict[str, str]:
-    found = {}
-    for stack, profile in (("qwen36-dflash", "qwen36-dflash-n8"), ("qwen36-nvfp4-aeon", "qwen36-nvfp4")):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        procs.append(start([sys.executable, "-m", "sparkctl.sim", "serve", str(model), "--served-model-name", "tiny",
-                            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "140000", "--sim-profile",
-                            profile, "--gpu-memory-utilization", "0.45"], url + "/health",
-                           env={"SPARKCTL_SIM_TIME_SCALE": str(SCALE), "SPARKCTL_SIM_LOAD_SCALE": "0.001"}))
-        found[stack] = url
-    return found
+DFLASH, TWIN = "qwen36-dflash", "qwen36-nvfp4-aeon"
+SIMS = {DFLASH: ("qwen36-dflash-n8", "0.50"), TWIN: ("qwen36-nvfp4", "0.45")}
+ENGINE_S = re.compile(r"^sparkctl_sim_engine_seconds_total\{[^}]*\} (\S+)$", re.M)
+
+
+def engine(model: Path, stack: str, *flags: str) -> tuple[str, subprocess.Popen]:
+    profile, fraction = SIMS[stack]
+    url = f"http://127.0.0.1:{free_port()}"
+    return url, start([sys.executable, "-m", "sparkctl.sim", "serve", str(model), "--served-model-name", "tiny",
+                       "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--max-model-len", "140000",
+                       "--sim-profile", profile, "--gpu-memory-utilization", fraction, *flags], url + "/health",
+                      env={"SPARKCTL_SIM_TIME_SCALE": str(SCALE), "SPARKCTL_SIM_LOAD_SCALE": "0.001",
+                           "VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache between sessions
 
 
 def gateway(urls: dict[str, str], model: Path) -> Running:
@@ -64,17 +76,35 @@ def gateway(urls: dict[str, str], model: Path) -> Running:
     from sparkctl.policy.routing import Rule
 
     table = RouteTable(upstreams={s: Upstream(s, u, "tiny") for s, u in urls.items()},
-                       rules={"primary": (Rule("qwen36-dflash", THRESHOLD), Rule("qwen36-nvfp4-aeon"))})
+                       rules={"primary": (Rule(DFLASH, THRESHOLD), Rule(TWIN))})
     proxy = Gateway(lambda: table)
     proxy.counters = tokens.Counters(lambda _: model)
     return Running(proxy)
 
 
-def sessions(url: str, urls: dict[str, str], fill: agent.Filler) -> dict[str, agent.Session]:
+def engine_s(urls: dict[str, str]) -> float:
+    """The engine time (a Spark's seconds) all the engines have spent so far."""
+    return sum(float(v) for url in urls.values()
+               for v in ENGINE_S.findall(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()))
+
+
+def on_spark(url: str, urls: dict[str, str], model: str,
+             fill: agent.Filler) -> list[tuple[agent.Call, float, float]]:
+    """One session against `model`: each call with its time on a Spark and, of that, what ran
+    here beyond the engine's scaled time."""
+    for engine_url in urls.values():  # a new session finds no prefix of its own in any cache
+        urllib.request.urlopen(urllib.request.Request(engine_url + "/reset_prefix_cache", method="POST"), timeout=10)
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    spec = agent.shape(SHAPE)
-    return {model: agent.run(client, model, spec, fill, engines=urls)
-            for model in ("qwen36-dflash", "qwen36-nvfp4-aeon", "primary")}
+    timed, mark = [], [engine_s(urls)]
+
+    def spark(call: agent.Call) -> None:
+        mark.append(engine_s(urls))
+        spent = mark[-1] - mark[-2]
+        overhead = call.total_s - spent * SCALE
+        timed.append((call, spent + overhead, overhead))
+
+    agent.run(client, model, agent.shape(SHAPE), fill, engines=urls, on_call=spark)
+    return timed
 
 
 def counting(model: Path, text: str) -> None:
@@ -107,26 +137,35 @@ def main() -> None:
     model = write_model(Path(tempfile.mkdtemp(prefix="agent-bench-")) / "tiny", weights=False)
     text = corpus.text(120_000)
     counting(model, text)
-    procs: list = []
+    fill = agent.Filler(tokens.load(model).tokenizer, text)
+    results: dict[str, list[tuple[agent.Call, float, float]]] = {}
+    dflash_url, dflash = engine(model, DFLASH)
     try:
-        urls = engines(model, procs)
-        running = gateway(urls, model)
-        try:
-            fill = agent.Filler(tokens.load(model).tokenizer, text)
-            done = sessions(running.url, urls, fill)
-        finally:
-            running.stop()
+        for twin_caches in (False, True):
+            twin_url, twin = engine(model, TWIN, *(["--enable-prefix-caching"] if twin_caches else []))
+            urls = {DFLASH: dflash_url, TWIN: twin_url}
+            running = gateway(urls, model)
+            try:
+                for target in ((DFLASH,) if not twin_caches else ()) + (TWIN, "primary"):
+                    label = target if target == DFLASH else f"{target} ({'with' if twin_caches else 'no'} prefix cache)"
+                    results[label] = on_spark(running.url, urls, target, fill)
+            finally:
+                running.stop()
+                twin.kill()
     finally:
-        for proc in procs:
-            proc.kill()
-    for model_name, session in done.items():
-        by = {s: sum(1 for c in session.calls if c.stack == s) for s in urls}
-        print(f"{SHAPE} session via {model_name}: {session.wall_s / SCALE:.0f} s on a Spark "
-              f"({len(session.calls)} calls, to {session.calls[-1].context} tokens; wait per call median "
-              f"{session.median_wait_s / SCALE:.1f} s, worst {session.worst_wait_s / SCALE:.1f} s; "
-              f"calls by stack {by})")
-    best = min(done["qwen36-dflash"].wall_s, done["qwen36-nvfp4-aeon"].wall_s)
-    print(f"routed / better single stack: {done['primary'].wall_s / best:.3f} (goal <= 0.95)")
+        dflash.kill()
+    for label, calls in results.items():
+        waits = [spark for _, spark, _ in calls]
+        overhead = sum(overhead for *_, overhead in calls)
+        by = {s: sum(1 for c, *_ in calls if c.stack == s) for s in (DFLASH, TWIN)}
+        print(f"{SHAPE} session via {label}: {sum(waits):.0f} s on a Spark ({len(calls)} calls, to "
+              f"{calls[-1][0].context} tokens; wait per call median {statistics.median(waits):.1f} s, worst "
+              f"{max(waits):.1f} s; of it beyond the engine {overhead:.2f} s; calls by stack {by})")
+    for caches in ("no", "with"):
+        routed, dflash, twin = (sum(spark for _, spark, _ in results[label]) for label in (
+            f"primary ({caches} prefix cache)", DFLASH, f"{TWIN} ({caches} prefix cache)"))
+        best = min(dflash, twin)
+        print(f"twin {caches} prefix cache: routed / better single stack {routed / best:.3f} (goal <= 0.95)")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def metrics(url: str) -> dict[str, float]:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            found[re.sub(r"\{.*\}", "", name) if "position" not in name else name] = float(value)
+            found[name if "position" in name or "phase" in name else re.sub(r"\{.*\}", "", name)] = float(value)
     return found
 
 
@@ -88,6 +88,42 @@ def test_metrics_follow_served_tokens(sim) -> None:
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 64
     drafted = after["vllm:spec_decode_num_draft_tokens_total"]
     assert drafted > 0 and 0 < after["vllm:spec_decode_num_accepted_tokens_total"] <= drafted
+
+
+def test_prefix_caching_skips_the_prefill_of_cached_blocks(sim) -> None:
+    """With --enable-prefix-caching a prompt's leading whole blocks seen before are not prefilled
+    again (the last token always is); a shared prefix counts, a reset empties the cache, and
+    without the flag every prompt is prefilled whole. The engine's own time (in a Spark's
+    seconds) shows it, beside vLLM's prefix-cache counters."""
+    cached, plain = (sim("--sim-profile", "qwen36-nvfp4", "--gpu-memory-utilization", "0.5", *flag, scale=0.001,
+                         env={"VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache
+                     for flag in (["--enable-prefix-caching"], []))
+    history = " ".join(f"turn {i} of a long agent session" for i in range(400))
+    for engine in (cached, plain):
+        engine.wait_ready()
+        spent = []
+        for prompt in (history, history, history + " and a new tool result", "reset", history):
+            if prompt == "reset":
+                assert post(engine.url + "/reset_prefix_cache", {})[0] == 200
+                continue
+            before = metrics(engine.url)
+            _, reply = post(engine.url + "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1})
+            after = metrics(engine.url)
+            delta = {k: after[k] - before[k] for k in ('sparkctl_sim_engine_seconds_total{engine="0",model_name="tiny",'
+                                                       'phase="prefill"}', "vllm:prefix_cache_hits_total")}
+            spent.append((reply["usage"]["prompt_tokens"], *delta.values()))
+        n, first, _ = spent[0]
+        tps = PROFILES["qwen36-nvfp4"].prefill_tps(n)
+        assert first == pytest.approx(n / tps)
+        if engine is plain:
+            assert all(hits == 0 and s == pytest.approx(t / tps, rel=0.01) for t, s, hits in spent)
+            continue
+        whole = (n - 1) // 16 * 16  # the whole blocks before the last token
+        assert spent[1][1:] == (pytest.approx((n - whole) / tps), whole)
+        longer = spent[2][0]
+        assert spent[2][2] == whole and spent[2][1] == pytest.approx((longer - whole) / PROFILES["qwen36-nvfp4"]
+                                                                     .prefill_tps(longer))
+        assert spent[3][1:] == (pytest.approx(first), 0)  # after the reset
 
 
 def stream_timed(url: str, body: dict) -> tuple[list[float], dict]:

@@ -30,6 +30,8 @@ def set_(ctx: typer.Context, alias: str = typer.Argument(..., help="The alias ag
         rt.console.print(f"{escape(alias)}: {limit} -> {escape(rule['stack'])}")
     rt.console.print(f"memory: the routed stacks hold {result['memory']:.2f} of this Spark together "
                      f"(ceiling {result['ceiling']:.2f}; stacks placed across the fleet not counted)")
+    for line in result["fit"]:
+        rt.console.print(escape(line))
 
 
 @app.command("rm")

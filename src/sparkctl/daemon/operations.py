@@ -200,7 +200,7 @@ class Operations:
         with self.turns.turn(f"alias:{alias}", ticket):
             parsed = routing.check(alias, [routing.parse(r) for r in rules.split()]) if rules.strip() else None
             catalog, desired = self.machine.catalog(), self.machine.desired()
-            memory = 0.0
+            memory, serving = 0.0, {}
             for rule in parsed or ():
                 spec = catalog.stack(rule.stack)
                 placed = self.fleet is not None and self.fleet.placed(rule.stack)
@@ -208,12 +208,23 @@ class Operations:
                     raise SparkctlError(f"routed alias {alias}: {rule.stack} is neither up nor parked, and the gateway "
                                         f"may send it a request at any time; `sparkctl up {rule.stack}` first")
                 memory += 0.0 if placed else spec.resources.gpu_memory_utilization
+                serving[rule.stack] = self._serving(spec)
+            fits = routing.fit(parsed or (), serving)
             self.machine.update_desired(lambda d: d.routed(alias, parsed))
             self.routes.refresh()
         if parsed is None:
             return {"alias": alias, "rules": None}
         return {"alias": alias, "rules": [dataclasses.asdict(r) for r in parsed], "memory": round(memory, 3),
-                "ceiling": self.settings.memory_ceiling}
+                "ceiling": self.settings.memory_ceiling, "fit": fits}
+
+    def _serving(self, spec: Stack) -> routing.Serving:
+        """The context a stack serves and its KV cache, as its last deploy recorded them (else its spec)."""
+        latest = self.store.deployments.latest(spec.name)
+        headroom = latest and latest.fingerprint and self.store.deployments.headroom(spec.name, latest.fingerprint)
+        configured = spec.vllm.max_model_len if spec.vllm else None
+        if not headroom:
+            return routing.Serving(configured)
+        return routing.Serving(headroom.max_model_len or configured, headroom.kv_tokens)
 
     def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
              still: Callable[[], bool] = lambda: True) -> dict[str, Any]:

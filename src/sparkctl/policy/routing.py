@@ -9,7 +9,7 @@ per request (`speculative.max_model_len` is accepted and ignored, vLLM #52258).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sparkctl.errors import SparkctlError
@@ -40,6 +40,31 @@ def check(alias: str, rules: Sequence[Rule]) -> tuple[Rule, ...]:
     if len({r.stack for r in rules}) != len(rules):
         raise SparkctlError(f"{where}: a stack appears in two rules")
     return tuple(rules)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What a routed stack takes: the context it serves and, when its deploy recorded it, its KV cache."""
+    max_model_len: int | None = None
+    kv_tokens: int | None = None
+
+
+def fit(rules: Sequence[Rule], serving: Mapping[str, Serving]) -> list[str]:
+    """How the prompts each rule sends fit its stack, a line per rule; a SparkctlError when a stack
+    serves less context than its rule sends it (the engine would refuse those prompts)."""
+    lines = []
+    for rule in rules:
+        s = serving[rule.stack]
+        if rule.up_to is not None and s.max_model_len is not None and s.max_model_len < rule.up_to:
+            raise SparkctlError(f"{rule.stack} serves at most {s.max_model_len:,} tokens of context, but its rule sends "
+                                f"it prompts up to {rule.up_to:,}: lower the threshold or raise its vllm.max_model_len")
+        longest = rule.up_to or s.max_model_len
+        if s.kv_tokens is None or longest is None:
+            lines.append(f"{rule.stack}: KV cache unknown (its deploy recorded none)")
+        else:
+            lines.append(f"{rule.stack}: KV cache {s.kv_tokens:,} tokens, {s.kv_tokens / longest:.1f} prompts of "
+                         f"{longest:,} tokens at once")
+    return lines
 
 
 def pick(rules: Sequence[Rule], tokens: int) -> int:

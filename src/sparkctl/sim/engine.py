@@ -16,7 +16,8 @@ import os
 import random
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,11 @@ class Metrics:
     diffusion_committed: int = 0
     diffusion_steps: int = 0
     diffusion_canvas: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # of them, found
+    # The time the profile gave the requests, in a Spark's seconds (before the time scale):
+    # what a benchmark here adds up to tell a Spark's time from the real overheads around it.
+    engine_s: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})
     ttft: Histogram = field(default_factory=lambda: Histogram(_TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(_ITL_BUCKETS))
 
@@ -138,6 +144,43 @@ class Memory:
             region.close()
 
 
+class PrefixCache:
+    """vLLM's automatic prefix caching, by whole KV blocks: a block is known by its tokens and all
+    the tokens before it, and a prompt's leading known blocks are not prefilled again. It holds
+    what the KV cache holds (its capacity), the least recently used block leaving first."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity = capacity_tokens // KV_BLOCK_SIZE
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def hit(self, ids: Sequence[int]) -> int:
+        """Tokens of the prompt already cached; the last token is always computed (as in vLLM)."""
+        found = 0
+        for key in _block_keys(ids[:-1]):
+            if key not in self.blocks:
+                break
+            self.blocks.move_to_end(key)
+            found += KV_BLOCK_SIZE
+        return found
+
+    def keep(self, ids: Sequence[int]) -> None:
+        for key in _block_keys(ids):
+            self.blocks[key] = None
+            self.blocks.move_to_end(key)
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        self.blocks.clear()
+
+
+def _block_keys(ids: Sequence[int]) -> Iterator[int]:
+    key = 0
+    for start in range(0, len(ids) - KV_BLOCK_SIZE + 1, KV_BLOCK_SIZE):
+        key = hash((key, tuple(ids[start:start + KV_BLOCK_SIZE])))
+        yield key
+
+
 class Aborted(Exception):
     """A request cut by `/sleep` in its default `abort` mode; vLLM finishes it with "abort"."""
 
@@ -152,8 +195,8 @@ class Vocabulary:
         self.pool = words or [(i, p) for i, p in pieces if p.isprintable() and p] or [(0, "x")]
         self.rng = random.Random(seed)
 
-    def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def pieces(self, n: int) -> list[str]:
         return [self.rng.choice(self.pool)[1] for _ in range(n)]
@@ -162,7 +205,7 @@ class Vocabulary:
 class Engine:
     def __init__(self, profile: Profile, vocab: Vocabulary, *, num_speculative: int, scale: float,
                  max_model_len: int, memory_fraction: float, faults: Faults, seed: int = 0,
-                 memory: Memory | None = None, sleep_mode: bool = False) -> None:
+                 memory: Memory | None = None, sleep_mode: bool = False, prefix_caching: bool = False) -> None:
         self.profile, self.vocab, self.scale = profile, vocab, scale
         self.num_speculative, self.max_model_len, self.faults = num_speculative, max_model_len, faults
         self.metrics = Metrics(accepted_per_pos=[0] * num_speculative)
@@ -173,6 +216,7 @@ class Engine:
         self.memory_fraction = memory_fraction
         self.kv_capacity = kv_capacity(profile, memory_fraction)
         self.kv_used = 0
+        self.prefix_cache = PrefixCache(self.kv_capacity) if prefix_caching else None
         self._released = asyncio.Event()
         # Sleep mode, as vLLM's engine core keeps it. Without --enable-sleep-mode vLLM still
         # answers /sleep and /wake_up, but its allocator holds nothing to release.
@@ -197,8 +241,10 @@ class Engine:
         natural = max(min_tokens, self.rng.randint(12, 40))
         return min(natural, wanted)
 
-    async def generate(self, *, prompt_tokens: int, length: int) -> AsyncIterator[list[str]]:
-        """Yield the text pieces of each engine step, at the profile's speed."""
+    async def generate(self, *, prompt: Sequence[int], length: int) -> AsyncIterator[list[str]]:
+        """Yield the text pieces of each engine step, at the profile's speed; a prompt's blocks
+        in the prefix cache are not prefilled again."""
+        prompt_tokens = len(prompt)
         m, need, start, aborts = self.metrics, prompt_tokens + length, time.monotonic(), self._aborts
         m.requests_waiting += 1
         try:
@@ -209,7 +255,14 @@ class Engine:
         self._admit()
         m.prompt_tokens += prompt_tokens
         try:
-            await asyncio.sleep(prompt_tokens / self.profile.prefill_tps(prompt_tokens) * self.scale)
+            cached = 0
+            if self.prefix_cache is not None:
+                cached = self.prefix_cache.hit(prompt)
+                m.prefix_queries += prompt_tokens
+                m.prefix_hits += cached
+            await self._spend("prefill", (prompt_tokens - cached) / self.profile.prefill_tps(prompt_tokens))
+            if self.prefix_cache is not None:
+                self.prefix_cache.keep(prompt)
             clock = last = time.monotonic()
             emitted = 0
             while emitted < length:
@@ -219,7 +272,9 @@ class Engine:
                 if self._aborts != aborts:
                     raise Aborted
                 step = min(self._step_tokens(), length - emitted)
-                clock += step / self.profile.decode_tps(prompt_tokens + emitted) * self.scale
+                took = step / self.profile.decode_tps(prompt_tokens + emitted)
+                m.engine_s["decode"] += took
+                clock += took * self.scale
                 await asyncio.sleep(max(0.0, clock - time.monotonic()))
                 now = time.monotonic()
                 (m.itl if emitted else m.ttft).observe(now - (last if emitted else start))
@@ -296,7 +351,16 @@ class Engine:
     async def reset_prefix_cache(self, *, reset_running: bool) -> bool:
         """Fails while running requests hold blocks, unless they are reset too (vLLM)."""
         async with self._utility:
-            return reset_running or not self.metrics.requests_running
+            if not (reset_running or not self.metrics.requests_running):
+                return False
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
+            return True
+
+    async def _spend(self, phase: str, seconds: float) -> None:
+        """`seconds` of a Spark's time in `phase`, at the time scale."""
+        self.metrics.engine_s[phase] += seconds
+        await asyncio.sleep(seconds * self.scale)
 
     async def _park(self, level: int) -> None:
         p, s = self.profile, self.scale

@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = Vocabulary(model_dir, seed=args.sim_seed)
     engine = Engine(profile, vocab, num_speculative=speculative.get("num_speculative_tokens", 0),
                     scale=scale, max_model_len=args.max_model_len, memory_fraction=args.gpu_memory_utilization,
-                    faults=faults, seed=args.sim_seed, memory=memory, sleep_mode=args.enable_sleep_mode)
+                    faults=faults, seed=args.sim_seed, memory=memory, sleep_mode=args.enable_sleep_mode,
+                    prefix_caching=bool(args.enable_prefix_caching))
     if args.headless:  # a worker rank: no API server
         asyncio.run(worker(args.node_rank, args.master_addr, args.master_port))
         return 0

@@ -89,7 +89,8 @@ class Api:
                 await self.group.step()
             except GroupBroken as e:
                 return _error(500, f"EngineCore encountered an issue: {e}", "InternalServerError")
-        prompt_tokens = self.engine.vocab.count(prompt)
+        ids = self.engine.vocab.ids(prompt)
+        prompt_tokens = len(ids)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if prompt_tokens + (max_tokens or 1) > self.max_model_len:
             return _error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
@@ -102,7 +103,7 @@ class Api:
             return _error(503, "The engine is sleeping; POST /wake_up to serve requests again.",
                           "ServiceUnavailableError")
         reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length)
-        steps = self.engine.generate(prompt_tokens=prompt_tokens, length=length)
+        steps = self.engine.generate(prompt=ids, length=length)
         echo = _echo(body)
         if body.get("stream"):
             return await self._stream(request, reply, steps, body.get("stream_options") or {}, echo)
@@ -240,6 +241,10 @@ def render_metrics(engine: Engine, model: str) -> str:
     emit("sparkctl_sim_memory_bytes", "gauge", engine.memory.held())
     emit("vllm:prompt_tokens_total", "counter", m.prompt_tokens)
     emit("vllm:generation_tokens_total", "counter", m.generation_tokens)
+    emit("vllm:prefix_cache_queries_total", "counter", m.prefix_queries)
+    emit("vllm:prefix_cache_hits_total", "counter", m.prefix_hits)
+    for phase, seconds in m.engine_s.items():
+        emit("sparkctl_sim_engine_seconds_total", "counter", seconds, f',phase="{phase}"')
     emit("vllm:request_success_total", "counter", m.requests_finished, ',finished_reason="length"')
     if engine.num_speculative:
         emit("vllm:spec_decode_num_drafts_total", "counter", m.drafts)
