@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure a Docker engine with compose v2, Debian's registry and debootstrap are here.
+# Make sure a Docker engine with compose v2, Debian's registry, debootstrap and Chromium (the
+# dashboard's browser tests, driven by Playwright) are here.
 # On a machine that already has a working engine and compose v2 (any Spark), this changes
 # nothing. On a bare Debian 12 machine run as root, it installs dockerd 26 + compose v2 from
 # trixie (bookworm's docker.io has no compose v2) and starts dockerd without a bridge: every
@@ -12,7 +13,7 @@ engine_ok() { docker info >/dev/null 2>&1 && docker compose version >/dev/null 2
 # `ip` (iproute2), nsenter and unshare: the fleet tests' hosts are network namespaces (tests/fleet).
 tools_ok() {
   command -v docker-registry >/dev/null && command -v debootstrap >/dev/null && command -v ip >/dev/null &&
-    command -v nsenter >/dev/null && command -v unshare >/dev/null
+    command -v nsenter >/dev/null && command -v unshare >/dev/null && command -v chromium >/dev/null
 }
 
 # Only these come from trixie, named per package: `-t trixie` would take ~139 packages (libc6,
@@ -47,16 +48,17 @@ fi
 
 if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
   engine_ok || { say "no Docker engine with compose v2 reachable; install Docker and retry"; exit 1; }
-  say "docker-registry, debootstrap or iproute2 is missing: the registry and fleet tests will fail"; exit 1
+  say "docker-registry, debootstrap, iproute2 or chromium is missing: the registry, fleet and dashboard tests" \
+    "will fail"; exit 1
 fi
 
 if ! command -v dockerd >/dev/null || ! docker compose version >/dev/null 2>&1 || ! tools_ok; then
-  say "installing docker.io + compose v2 (trixie), docker-registry, debootstrap, iproute2"
+  say "installing docker.io + compose v2 (trixie), docker-registry, debootstrap, iproute2, chromium"
   add_trixie
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   install_docker -qq >/dev/null
-  apt-get install -y -qq debootstrap docker-registry iproute2 util-linux >/dev/null
+  apt-get install -y -qq debootstrap docker-registry iproute2 util-linux chromium >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then

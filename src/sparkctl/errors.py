@@ -36,6 +36,10 @@ class NoSuchStack(SpecError):
     """A stack name that no stack file defines (the API's 404)."""
 
 
+class NoSuchFile(SparkctlError):
+    """A file the API was asked for that is not there, or not its to give (the API's 404)."""
+
+
 class ImageRefused(SparkctlError):
     """The image policy refuses a ref or digest (blacklisted, or an unpinned `latest`)."""
 

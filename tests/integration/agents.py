@@ -84,9 +84,10 @@ def amend(path, **keys: object) -> None:
         yaml.dump(data, out)
 
 
-def routed(gateway: str) -> str | None:
+def routed(gateway: str, key: str | None = None) -> str | None:
+    ask = urllib.request.Request(gateway + "/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        models = json.loads(urllib.request.urlopen(gateway + "/v1/models", timeout=5).read())["data"]
+        models = json.loads(urllib.request.urlopen(ask, timeout=5).read())["data"]
     except OSError:
         return None
     return next((STACK_OF.get(m["root"], m["root"]) for m in models if m["id"] == "primary"), None)

@@ -88,7 +88,7 @@ def switching(world, start_daemon, monkeypatch):
     old stack leaves by `park` (stop: removed, as these tests expect)."""
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST_LOAD)
 
-    def start(*, small: bool, extra: dict[str, str] | None = None, park: str = "stop"):
+    def start(*, small: bool, extra: dict[str, str] | None = None, park: str = "stop", key: str | None = None):
         for stack in (A, B):
             amend(world / "stacks" / f"{stack}.yaml", switch={"bench": "off", "park": park},
                   **({"resources": {"gpu_memory_utilization": 0.4}} if small else {}))
@@ -98,7 +98,7 @@ def switching(world, start_daemon, monkeypatch):
         (world / "state" / "desired.yaml").write_text(f"stacks: [{A}]\naliases: {{primary: {A}}}\n")
         daemon = start_daemon()
         daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
-        wait_for(lambda: routed(daemon.gateway) == A, timeout=60, what="primary routed", logs=daemon.logs)
+        wait_for(lambda: routed(daemon.gateway, key) == A, timeout=60, what="primary routed", logs=daemon.logs)
         return daemon
 
     return start

@@ -42,8 +42,9 @@ def test_bad_rules_are_refused_with_what_is_wrong(rules, problem: str) -> None:
 
 def test_the_fit_of_each_rule_says_its_kv_cache_and_refuses_a_stack_too_short_for_its_prompts() -> None:
     serving = {"qwen36-dflash": routing.Serving(131072, 113_000), "qwen36-nvfp4-aeon": routing.Serving(131072)}
-    assert routing.fit(PAIR, serving) == ["qwen36-dflash: KV cache 113,000 tokens, 13.8 prompts of 8,192 tokens at once",
-                                          "qwen36-nvfp4-aeon: KV cache unknown (its deploy recorded none)"]
+    assert routing.fit(PAIR, serving) == [
+        "qwen36-dflash: KV cache 113,000 tokens, 13.8 prompts of 8,192 tokens at once",
+        "qwen36-nvfp4-aeon: KV cache unknown (its deploy recorded none)"]
     with pytest.raises(SparkctlError, match="qwen36-dflash serves at most 4,096 tokens of context, but its rule "
                                             "sends it prompts up to 8,192"):
         routing.fit(PAIR, serving | {"qwen36-dflash": routing.Serving(4096, 50_000)})

@@ -165,9 +165,13 @@ class DockerEngine:
             return self.client.api.logs(name_or_id, tail=tail).decode(errors="replace")
 
     def follow_logs(self, name_or_id: str, *, tail: int = 30) -> Iterator[str]:
+        for chunk in self.log_stream(name_or_id, tail=tail):
+            yield chunk.decode(errors="replace")
+
+    def log_stream(self, name_or_id: str, *, tail: int = 30) -> Any:
+        """The container's log (its last `tail` lines, then following) as byte chunks; `close()` ends it."""
         with _translated(f"follow the logs of {name_or_id}"):
-            for chunk in self.client.api.logs(name_or_id, tail=tail, stream=True, follow=True):
-                yield chunk.decode(errors="replace")
+            return self.client.api.logs(name_or_id, tail=tail, stream=True, follow=True)
 
     def events(self) -> Iterator[dict[str, Any]]:
         """The engine's container events (die, oom, start, destroy, ...) of sparkctl's containers,

@@ -246,15 +246,9 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
 
     from sparkctl import report
 
-    if not entries:
-        raise SparkctlError("nothing to report: no benchmark runs (`sparkctl bench run STACK`)")
-    repos = {stack.image.repository for stack, _ in entries}
-    bans = {ref: ban.reason for ref, ban in rt.policy.blacklist.items()
-            if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
     folder = Path(out) if out else rt.settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
-    return report.write(entries, folder, bandwidth_gbs=rt.settings.memory_bandwidth_gbs,
-                        title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries), label=label,
-                        bans=bans)
+    return report.compare(entries, folder, blacklist=rt.policy.blacklist,
+                          bandwidth_gbs=rt.settings.memory_bandwidth_gbs, label=label)
 
 
 def _up(rt, name: str) -> None:

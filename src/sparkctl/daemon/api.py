@@ -1,9 +1,13 @@
 """The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
 
 Routes: GET /v1/status, GET /v1/desired, POST /v1/up, /v1/down, /v1/switch, /v1/park, /v1/wake,
-/v1/retest (these stream NDJSON events until the outcome), GET /v1/events?since=N (NDJSON,
-long-lived), GET /v1/history, GET /metrics. Errors are JSON `{"error": {"message", "type"}}`; a
-bad request never stops the daemon.
+/v1/retest (these stream NDJSON events until the outcome), GET /v1/events?since=N (long-lived),
+GET /v1/logs?stack=S&tail=N (the engine's log, its last N lines then following), GET /v1/history,
+GET /v1/runs (benchmark runs), GET /v1/reports and /v1/report-file?report=ID&path=P (written
+reports and their files), POST /v1/report (a comparison report of `{"runs": [...]}`), GET /metrics.
+The two long-lived streams are NDJSON, or server-sent events when the request accepts
+`text/event-stream` (the dashboard's EventSource, which resumes from `Last-Event-ID`).
+Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the daemon.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -23,12 +28,14 @@ from aiohttp import web
 from sparkctl import wire
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
-from sparkctl.errors import NoSuchStack, SparkctlError
+from sparkctl.errors import NoSuchFile, NoSuchStack, SparkctlError
 from sparkctl.log import redact
 from sparkctl.policy.parking import Park
 from sparkctl.state.desired import Desired
 
 MAX_BODY = 64 * 1024
+TYPES = {".md": "text/markdown; charset=utf-8", ".png": "image/png", ".json": "application/json",
+         ".csv": "text/csv; charset=utf-8"}  # of report files; anything else is sent as bytes
 _actions = itertools.count(1)  # numbers the streamed actions, so each finds its own end
 
 
@@ -65,14 +72,27 @@ class Service(Protocol):
 
     def metrics_text(self) -> str: ...
 
+    def logs(self, stack: str, tail: int) -> Any: ...
+
+    def runs(self) -> dict[str, Any]: ...
+
+    def reports(self) -> dict[str, Any]: ...
+
+    def report_file(self, report: str, path: str) -> Path: ...
+
+    def compare(self, runs: list[int], label: str = "") -> dict[str, Any]: ...
+
 
 SERVICE = web.AppKey("service", Service)
+CLOSING = web.AppKey("closing", asyncio.Event)  # set as the API stops: the long-lived streams end
 
 
 def build(service: Service, *, token: str | None = None) -> web.Application:
     """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors] + ([_bearer(token)] if token else []))
     app[SERVICE] = service
+    app[CLOSING] = asyncio.Event()
+    app.on_shutdown.append(_closing)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/desired", desired)
     app.router.add_post("/v1/up", up)
@@ -83,6 +103,11 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
     app.router.add_post("/v1/wake", wake)
     app.router.add_post("/v1/retest", retest)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/logs", logs)
+    app.router.add_get("/v1/runs", runs)
+    app.router.add_get("/v1/reports", reports)
+    app.router.add_get("/v1/report-file", report_file)
+    app.router.add_post("/v1/report", compare)
     app.router.add_get("/v1/history", history)
     app.router.add_get("/metrics", metrics)
     return app
@@ -177,14 +202,72 @@ async def _queued(service: Service, key: str) -> AsyncIterator[int]:
 async def events(request: web.Request) -> web.StreamResponse:
     bus = request.app[SERVICE].bus
     try:
-        since = int(request.query.get("since", bus.last))
+        since = int(request.headers.get("Last-Event-ID") or request.query.get("since", bus.last))
     except ValueError:
         raise _bad(400, "`since` must be an event number") from None
-    response = await _ndjson(request)
-    while True:
-        for event in await bus.wait_after(since, timeout=15):
+    response, write = await _lines(request)
+    while (events := await _unless_closing(request, bus.wait_after(since, timeout=15))) is not None:
+        for event in events:
             since = event["seq"]
-            await response.write(json.dumps(event).encode() + b"\n")
+            await write(event, event["seq"])
+        if not events:
+            await write(None)  # a keep-alive: a browser that left is noticed
+    await response.write_eof()
+    return response
+
+
+async def logs(request: web.Request) -> web.StreamResponse:
+    """The stack's engine log, its last `tail` lines then each new one, until the client leaves."""
+    service: Service = request.app[SERVICE]
+    try:
+        tail = min(10_000, max(1, int(request.query.get("tail", "200"))))
+    except ValueError:
+        raise _bad(400, "`tail` must be a number of lines") from None
+    stream = await asyncio.to_thread(service.logs, request.query.get("stack", ""), tail)
+    loop, lines = asyncio.get_running_loop(), asyncio.Queue()
+
+    def pump() -> None:  # on a worker thread: docker's stream blocks until a line comes
+        try:
+            for chunk in stream:
+                loop.call_soon_threadsafe(lines.put_nowait, chunk)
+        finally:
+            loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    loop.run_in_executor(None, pump)
+    try:
+        response, write = await _lines(request)
+        while (chunk := await _unless_closing(request, lines.get())) is not None:
+            for line in redact(chunk.decode(errors="replace")).splitlines():
+                await write({"line": line})
+    finally:
+        stream.close()  # ends the pump's iteration
+    await response.write_eof()
+    return response
+
+
+async def runs(request: web.Request) -> web.Response:
+    return web.json_response(await asyncio.to_thread(request.app[SERVICE].runs))
+
+
+async def reports(request: web.Request) -> web.Response:
+    return web.json_response(await asyncio.to_thread(request.app[SERVICE].reports))
+
+
+async def report_file(request: web.Request) -> web.FileResponse:
+    path = await asyncio.to_thread(request.app[SERVICE].report_file, request.query.get("report", ""),
+                                   request.query.get("path", ""))
+    return web.FileResponse(path, headers={"Content-Type": TYPES.get(path.suffix, "application/octet-stream"),
+                                           "X-Content-Type-Options": "nosniff"})
+
+
+async def compare(request: web.Request) -> web.Response:
+    """A comparison report of the runs in `{"runs": [id, ...], "label": "..."}`."""
+    try:
+        body = await request.json()
+        chosen, label = [int(r) for r in body["runs"]], str(body.get("label", ""))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+        raise _bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
+    return web.json_response(await asyncio.to_thread(request.app[SERVICE].compare, chosen, label))
 
 
 async def history(request: web.Request) -> web.Response:
@@ -236,6 +319,41 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
     return response
 
 
+async def _closing(app: web.Application) -> None:
+    app[CLOSING].set()
+
+
+async def _unless_closing(request: web.Request, step: Any) -> Any:
+    """`step`'s result, or None once the API is stopping (a long-lived stream ends then)."""
+    waiting, closing = asyncio.ensure_future(step), asyncio.ensure_future(request.app[CLOSING].wait())
+    await asyncio.wait({waiting, closing}, return_when=asyncio.FIRST_COMPLETED)
+    closing.cancel()
+    if waiting.done():
+        return waiting.result()
+    waiting.cancel()
+    return None
+
+
+async def _lines(request: web.Request) -> tuple[web.StreamResponse, Callable[..., Any]]:
+    """Start a long-lived stream; returns it and `write(record, seq=None)`: NDJSON, or server-sent
+    events (with `seq` as the event's id) when the client accepts them. `write(None)` keeps it alive."""
+    sse = "text/event-stream" in request.headers.get("Accept", "")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else "application/x-ndjson",
+                                           "Cache-Control": "no-store"})
+    await response.prepare(request)
+
+    async def write(record: dict | None, seq: int | None = None) -> None:
+        if record is None:
+            await response.write(b": keep-alive\n\n" if sse else b"\n")
+        elif sse:
+            await response.write((f"id: {seq}\n" if seq is not None else "").encode()
+                                 + b"data: " + json.dumps(record).encode() + b"\n\n")
+        else:
+            await response.write(json.dumps(record).encode() + b"\n")
+
+    return response, write
+
+
 async def _ndjson(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
@@ -279,7 +397,7 @@ async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse
         raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=0, content_type="application/json",
                                             text=json.dumps({"error": {"message": f"request body over {MAX_BODY} "
                                                                        "bytes", "type": "too_large"}})) from None
-    except NoSuchStack as e:
+    except (NoSuchStack, NoSuchFile) as e:
         raise _bad(404, str(e), "sparkctl_error") from None
     except wire.BadRequest as e:
         raise _bad(400, str(e)) from None

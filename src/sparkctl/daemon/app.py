@@ -34,6 +34,7 @@ from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.proxy import Gateway, LoopControl, Waker
 from sparkctl.gateway.tokens import Counters
+from sparkctl.gateway.ui import Dashboard
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import load_fleet
 from sparkctl.wiring import Wiring
@@ -134,6 +135,7 @@ class Daemon:
                           hold_timeout=s.switch_hold_timeout)
         gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
         gateway.counters = Counters(self._model_dir)
+        gateway.ui = Dashboard(f"unix:{s.socket_path}", gateway.upstreams)
         self.gateway = gateway
         self.operations.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                               hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)

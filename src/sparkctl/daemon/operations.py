@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.adapters.docker import DockerEngine
@@ -26,7 +27,7 @@ from sparkctl.daemon.verdicts import Verdicts
 from sparkctl.deploy import retest
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.status import other_instances, status_rows
-from sparkctl.errors import ImageRefused, SparkctlError
+from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
 from sparkctl.fleet import placement
 from sparkctl.fleet.placement import Placed
 from sparkctl.gateway.routes import RouteTable, Upstream, build_table
@@ -44,6 +45,8 @@ from sparkctl.wire import DownDone, Note, UpDone
 if TYPE_CHECKING:
     from sparkctl.daemon.fleetswitch import FleetSwitch
 
+
+REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
 
 @dataclass
 class Routes:
@@ -396,8 +399,11 @@ class Operations:
                     "parked": desired.parked.get(row["stack"])}
             if row["parked"] is not None:
                 row["phase"] = f"parked (sleep level {row['parked']})" if row["parked"] else "parked (stopped)"
+        memory = self.memory().now(desired.parked)
         return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
-                "others": other_instances(self.machine.docker)}
+                "others": other_instances(self.machine.docker),
+                "memory": {"held": memory.held, "ceiling": memory.ceiling, "parked": memory.parked},
+                "catalog": sorted(s.name for s in self.machine.catalog().deployable())}
 
     def history(self, stack: str | None) -> dict[str, Any]:
         store = self.store
@@ -406,6 +412,51 @@ class Operations:
                         "transitions": [(p.value, at, detail) for p, at, detail in store.deployments.transitions(d.id)]}
                        for d in store.deployments.history(stack)]
         return {"deployments": deployments, "events": store.events.list(stack), "switches": store.switches.list()}
+
+    def runs(self) -> dict[str, Any]:
+        """The stored benchmark runs with results, newest first (the dashboard's Compare picks from them)."""
+        return {"runs": [{"id": r.id, "stack": r.stack, "profile": r.profile, "started": r.started,
+                          "verdict": r.verdict, "rows": len(r.rows)}
+                         for r in self.store.bench.runs(limit=200) if r.rows]}
+
+    def reports(self) -> dict[str, Any]:
+        """The written reports, newest first: comparisons (`reports/<time>`) and agent sessions
+        (`bench/agent-<time>`), each with its markdown file."""
+        found = [{"id": f"{kind}/{folder.name}", "file": page, "time": folder.stat().st_mtime}
+                 for kind, page in REPORT_KINDS.items() for folder in (self.settings.state_dir / kind).glob("*")
+                 if (folder / page).is_file()]
+        return {"reports": sorted(found, key=lambda r: -r["time"])}
+
+    def report_file(self, report: str, path: str) -> Path:
+        """A file of a written report; a SparkctlError for anything outside one."""
+        kind, _, name = report.partition("/")
+        root = (self.settings.state_dir / kind / name).resolve()
+        wanted = (root / path).resolve()
+        if kind not in REPORT_KINDS or not name or "/" in name or not wanted.is_relative_to(root) \
+                or not wanted.is_file():
+            raise NoSuchFile(f"no file {path!r} in report {report!r}")
+        return wanted
+
+    def compare(self, runs: list[int], label: str = "") -> dict[str, Any]:
+        """A comparison report of these benchmark runs, written as `sparkctl bench report` writes it."""
+        from sparkctl import report
+        from sparkctl.deploy.retest import reported_spec
+
+        found = [self.store.bench.run(i) for i in runs]
+        if None in found or len(found) < 1:
+            raise SparkctlError(f"no such benchmark runs among {runs}; `sparkctl bench list` shows them")
+        catalog, folder = self.machine.catalog(), self.settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
+        report.compare([(reported_spec(catalog, run.stack), run) for run in found], folder,
+                       blacklist=imagefile.policy_for(self.settings).blacklist,
+                       bandwidth_gbs=self.settings.memory_bandwidth_gbs, label=label)
+        return {"id": f"reports/{folder.name}", "file": report.REPORT}
+
+    def logs(self, stack: str, tail: int) -> Any:
+        """A stack's engine log as docker streams it (its last `tail` lines, then following); `close()` ends it."""
+        found = self.machine.docker.containers(self.check_stack(stack))
+        if not found:
+            raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
+        return self.machine.docker.log_stream(found[0].id, tail=tail)
 
     def metrics_text(self) -> str:
         states = {o.stack: o.state for o in self.machine.observe()}

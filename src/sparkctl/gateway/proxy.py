@@ -25,6 +25,8 @@ constant time. Built and served by the daemon, which drives a switch through `Lo
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import json
 import socket
@@ -46,6 +48,7 @@ from sparkctl.gateway.request import Answer, Request
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.server import Connection, serve
 from sparkctl.gateway.tokens import Counters
+from sparkctl.gateway.ui import Dashboard
 from sparkctl.gateway.upstream import EnginePool
 from sparkctl.policy import routing
 from sparkctl.policy.routing import Rule
@@ -77,7 +80,7 @@ class Gateway:
         self.api_keys = [k.encode() for k in api_keys or []]
         # The names clients may reach it by (DNS-rebinding protection for a loopback service); None: any.
         self.hosts = {h.lower() for h in hosts} if hosts is not None else None
-        self.keyed = ("/v1/", "/metrics") if metrics_key else ("/v1/",)
+        self.keyed = ("/v1/", "/ui", "/metrics") if metrics_key else ("/v1/", "/ui")
         self.limits = limits or Limits()
         self.replicas = Replicas(on_return=self.routes_changed)
         self.on_engine: dict[str, set[Proxied]] = {}  # engine URL -> requests forwarded to it, not yet over
@@ -90,6 +93,7 @@ class Gateway:
         self.waking: dict[str, asyncio.Task] = {}  # stack -> its wake on demand
         self.counters: Counters | None = None  # set by the daemon: each stack's prompt-token counter
         self.pages = Pages(routes, self.holds, self.ledger).by_path
+        self.ui: Dashboard | None = None  # set by the daemon: the dashboard under /ui
 
     async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
         return await serve(self.handle, host, port, admit=self.admit, limits=self.limits, sock=sock)
@@ -104,7 +108,8 @@ class Gateway:
             return lambda conn: error(conn, 421, f"Host {host[:60]!r} is not one of this gateway's names "
                                       "(SPARKCTL_GATEWAY_HOSTNAMES)", "misdirected_request")
         if self.api_keys and request.path.startswith(self.keyed) and not self._authorized(request):
-            return lambda conn: error(conn, 401, "missing or wrong API key", "invalid_api_key")
+            ask = [("WWW-Authenticate", 'Basic realm="sparkctl", charset="UTF-8"')] if _in_ui(request.path) else []
+            return lambda conn: error(conn, 401, "missing or wrong API key", "invalid_api_key", headers=ask)
         return None
 
     def handle(self, request: Request, conn: Connection) -> None:
@@ -112,6 +117,8 @@ class Gateway:
             self.proxy(request, conn)
         elif request.path in self.pages and request.method == "GET":
             self.pages[request.path](conn)
+        elif self.ui is not None and _in_ui(request.path):
+            self.ui.handle(request, conn)
         elif request.path in PROXIED or request.path in self.pages:
             error(conn, 405, f"{request.method} is not allowed on {request.path}", "method_not_allowed")
         else:
@@ -345,11 +352,21 @@ class Gateway:
         self.ledger.finished(exchange.upstream.stack, forwarded=exchange.forwarded)
 
     def _authorized(self, request: Request) -> bool:
+        """A key as `Bearer KEY`, or as HTTP Basic's password (how a browser sends it to /ui)."""
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
         secret = given.strip().encode("latin-1")
+        if scheme.lower() == "basic":
+            try:
+                secret = base64.b64decode(secret, validate=True).partition(b":")[2]
+            except binascii.Error:
+                return False
+        elif scheme.lower() != "bearer":
+            return False
         return any(hmac.compare_digest(secret, key) for key in self.api_keys)
+
+
+def _in_ui(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
 
 
 def _hostname(host: str) -> str:

@@ -32,6 +32,7 @@ class Request:
     headers: dict[str, str]  # names in lower case
     body: bytes
     keep_alive: bool = True  # whether the connection stays open after its answer
+    query: str = ""  # after the `?`, as sent
 
 
 Answer = Callable[["Connection"], None]  # writes one response
@@ -81,7 +82,8 @@ class RequestReader:
     def on_headers_complete(self) -> None:
         request = self.incoming
         version, target = self.parser.get_http_version(), self.url.decode("latin-1")
-        request.method, request.path = self.parser.get_method().decode("latin-1"), target.partition("?")[0]
+        request.method = self.parser.get_method().decode("latin-1")
+        request.path, _, request.query = target.partition("?")
         request.headers = dict(self.fields)
         names = [n for n, _ in self.fields]
         problem = _problem(version, target, request.headers, names)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -46,10 +47,13 @@ class Sink(Protocol):
         """No answer, or the answer broke off; nothing more follows."""
 
 
+Address = tuple[str, int] | str  # host and port, or a unix socket's path
+
+
 class Call:
     """One request to an engine, from sending until its answer ends, fails or is cancelled."""
 
-    def __init__(self, pool: EnginePool, address: tuple[str, int], message: bytes, sink: Sink) -> None:
+    def __init__(self, pool: EnginePool, address: Address, message: bytes, sink: Sink) -> None:
         self.pool, self.address, self.message, self.sink = pool, address, message, sink
         self.conn: EngineConnection | None = None
         self.task: asyncio.Task[None] | None = None  # making a fresh connection, when one was needed
@@ -74,31 +78,39 @@ class Call:
             self.conn.reading(True)
 
     async def connect(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop, address = asyncio.get_running_loop(), self.address
+        made = lambda: EngineConnection(self.pool, address)  # noqa: E731
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: EngineConnection(self.pool, self.address), *self.address),
-                self.pool.connect_timeout)
+            _, conn = await asyncio.wait_for(loop.create_unix_connection(made, address) if isinstance(address, str)
+                                             else loop.create_connection(made, *address), self.pool.connect_timeout)
         except (OSError, TimeoutError) as e:
-            host, port = self.address
-            self.sink.failed(UpstreamError(f"cannot connect to {host}:{port} ({type(e).__name__})", unanswered=True))
+            where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+            self.sink.failed(UpstreamError(f"cannot connect to {where} ({type(e).__name__})", unanswered=True))
             return
         conn.send(self)
 
 
 class EnginePool:
-    """Pooled connections per engine address."""
+    """Pooled connections per engine address (`http://host:port`, or `unix:/path` for the daemon's
+    own API, which the dashboard reaches through the gateway)."""
 
     def __init__(self, *, connect_timeout: float = 5.0, idle_timeout: float = 4.0) -> None:
         self.connect_timeout, self.idle_timeout = connect_timeout, idle_timeout
-        self.idle: dict[tuple[str, int], list[EngineConnection]] = {}
-        self.addresses: dict[str, tuple[str, int]] = {}
+        self.idle: dict[Address, list[EngineConnection]] = {}
+        self.addresses: dict[str, Address] = {}
 
     def post(self, url: str, path: str, body: bytes, sink: Sink) -> Call:
         """Send `body` as JSON to `url` + `path`; the answer goes to `sink`. Needs a running loop."""
+        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json")])
+
+    def send(self, url: str, method: str, target: str, body: bytes, sink: Sink,
+             headers: Sequence[tuple[str, str]] = ()) -> Call:
+        """Any request to `url` (`target`: path and query); the answer goes to `sink`."""
         address = self._address(url)
-        message = (f"POST {path} HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n"
-                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        host = "localhost" if isinstance(address, str) else f"{address[0]}:{address[1]}"
+        head = [f"{method} {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers),
+                f"Content-Length: {len(body)}"]
+        message = ("\r\n".join(head) + "\r\n\r\n").encode() + body
         call = Call(self, address, message, sink)
         conn = self._take(address)
         if conn is not None:
@@ -113,14 +125,15 @@ class EnginePool:
                 conn.close()
         self.idle.clear()
 
-    def _address(self, url: str) -> tuple[str, int]:
+    def _address(self, url: str) -> Address:
         address = self.addresses.get(url)
         if address is None:
             parts = urlsplit(url)
-            address = self.addresses[url] = (parts.hostname or "127.0.0.1", parts.port or 80)
+            address = self.addresses[url] = parts.path if parts.scheme == "unix" else (parts.hostname or "127.0.0.1",
+                                                                                         parts.port or 80)
         return address
 
-    def _take(self, address: tuple[str, int]) -> EngineConnection | None:
+    def _take(self, address: Address) -> EngineConnection | None:
         conns = self.idle.get(address)
         horizon = time.monotonic() - self.idle_timeout
         while conns:
@@ -138,7 +151,7 @@ class EnginePool:
 class EngineConnection(asyncio.Protocol):
     """One keep-alive connection; parses one response at a time and hands it to its call's sink."""
 
-    def __init__(self, pool: EnginePool, address: tuple[str, int]) -> None:
+    def __init__(self, pool: EnginePool, address: Address) -> None:
         self.pool, self.address = pool, address
         self.transport: asyncio.Transport | None = None
         self.call: Call | None = None

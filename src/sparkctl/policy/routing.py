@@ -56,8 +56,9 @@ def fit(rules: Sequence[Rule], serving: Mapping[str, Serving]) -> list[str]:
     for rule in rules:
         s = serving[rule.stack]
         if rule.up_to is not None and s.max_model_len is not None and s.max_model_len < rule.up_to:
-            raise SparkctlError(f"{rule.stack} serves at most {s.max_model_len:,} tokens of context, but its rule sends "
-                                f"it prompts up to {rule.up_to:,}: lower the threshold or raise its vllm.max_model_len")
+            raise SparkctlError(f"{rule.stack} serves at most {s.max_model_len:,} tokens of context, but its rule "
+                                f"sends it prompts up to {rule.up_to:,}: lower the threshold or raise its "
+                                "vllm.max_model_len")
         longest = rule.up_to or s.max_model_len
         if s.kv_tokens is None or longest is None:
             lines.append(f"{rule.stack}: KV cache unknown (its deploy recorded none)")

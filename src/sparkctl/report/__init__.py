@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
+from sparkctl.errors import SparkctlError
+from sparkctl.policy.images import Ban
 from sparkctl.report import dataset, environment, markdown, plots
 from sparkctl.report.analysis import Config
 from sparkctl.report.environment import Entry
@@ -21,6 +24,19 @@ from sparkctl.spec.models import Stack
 from sparkctl.state.bench import BenchRun
 
 REPORT = "comparison.md"
+
+
+def compare(entries: list[tuple[Stack, BenchRun]], folder: Path, *, blacklist: Mapping[str, Ban],
+            bandwidth_gbs: float, label: str = "") -> Path:
+    """The report of these runs (`sparkctl bench report`, the dashboard's Compare), with the bans
+    of the images they used; returns the path of comparison.md."""
+    if not entries:
+        raise SparkctlError("nothing to report: no benchmark runs (`sparkctl bench run STACK`)")
+    repos = {stack.image.repository for stack, _ in entries}
+    bans = {ref: ban.reason for ref, ban in blacklist.items()
+            if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
+    return write(entries, folder, bandwidth_gbs=bandwidth_gbs, label=label, bans=bans,
+                 title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries))
 
 
 def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs: float, title: str, label: str,

@@ -98,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--enforce-eager", action="store_true")
     s.add_argument("--enable-sleep-mode", action=argparse.BooleanOptionalAction, default=False)
     s.add_argument("--enable-auto-tool-choice", action="store_true")
+    s.add_argument("--disable-uvicorn-access-log", action="store_true")
     s.add_argument("--tool-call-parser")
     s.add_argument("--reasoning-parser")
     s.add_argument("--sim-profile", choices=sorted(PROFILES), default=os.environ.get("SPARKCTL_SIM_PROFILE"),
@@ -248,7 +249,7 @@ async def _serve(engine: Engine, args: argparse.Namespace, *, dev_mode: bool) ->
         await group.form(args.master_addr, args.master_port)
     api = Api(engine, served_name=name, root=args.model, max_model_len=args.max_model_len, dev_mode=dev_mode,
               workers=args.tensor_parallel_size, group=group)
-    runner = web.AppRunner(api.app(), access_log=None)
+    runner = web.AppRunner(api.app(access_log=not args.disable_uvicorn_access_log), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.port).start()

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sparkctl.sim.engine import KV_BLOCK_SIZE, VERSION, Aborted, Engine, Histogram
+from sparkctl.sim.engine import KV_BLOCK_SIZE, VERSION, Aborted, Engine, Histogram, log
 from sparkctl.sim.ranks import Group, GroupBroken
 
 _PAUSE_MODES = ("abort", "wait", "keep")
@@ -30,8 +30,8 @@ class Api:
         self.group = group  # the other ranks, when this is rank 0 of a multi-node group
         self.created = int(time.time())
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024**2)
+    def app(self, *, access_log: bool = True) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=[_access] if access_log else [])
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
@@ -278,6 +278,19 @@ def _histogram(lines: list[str], name: str, h: Histogram, labels: str) -> None:
     lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(h.n)}')
     lines.append(f"{name}_count{{{labels}}} {float(h.n)}")
     lines.append(f"{name}_sum{{{labels}}} {h.total}")
+
+
+@web.middleware
+async def _access(request: web.Request, handler: Any) -> web.StreamResponse:
+    """uvicorn's access line, as vLLM logs it, for each request that is not a GET (the health and
+    metrics polls would drown the log here, where they come every second)."""
+    response = await handler(request)
+    if request.method != "GET":
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        where = f"{peer[0]}:{peer[1]}" if peer else "-"
+        log(f'{where} - "{request.method} {request.path_qs} HTTP/{request.version.major}.{request.version.minor}" '
+            f"{response.status}")
+    return response
 
 
 async def _json(request: web.Request) -> dict | web.Response:

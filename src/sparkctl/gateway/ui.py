@@ -1,0 +1,140 @@
+"""The dashboard: the page at /ui on the gateway's address, its assets, and the daemon's own API
+under /ui/api/ for the page's script. The page reads and acts through the very API the CLI uses
+(the daemon's unix socket, reached through the gateway's engine pool), so there is no second
+source of truth: its live updates are the API's event stream as server-sent events, a switch's
+progress is the switch's own event stream.
+
+Security, beside the gateway's Host check:
+- with API keys configured, /ui needs one; a browser sends it as HTTP Basic's password (any user
+  name), which the gateway asks for;
+- the page comes with a fresh random token, also set as an HttpOnly SameSite=Strict cookie; a
+  state-changing request must come from the page's own origin (Origin is the Host it was sent to)
+  and carry the token in `X-Sparkctl-Token`, equal to the cookie. A hostile page that a browser on
+  the Spark visits can neither read the token nor send that header without a CORS preflight,
+  which the gateway never grants;
+- only the API's read routes and its stack and alias actions are reachable, the page's scripts
+  run under a strict Content-Security-Policy, and the API's answers carry no secret.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections import OrderedDict
+from http.cookies import CookieError, SimpleCookie
+from importlib import resources
+from urllib.parse import urlsplit
+
+from sparkctl.gateway.exchange import HOP_HEADERS
+from sparkctl.gateway.pages import error
+from sparkctl.gateway.request import Request
+from sparkctl.gateway.server import Connection
+from sparkctl.gateway.upstream import Call, EnginePool, UpstreamError
+
+PREFIX = "/ui"
+COOKIE = "sparkctl_ui"
+SESSIONS = 64  # page tokens kept: the oldest is forgotten first (its page must be reloaded)
+ASSETS = {"/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/ui/app.css": ("app.css", "text/css; charset=utf-8")}
+READS = {"/v1/status", "/v1/desired", "/v1/events", "/v1/history", "/v1/logs", "/v1/runs", "/v1/reports",
+         "/v1/report-file"}
+ACTIONS = {"/v1/up", "/v1/down", "/v1/park", "/v1/wake", "/v1/switch", "/v1/report"}
+PAGE_HEADERS = [("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"), ("Referrer-Policy", "no-referrer"),
+                ("X-Content-Type-Options", "nosniff"),
+                ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                                            "base-uri 'none'; form-action 'none'")]
+
+
+class Dashboard:
+    """Answers every request under /ui; `api`: the daemon's API (`unix:/path/to/sparkctl.sock`)."""
+
+    def __init__(self, api: str, pool: EnginePool) -> None:
+        self.api, self.pool = api, pool
+        self.sessions: OrderedDict[str, None] = OrderedDict()
+        folder = resources.files(__package__) / "ui"
+        self.files = {name: (folder / name).read_bytes() for name in ("index.html", "app.js", "app.css")}
+
+    def handle(self, request: Request, conn: Connection) -> None:
+        path, method = request.path, request.method
+        if path in (PREFIX, PREFIX + "/") and method == "GET":
+            self.page(conn)
+        elif path in ASSETS and method == "GET":
+            name, kind = ASSETS[path]
+            conn.reply(200, self.files[name], kind, [("Cache-Control", "no-cache"), ("X-Content-Type-Options",
+                                                                                    "nosniff")])
+        elif (target := path.removeprefix(PREFIX + "/api")) in READS and method == "GET":
+            self.forward(request, conn, target)
+        elif target in ACTIONS and method == "POST":
+            problem = self.forbidden(request)
+            if problem:
+                error(conn, 403, problem, "forbidden")
+            else:
+                self.forward(request, conn, target)
+        elif target in READS | ACTIONS:
+            error(conn, 405, f"{method} is not allowed on {path}", "method_not_allowed")
+        else:
+            error(conn, 404, f"no route {path}", "not_found")
+
+    def page(self, conn: Connection) -> None:
+        token = secrets.token_urlsafe(24)
+        self.sessions[token] = None
+        while len(self.sessions) > SESSIONS:
+            self.sessions.popitem(last=False)
+        html = self.files["index.html"].replace(b"{{token}}", token.encode())
+        conn.reply(200, html, "text/html; charset=utf-8",
+                   [("Set-Cookie", f"{COOKIE}={token}; Path={PREFIX}; HttpOnly; SameSite=Strict"), *PAGE_HEADERS])
+
+    def forbidden(self, request: Request) -> str | None:
+        """Why a state-changing request is refused: not from the page's origin, or without its token."""
+        origin, host = request.headers.get("origin", ""), request.headers.get("host", "")
+        if not origin or urlsplit(origin).netloc.lower() != host.lower():
+            return f"cross-origin request refused (Origin {origin[:80]!r}, Host {host[:80]!r})"
+        given = request.headers.get("x-sparkctl-token", "")
+        try:
+            cookie = SimpleCookie(request.headers.get("cookie", "")).get(COOKIE)
+        except CookieError:
+            cookie = None
+        if not (given and cookie is not None and hmac.compare_digest(given, cookie.value) and given in self.sessions):
+            return "missing or stale page token: reload the page"
+        return None
+
+    def forward(self, request: Request, conn: Connection, target: str) -> None:
+        passed = conn.exchange = Passed(conn)
+        headers = [("Content-Type", "application/json")] if request.body else []
+        headers += [("Accept", a)] if (a := request.headers.get("accept")) else []
+        query = f"?{request.query}" if request.query else ""
+        passed.call = self.pool.send(self.api, request.method, target + query, request.body, passed, headers)
+
+
+class Passed:
+    """The API's answer passed on to the browser as it arrives; a browser that leaves ends the call."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.started = conn, False
+        self.call: Call | None = None
+
+    def head(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:
+        self.started = True
+        kept = [(k, v) for k, v in headers if k.lower() not in HOP_HEADERS]
+        self.conn.start(status, [*kept, ("Cache-Control", "no-store")], length)
+
+    def body(self, piece: bytes, last: bool) -> None:
+        self.conn.send(piece, last)
+
+    def failed(self, e: UpstreamError) -> None:
+        if self.started:
+            self.conn.abort()
+        else:
+            error(self.conn, 502, f"the daemon's API did not answer ({e})", "daemon_unavailable")
+
+    def cancel(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+
+    def pause(self) -> None:
+        if self.call is not None:
+            self.call.pause()
+
+    def resume(self) -> None:
+        if self.call is not None:
+            self.call.resume()

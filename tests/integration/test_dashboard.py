@@ -1,0 +1,188 @@
+"""The dashboard in a real browser (Debian's Chromium, driven by Playwright) against a real daemon,
+dockerd and sim engines, with API keys and an HF token configured: the page shows the running
+stacks and the memory bar, a click switches `primary` with its progress step by step while an
+agent loop sees no failed request, the gateway panel's counts move with that load, the log
+follows. Security: the page and its API need the key; a cross-origin POST to each action, or one
+without the page's token, is refused; the HF token appears in no page, asset or event stream.
+Screenshots of the views land in docs/screenshots/."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+from playwright import sync_api
+
+from tests.conftest import HUB_TOKEN, wait_for
+from tests.conftest import _missing as missing
+from tests.integration.agents import A, B
+
+KEY = "sk-dashboard-test"
+CHROMIUM = shutil.which("chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+ACTIONS = ("up", "down", "park", "wake", "switch")
+
+
+
+def basic(key: str = KEY) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"owner:{key}".encode()).decode()}
+
+
+def fetch(url: str, *, method: str = "GET", body: bytes | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, body, headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture
+def daemon(switching, monkeypatch):
+    monkeypatch.setenv("SPARKCTL_GATEWAY_API_KEYS", KEY)
+    monkeypatch.setenv("SPARKCTL_HF_TOKEN", HUB_TOKEN)
+    return switching(small=True, key=KEY)
+
+
+def streamed(url: str, seconds: float = 2.0) -> str:
+    """What a long-lived stream sends within `seconds`."""
+    got = b""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={**basic(), "Accept": "text/event-stream"}),
+                                    timeout=seconds) as reply:
+            while piece := reply.read1(65536):
+                got += piece
+    except TimeoutError:
+        pass
+    return got.decode()
+
+
+def bench(cli, stack: str) -> None:
+    code, _, err = cli("bench", "run", stack, "--profile", "quick", "--depths", "0")
+    assert code == 0, err
+
+
+@pytest.fixture
+def browser():
+    if CHROMIUM is None:
+        missing("Debian's chromium is not installed (`make test` installs it)")
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield chromium
+        chromium.close()
+
+
+def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, browser, cli) -> None:
+    ui = daemon.gateway + "/ui"
+    page = browser.new_page(http_credentials={"username": "owner", "password": KEY},
+                            viewport={"width": 1280, "height": 900})
+    seen: list[str] = []
+    page.on("response", lambda r: seen.append(r.text()) if r.url.startswith(daemon.gateway)
+            and "event-stream" not in (r.headers.get("content-type") or "") else None)
+    page.goto(ui)
+    row = page.locator(f'#stacks tr[data-stack="{A}"]')
+    sync_api.expect(row).to_contain_text("running", timeout=20_000)
+    sync_api.expect(page.locator("#memory span").first).to_have_attribute("title", re.compile(rf"{A}: 40 %"))
+    sync_api.expect(page.locator("#live")).to_contain_text("live", timeout=10_000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
+
+    bench(cli, A)  # before the switch stops it: Compare gets a run of each
+    client = openai.OpenAI(base_url=daemon.gateway + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    failed, served, stop = [], [], threading.Event()
+
+    def agent() -> None:
+        while not stop.is_set():
+            try:
+                reply = client.completions.with_raw_response.create(model="primary", prompt="x", max_tokens=2)
+                served.append(reply.headers["x-sparkctl-stack"])
+            except openai.OpenAIError as e:
+                failed.append(repr(e))
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    try:
+        answered = page.locator(f'#gateway tr[data-stack="{A}"] .answered')
+        sync_api.expect(answered).not_to_have_text("0", timeout=10_000)
+        before = int(answered.inner_text())
+        sync_api.expect(answered).not_to_have_text(str(before), timeout=10_000)  # the panel moves with the load
+
+        page.select_option("#switch-primary", B)
+        page.get_by_role("button", name="switch primary").click()
+        progress = page.locator("#switch-progress li")
+        sync_api.expect(progress.last).to_contain_text(f"done: primary -> {B}", timeout=120_000)
+        steps = progress.all_inner_texts()
+        assert any(f"{B}:" in s for s in steps[1:-1]), steps  # the new stack's deploy phases, as they came
+        page.screenshot(path=str(SHOTS / "switch.png"), full_page=True)
+        wait_for(lambda: served and served[-1] == B, timeout=30, what="the agent answered by the new stack")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not failed, failed[:3]
+    sync_api.expect(page.locator('#aliases li[data-alias="primary"] .target')).to_have_text(B, timeout=10_000)
+
+    bench(cli, B)
+    page.reload()
+    sync_api.expect(page.locator("#runs input[type=checkbox]")).to_have_count(2, timeout=10_000)
+    for box in page.locator("#runs input[type=checkbox]").all():
+        box.check()
+    page.get_by_role("button", name="compare the selected runs").click()
+    sync_api.expect(page.locator("#report h3").first).to_be_visible(timeout=60_000)
+    graph = page.locator("#report img").first
+    sync_api.expect(graph).to_be_visible(timeout=10_000)
+    wait_for(lambda: graph.evaluate("img => img.complete && img.naturalWidth > 0"), timeout=10,
+             what=f"the graph {graph.get_attribute('src')} loaded")
+    sync_api.expect(page.locator("#report table").first).to_contain_text(A)
+    page.screenshot(path=str(SHOTS / "report.png"), full_page=True)
+
+    page.select_option("#log-stack", B)
+    sync_api.expect(page.locator("#logs")).to_contain_text("Starting vLLM API server", timeout=20_000)
+    lines = page.locator("#logs").inner_text().count("\n")
+    client.completions.create(model="primary", prompt="x", max_tokens=2)  # the engine logs its access line
+    wait_for(lambda: page.locator("#logs").inner_text().count("\n") > lines, timeout=20, what="a new log line")
+    page.screenshot(path=str(SHOTS / "logs.png"), full_page=True)
+
+    for control in page.locator("button, select").all():  # every control is labelled
+        label = control.get_attribute("aria-label") or control.inner_text().strip()
+        if control.evaluate("e => e.tagName") == "SELECT":
+            label = page.locator(f'label[for="{control.get_attribute("id")}"]').inner_text()
+        assert label, control.evaluate("e => e.outerHTML")
+    assert not any(HUB_TOKEN in text for text in seen)
+
+
+def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon) -> None:
+    ui = daemon.gateway + "/ui"
+    assert fetch(ui)[0] == 401 and fetch(ui, headers=basic("wrong"))[0] == 401
+    assert fetch(ui + "/api/v1/status")[0] == 401
+    status, html = fetch(ui, headers=basic())
+    token = re.search(r'name="sparkctl-token" content="([^"]+)"', html).group(1)
+    assert status == 200 and HUB_TOKEN not in html
+    cookie = {"Cookie": f"sparkctl_ui={token}"}
+    host = daemon.gateway.removeprefix("http://")
+    body = {"up": {"stack": B}, "down": {"stack": A}, "park": {"stack": A}, "wake": {"stack": A},
+            "switch": {"alias": "primary", "stack": B}}
+    for action in ACTIONS:
+        url, data = f"{ui}/api/v1/{action}", json.dumps(body[action]).encode()
+        same = {**basic(), **cookie, "X-Sparkctl-Token": token, "Content-Type": "application/json"}
+        for headers in ({**same, "Origin": "http://evil.example"}, {**same, "Origin": "null"},
+                        {k: v for k, v in same.items() if k != "X-Sparkctl-Token"} | {"Origin": f"http://{host}"},
+                        {**same, "X-Sparkctl-Token": "forged", "Origin": f"http://{host}"}):
+            code, answer = fetch(url, method="POST", body=data, headers=headers)
+            assert code == 403 and json.loads(answer)["error"]["code"] == "forbidden", (action, headers, answer)
+    assert daemon.client.get("/v1/desired")["aliases"]["primary"] == A  # nothing moved
+    for path in ("/api/v1/status", "/api/v1/desired", "/api/v1/history", "/app.js", "/app.css"):
+        code, text = fetch(ui + path, headers=basic())
+        assert code == 200 and HUB_TOKEN not in text, path
+    events = streamed(ui + "/api/v1/events?since=0")  # every event since the daemon started
+    assert "data: {" in events and HUB_TOKEN not in events
+    log = streamed(ui + f"/api/v1/logs?stack={A}&tail=200")
+    assert "Starting vLLM API server" in log and HUB_TOKEN not in log

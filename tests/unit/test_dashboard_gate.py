@@ -1,0 +1,149 @@
+"""The dashboard's boundary, without a browser: the gateway serves /ui and passes the page's API
+calls to the daemon's API app (a real aiohttp app on a unix socket, over a recording service), and
+refuses what a hostile page could send: no key, a wrong key, a cross-origin action, an action
+without the page's token, a route the page has no use for. Server-sent events and an action's
+event stream pass through as they come."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.client
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from sparkctl import wire
+from sparkctl.daemon import api
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.turns import Turns
+from sparkctl.gateway.proxy import Gateway
+from sparkctl.gateway.routes import RouteTable
+from sparkctl.gateway.ui import Dashboard
+from tests.conftest import Running
+
+KEY = "sk-test"
+
+
+class Service:
+    def __init__(self) -> None:
+        self.bus, self.turns, self.switched = EventBus(), Turns(), []
+
+    def check_stack(self, name: str) -> str:
+        return name
+
+    def desired(self):
+        from sparkctl.state.desired import Desired
+
+        return Desired(stacks=("a",), aliases={"primary": "a"})
+
+    def status(self) -> dict:
+        return {"stacks": [], "aliases": {"primary": "a"}}
+
+    def switch(self, alias: str, stack: str, *, ticket: int) -> dict:
+        with self.turns.turn(f"alias:{alias}", ticket):
+            self.bus.publish(wire.PhaseChanged(stack, "starting"))
+            self.switched.append((alias, stack))
+            return {"alias": alias, "stack": stack}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Running, Service]]:
+    service, sock = Service(), tmp_path / "api.sock"
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def start() -> web.AppRunner:
+        runner = web.AppRunner(api.build(service))
+        await runner.setup()
+        await web.UnixSite(runner, str(sock)).start()
+        return runner
+
+    thread = threading.Thread(target=lambda: (asyncio.set_event_loop(loop), ready.set(), loop.run_forever()))
+    thread.start()
+    ready.wait()
+    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    gateway = Gateway(lambda: RouteTable(), api_keys=[KEY])
+    gateway.ui = Dashboard(f"unix:{sock}", gateway.upstreams)
+    running = Running(gateway)
+    try:
+        yield running, service
+    finally:
+        running.stop()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def ask(running: Running, method: str, path: str, body: dict | None = None, **headers: str):
+    host = running.url.removeprefix("http://")
+    conn = http.client.HTTPConnection(host, timeout=10)
+    conn.request(method, path, json.dumps(body).encode() if body is not None else None,
+                 {"Host": host, **{k.replace("_", "-"): v for k, v in headers.items()}})
+    reply = conn.getresponse()
+    return reply.status, dict(reply.getheaders()), reply.read().decode()
+
+
+def basic(key: str = KEY) -> str:
+    return "Basic " + base64.b64encode(f"me:{key}".encode()).decode()
+
+
+def test_the_page_needs_the_key_and_comes_with_its_token(served) -> None:
+    running, _ = served
+    status, headers, _ = ask(running, "GET", "/ui")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+    assert ask(running, "GET", "/ui", Authorization=basic("wrong"))[0] == 401
+    assert ask(running, "GET", "/ui/api/v1/status", Authorization="Bearer nope")[0] == 401
+    status, headers, html = ask(running, "GET", "/ui", Authorization=basic())
+    token = re.search(r'name="sparkctl-token" content="([^"]+)"', html).group(1)
+    assert status == 200 and f"sparkctl_ui={token};" in headers["Set-Cookie"]
+    assert "HttpOnly" in headers["Set-Cookie"] and "SameSite=Strict" in headers["Set-Cookie"]
+    assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+    assert ask(running, "GET", "/ui/app.js", Authorization=f"Bearer {KEY}")[0] == 200
+
+
+def test_reads_pass_through_and_actions_need_the_same_origin_and_the_token(served) -> None:
+    running, service = served
+    status, _, body = ask(running, "GET", "/ui/api/v1/desired", Authorization=basic())
+    assert status == 200 and json.loads(body)["aliases"] == {"primary": "a"}
+    assert ask(running, "GET", "/ui/api/v1/retest", Authorization=basic())[0] == 404  # not the page's
+    assert ask(running, "POST", "/ui/api/v1/status", {}, Authorization=basic())[0] == 405
+    _, headers, html = ask(running, "GET", "/ui", Authorization=basic())
+    token = re.search(r'name="sparkctl-token" content="([^"]+)"', html).group(1)
+    origin = running.url
+    good = {"Authorization": basic(), "Cookie": f"sparkctl_ui={token}", "X_Sparkctl_Token": token,
+            "Origin": origin, "Content_Type": "application/json"}
+    body = {"alias": "primary", "stack": "b"}
+    for bad in ({"Origin": "http://evil.example"}, {"Origin": "null"}, {"X_Sparkctl_Token": "forged"},
+                {"Cookie": "sparkctl_ui=forged"}, {"Cookie": ""}):
+        status, _, answer = ask(running, "POST", "/ui/api/v1/switch", body, **(good | bad))
+        assert status == 403 and json.loads(answer)["error"]["code"] == "forbidden", bad
+    no_origin = {k: v for k, v in good.items() if k != "Origin"}
+    assert ask(running, "POST", "/ui/api/v1/switch", body, **no_origin)[0] == 403
+    assert service.switched == []
+    status, _, stream = ask(running, "POST", "/ui/api/v1/switch", body, **good)
+    lines = [json.loads(line) for line in stream.splitlines()]
+    assert status == 200 and [line["kind"] for line in lines] == ["phase", "outcome"] and lines[-1]["ok"]
+    assert service.switched == [("primary", "b")]
+
+
+def test_events_reach_the_page_as_server_sent_events(served) -> None:
+    running, service = served
+    host = running.url.removeprefix("http://")
+    conn = http.client.HTTPConnection(host, timeout=10)
+    conn.request("GET", "/ui/api/v1/events", headers={"Host": host, "Authorization": basic(),
+                                                      "Accept": "text/event-stream"})
+    reply = conn.getresponse()
+    assert reply.status == 200 and reply.getheader("Content-Type").startswith("text/event-stream")
+    service.bus.publish(wire.Note("a", "hello"))
+    got = b""
+    while b"\n\n" not in got:
+        got += reply.read1(4096)
+    event = got.decode()
+    assert event.startswith("id: 1\ndata: ") and json.loads(event.split("data: ", 1)[1])["text"] == "hello"
+    conn.close()
