@@ -32,6 +32,7 @@ from sparkctl.fleet import placement
 from sparkctl.fleet.placement import Placed
 from sparkctl.gateway.routes import RouteTable, Upstream, build_table
 from sparkctl.policy import routing
+from sparkctl.policy.images import ImagePolicy
 from sparkctl.policy.parking import Park, choose
 from sparkctl.policy.switch import Leaving, plan_switch
 from sparkctl.settings import Settings
@@ -399,11 +400,31 @@ class Operations:
                     "parked": desired.parked.get(row["stack"])}
             if row["parked"] is not None:
                 row["phase"] = f"parked (sleep level {row['parked']})" if row["parked"] else "parked (stopped)"
+        policy, catalog = imagefile.policy_for(self.settings), self.machine.catalog()
+        for row in rows:
+            row |= self._image(row["stack"], catalog, policy)
         memory = self.memory().now(desired.parked)
         return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
                 "others": other_instances(self.machine.docker),
                 "memory": {"held": memory.held, "ceiling": memory.ceiling, "parked": memory.parked},
                 "catalog": sorted(s.name for s in self.machine.catalog().deployable())}
+
+    def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> dict[str, Any]:
+        """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
+        try:
+            image = catalog.stack(stack).image
+        except SparkctlError:
+            return {}
+        latest = self.store.deployments.latest(stack)
+        digest = latest.parts.get("image") if latest else None
+        pin = policy.pin_for(image.ref)
+        if (ban := policy.ban_for(image.ref, digest)) is not None:
+            verdict = f"blacklisted: {ban[1].reason}"
+        elif pin is not None and pin.known_good:
+            verdict = "known-good"
+        else:
+            verdict = "pinned" if pin is not None else "unpinned"
+        return {"image": image.ref, "digest": digest, "verdict": verdict}
 
     def history(self, stack: str | None) -> dict[str, Any]:
         store = self.store

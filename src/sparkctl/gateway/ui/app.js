@@ -122,6 +122,8 @@ function renderStacks(status) {
       el("th", { scope: "row", textContent: row.stack }),
       el("td", { textContent: row.phase, class: row.failed ? "bad" : "" }),
       el("td", { textContent: row.endpoint || "" }),
+      el("td", {}, row.image || "", el("br"), el("small", { textContent: row.digest ? row.digest.slice(0, 19) : "" }),
+        el("br"), el("span", { textContent: row.verdict || "", class: (row.verdict || "").startsWith("blacklisted") ? "bad" : "" })),
       el("td", { textContent: ago(row.uptime_s) }),
       el("td", { textContent: String(row.recent_failures ?? 0) }),
       el("td", { textContent: row.kv ? row.kv.summary : "" }),
