@@ -10,6 +10,7 @@ export SPARKCTL_BUILD_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/sparkc
 
 test: setup  ## every test tier, on the real engine, and each benchmark once in smoke mode
 	@bash scripts/perf-setup.sh
+	@bash scripts/axe-setup.sh
 	$(VENV)/bin/pytest tests --durations=40
 
 unit: venv  ## pure tests only, no Docker

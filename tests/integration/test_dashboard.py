@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import threading
@@ -26,6 +27,8 @@ from tests.conftest import _missing as missing
 from tests.integration.agents import A, B
 
 KEY = "sk-dashboard-test"
+AXE = Path(os.environ.get("SPARKCTL_BUILD_CACHE", Path.home() / ".cache" / "sparkctl-build")) / "axe-core-4.14.1" / \
+    "axe.min.js"  # scripts/axe-setup.sh
 CHROMIUM = shutil.which("chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 ACTIONS = ("up", "down", "park", "wake", "switch")
@@ -152,12 +155,25 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     wait_for(lambda: page.locator("#logs").inner_text().count("\n") > lines, timeout=20, what="a new log line")
     page.screenshot(path=str(SHOTS / "logs.png"), full_page=True)
 
+    if not AXE.is_file():
+        missing(f"{AXE} is missing (scripts/axe-setup.sh fetches it)")
+    checked = browser.new_page(http_credentials={"username": "owner", "password": KEY}, bypass_csp=True)
+    checked.goto(ui)
+    sync_api.expect(checked.locator("#stacks tbody tr").first).to_be_visible(timeout=20_000)
+    checked.add_script_tag(path=str(AXE))  # axe-core's WCAG 2 A and AA rules, contrast included
+    found = checked.evaluate("axe.run(document, {runOnly: ['wcag2a', 'wcag2aa']})")
+    assert not found["violations"], [(v["id"], [n["html"][:120] for n in v["nodes"][:3]]) for v in found["violations"]]
+    assert found["passes"]
     for control in page.locator("button, select").all():  # every control is labelled
         label = control.get_attribute("aria-label") or control.inner_text().strip()
         if control.evaluate("e => e.tagName") == "SELECT":
             label = page.locator(f'label[for="{control.get_attribute("id")}"]').inner_text()
         assert label, control.evaluate("e => e.outerHTML")
     assert not any(HUB_TOKEN in text for text in seen)
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: one column, no page-wide scroll
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(SHOTS / "phone.png"))
 
 
 def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon) -> None:
