@@ -147,6 +147,8 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
              what=f"the graph {graph.get_attribute('src')} loaded")
     sync_api.expect(page.locator("#report table").first).to_contain_text(A)
     page.screenshot(path=str(SHOTS / "report.png"), full_page=True)
+    accepted = page.locator(f'#stacks tr[data-stack="{B}"] td').nth(6)  # the engine's own counters
+    sync_api.expect(accepted).to_have_text(re.compile(r"^\d+ %$"))
 
     page.select_option("#log-stack", B)
     sync_api.expect(page.locator("#logs")).to_contain_text("Starting vLLM API server", timeout=20_000)

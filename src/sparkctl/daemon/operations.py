@@ -9,6 +9,7 @@ import dataclasses
 import os
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.sleepmode import SleepMode
+from sparkctl.bench import metrics
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.machine import DockerMachine, Woken
@@ -403,6 +405,7 @@ class Operations:
         policy, catalog = imagefile.policy_for(self.settings), self.machine.catalog()
         for row in rows:
             row |= self._image(row["stack"], catalog, policy)
+            row["acceptance"] = self._acceptance(row["stack"], catalog) if row["state"] == "running" else None
         memory = self.memory().now(desired.parked)
         return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
                 "others": other_instances(self.machine.docker),
@@ -425,6 +428,15 @@ class Operations:
         else:
             verdict = "pinned" if pin is not None else "unpinned"
         return {"image": image.ref, "digest": digest, "verdict": verdict}
+
+    @staticmethod
+    def _acceptance(stack: str, catalog: Catalog) -> float | None:
+        """The engine's speculative acceptance since it started, from its /metrics (None: no speculation)."""
+        try:
+            with urllib.request.urlopen(catalog.stack(stack).url + "/metrics", timeout=1) as page:
+                return metrics.between({}, metrics.parse(page.read().decode(errors="replace"))).acceptance
+        except (SparkctlError, OSError, ValueError):
+            return None
 
     def history(self, stack: str | None) -> dict[str, Any]:
         store = self.store

@@ -44,6 +44,9 @@ class Pages:
                   for (s, c), n in sorted(counts.served.items())]
         lines.append("# TYPE sparkctl_gateway_in_flight gauge")
         lines += [f'sparkctl_gateway_in_flight{{stack="{s}"}} {n}' for s, n in sorted(counts.in_flight.items())]
+        lines.append("# TYPE sparkctl_gateway_queued gauge")  # accepted, waiting at the stack's concurrency cap
+        lines += [f'sparkctl_gateway_queued{{stack="{s}"}} {n - counts.in_flight.get(s, 0)}'
+                  for s, n in sorted(counts.accepted.items())]
         lines.append("# TYPE sparkctl_gateway_routed_total counter")
         lines += [f'sparkctl_gateway_routed_total{{alias="{a}",rule="{i}",stack="{s}"}} {n}'
                   for (a, i, s), n in sorted(counts.routed.items())]

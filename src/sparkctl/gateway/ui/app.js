@@ -127,6 +127,7 @@ function renderStacks(status) {
       el("td", { textContent: ago(row.uptime_s) }),
       el("td", { textContent: String(row.recent_failures ?? 0) }),
       el("td", { textContent: row.kv ? row.kv.summary : "" }),
+      el("td", { textContent: row.acceptance != null ? `${(row.acceptance * 100).toFixed(0)} %` : "" }),
       actions));
   }
 }
@@ -200,7 +201,7 @@ function renderHistory(history) {
 }
 
 function renderGateway(text) {
-  const counts = { at: performance.now(), served: {}, errors: {}, inFlight: {}, held: 0 };
+  const counts = { at: performance.now(), served: {}, errors: {}, inFlight: {}, queued: {}, held: 0 };
   for (const line of text.split("\n")) {
     const m = line.match(/^(sparkctl_gateway_\w+)\{([^}]*)\} (\S+)$/);
     if (!m) continue;
@@ -210,6 +211,7 @@ function renderGateway(text) {
       counts.served[labels.stack] = (counts.served[labels.stack] || 0) + value;
       if (Number(labels.status) >= 500) counts.errors[labels.stack] = (counts.errors[labels.stack] || 0) + value;
     } else if (m[1] === "sparkctl_gateway_in_flight") counts.inFlight[labels.stack] = value;
+    else if (m[1] === "sparkctl_gateway_queued") counts.queued[labels.stack] = value;
     else if (m[1] === "sparkctl_gateway_held") counts.held += value;
   }
   const seconds = lastCounts ? (counts.at - lastCounts.at) / 1000 : 0;
@@ -218,6 +220,7 @@ function renderGateway(text) {
     const rate = seconds > 0 ? ((counts.served[stack] || 0) - (lastCounts.served[stack] || 0)) / seconds : 0;
     return el("tr", { dataset: { stack } }, el("th", { scope: "row", textContent: stack }),
       el("td", { class: "rate", textContent: rate.toFixed(1) }), el("td", { textContent: String(counts.inFlight[stack] || 0) }),
+      el("td", { textContent: String(counts.queued[stack] || 0) }),
       el("td", { class: "answered", textContent: String(counts.served[stack] || 0) }),
       el("td", { textContent: String(counts.errors[stack] || 0) }));
   }));
