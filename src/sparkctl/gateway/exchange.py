@@ -19,12 +19,12 @@ from sparkctl.gateway.ledger import Ledger
 from sparkctl.gateway.pages import error
 from sparkctl.gateway.routes import Upstream
 from sparkctl.gateway.server import Connection
-from sparkctl.gateway.upstream import Call, UpstreamError
+from sparkctl.gateway.upstream import Call, Relay, UpstreamError
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
-class Proxied:
+class Proxied(Relay):
     """The upstream call's sink and the client connection's exchange, for one request."""
 
     def __init__(self, conn: Connection, path: str, payload: dict, *, ledger: Ledger,
@@ -74,14 +74,6 @@ class Proxied:
         if self.call is not None:
             self.call.cancel()
         self._finish()
-
-    def pause(self) -> None:
-        if self.call is not None:
-            self.call.pause()
-
-    def resume(self) -> None:
-        if self.call is not None:
-            self.call.resume()
 
     def _finish(self) -> None:
         if not self.over and self.upstream is not None:

@@ -29,7 +29,7 @@ from sparkctl.gateway.exchange import HOP_HEADERS
 from sparkctl.gateway.pages import error
 from sparkctl.gateway.request import Request
 from sparkctl.gateway.server import Connection
-from sparkctl.gateway.upstream import Call, EnginePool, UpstreamError
+from sparkctl.gateway.upstream import Call, EnginePool, Relay, UpstreamError
 
 PREFIX = "/ui"
 COOKIE = "sparkctl_ui"
@@ -106,7 +106,7 @@ class Dashboard:
         passed.call = self.pool.send(self.api, request.method, target + query, request.body, passed, headers)
 
 
-class Passed:
+class Passed(Relay):
     """The API's answer passed on to the browser as it arrives; a browser that leaves ends the call."""
 
     def __init__(self, conn: Connection) -> None:
@@ -130,11 +130,3 @@ class Passed:
     def cancel(self) -> None:
         if self.call is not None:
             self.call.cancel()
-
-    def pause(self) -> None:
-        if self.call is not None:
-            self.call.pause()
-
-    def resume(self) -> None:
-        if self.call is not None:
-            self.call.resume()

@@ -90,6 +90,20 @@ class Call:
         conn.send(self)
 
 
+class Relay:
+    """A client connection's exchange that passes its flow control on to the upstream call."""
+
+    call: Call | None = None
+
+    def pause(self) -> None:
+        if self.call is not None:
+            self.call.pause()
+
+    def resume(self) -> None:
+        if self.call is not None:
+            self.call.resume()
+
+
 class EnginePool:
     """Pooled connections per engine address (`http://host:port`, or `unix:/path` for the daemon's
     own API, which the dashboard reaches through the gateway)."""
