@@ -263,6 +263,8 @@ def test_an_idle_stack_parks_itself_and_the_next_request_wakes_it(switching, wor
     with Load(daemon.gateway + "/v1", width=2) as load:  # primary (A, no idle_park) keeps busy meanwhile
         wait_for(lambda: daemon.client.get("/v1/desired")["parked"] == {B: 1}, timeout=30, what="B idle-parked",
                  logs=daemon.logs)
-        assert sleeping(B) is True and sleeping(A) is False
+        # desired.yaml records the park before the engine is asked: its sleep follows
+        wait_for(lambda: sleeping(B) is True, timeout=30, what="B's engine asleep", logs=daemon.logs)
+        assert sleeping(A) is False
         assert agent.completions.create(model="aeon-gemma4", prompt="hi", max_tokens=4).model == "aeon-gemma4"
     assert load.failures() == [] and daemon.client.get("/v1/desired")["parked"] == {}
