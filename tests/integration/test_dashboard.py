@@ -95,6 +95,7 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     row = page.locator(f'#stacks tr[data-stack="{A}"]')
     sync_api.expect(row).to_contain_text("running", timeout=20_000)
     sync_api.expect(row).to_contain_text(re.compile(r"sha256:[0-9a-f]{12}.*(known-good|pinned|unpinned)"))
+    sync_api.expect(row.locator(".timeline")).to_have_text(re.compile(r"^resolving 0\.\d s, .*running \d+\.\d s$"))
     sync_api.expect(page.locator("#memory span").first).to_have_attribute("title", re.compile(rf"{A}: 40 %"))
     sync_api.expect(page.locator("#live")).to_contain_text("live", timeout=10_000)
     SHOTS.mkdir(parents=True, exist_ok=True)

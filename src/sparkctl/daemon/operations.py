@@ -444,7 +444,10 @@ class Operations:
                         "started": d.started, "finished": d.finished, "error": d.error,
                         "transitions": [(p.value, at, detail) for p, at, detail in store.deployments.transitions(d.id)]}
                        for d in store.deployments.history(stack)]
-        return {"deployments": deployments, "events": store.events.list(stack), "switches": store.switches.list()}
+        bans = [{"ref": ref, "reason": ban.reason, "date": ban.date.isoformat() if ban.date else None}
+                for ref, ban in imagefile.policy_for(self.settings).blacklist.items()]
+        return {"deployments": deployments, "events": store.events.list(stack), "switches": store.switches.list(),
+                "bans": bans}
 
     def runs(self) -> dict[str, Any]:
         """The stored benchmark runs with results, newest first (the dashboard's Compare picks from them)."""

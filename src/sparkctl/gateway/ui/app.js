@@ -104,7 +104,13 @@ function actionButton(label, stack, path, body) {
   } });
 }
 
-function renderStacks(status) {
+// A deploy's phases as offsets from its start: "resolving 0.0 s, pulling 0.2 s, ... running 14.1 s".
+function timeline(deployment) {
+  if (!deployment) return "";
+  return deployment.transitions.map(([phase, at]) => `${phase} ${(at - deployment.started).toFixed(1)} s`).join(", ");
+}
+
+function renderStacks(status, deployments) {
   const body = $("stacks").tBodies[0];
   body.replaceChildren();
   for (const row of status.stacks) {
@@ -120,7 +126,8 @@ function renderStacks(status) {
     }
     body.append(el("tr", { dataset: { stack: row.stack } },
       el("th", { scope: "row", textContent: row.stack }),
-      el("td", { textContent: row.phase, class: row.failed ? "bad" : "" }),
+      el("td", {}, el("span", { textContent: row.phase, class: row.failed ? "bad" : "" }), el("br"),
+        el("small", { class: "timeline", textContent: timeline(deployments.find((d) => d.stack === row.stack)) })),
       el("td", { textContent: row.endpoint || "" }),
       el("td", {}, row.image || "", el("br"), el("small", { textContent: row.digest ? row.digest.slice(0, 19) : "" }),
         el("br"), el("span", { textContent: row.verdict || "", class: (row.verdict || "").startsWith("blacklisted") ? "bad" : "" })),
@@ -195,6 +202,7 @@ function renderHistory(history) {
       + (s.ok === false ? `rolled back: ${s.error}` : s.ok ? "done" : "under way")]),
     ...history.events.map((e) => [e.at, `${e.stack}: ${e.kind} ${e.detail ?? ""}`]),
     ...history.deployments.map((d) => [d.started, `deploy ${d.stack}: ${d.phase}${d.error ? ` (${d.error})` : ""}`]),
+    ...history.bans.map((b) => [b.date ? Date.parse(b.date) / 1000 : 0, `ban ${b.ref}: ${b.reason}`]),
   ].sort((a, b) => b[0] - a[0]).slice(0, 30);
   $("history").replaceChildren(...items.map(([at, text]) => el("li", {},
     el("time", { textContent: at ? new Date(at * 1000).toLocaleTimeString() : "" }), ` ${text}`)));
@@ -334,7 +342,7 @@ async function refresh() {
       const running = status.stacks.map((r) => r.stack).sort();
       $("instance").textContent = `instance ${status.instance}`;
       renderMemory(status.memory);
-      renderStacks(status);
+      renderStacks(status, history.deployments);
       renderAliases();
       renderHistory(history);
       renderRuns(runs.runs);
