@@ -51,6 +51,19 @@ if TYPE_CHECKING:
 
 REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
 
+
+def report_file(state_dir: Path, report: str, path: str) -> Path:
+    """A file of a written report (`report`: `reports/<name>` or `bench/<name>`, a folder holding its
+    page); NoSuchFile for anything else, a path that leaves the folder (`..`, a link) included."""
+    kind, _, name = report.partition("/")
+    base = (state_dir / kind).resolve()
+    root = (base / name).resolve()
+    wanted = (root / path).resolve()
+    if kind not in REPORT_KINDS or root.parent != base or not (root / REPORT_KINDS[kind]).is_file() \
+            or not wanted.is_relative_to(root) or not wanted.is_file():
+        raise NoSuchFile(f"no file {path!r} in report {report!r}")
+    return wanted
+
 @dataclass
 class Routes:
     """What the gateway routes to: running containers whose deployment passed its health checks
@@ -464,14 +477,7 @@ class Operations:
         return {"reports": sorted(found, key=lambda r: -r["time"])}
 
     def report_file(self, report: str, path: str) -> Path:
-        """A file of a written report; a SparkctlError for anything outside one."""
-        kind, _, name = report.partition("/")
-        root = (self.settings.state_dir / kind / name).resolve()
-        wanted = (root / path).resolve()
-        if kind not in REPORT_KINDS or not name or "/" in name or not wanted.is_relative_to(root) \
-                or not wanted.is_file():
-            raise NoSuchFile(f"no file {path!r} in report {report!r}")
-        return wanted
+        return report_file(self.settings.state_dir, report, path)
 
     def compare(self, runs: list[int], label: str = "") -> dict[str, Any]:
         """A comparison report of these benchmark runs, written as `sparkctl bench report` writes it."""
