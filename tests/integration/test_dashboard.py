@@ -120,6 +120,9 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
         sync_api.expect(answered).not_to_have_text("0", timeout=10_000)
         before = int(answered.inner_text())
         sync_api.expect(answered).not_to_have_text(str(before), timeout=10_000)  # the panel moves with the load
+        engine = page.locator(f'#gateway tr[data-stack="{A}"]')  # the engine's own counters, a tick apart
+        sync_api.expect(engine.locator(".tps")).to_have_text(re.compile(r"^(?!0\.0)\d+\.\d$"), timeout=10_000)
+        sync_api.expect(engine.locator(".ttft")).to_have_text(re.compile(r"^\d+ ms$"), timeout=10_000)
 
         page.select_option("#switch-primary", B)
         page.get_by_role("button", name="switch primary").click()
@@ -148,7 +151,7 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
              what=f"the graph {graph.get_attribute('src')} loaded")
     sync_api.expect(page.locator("#report table").first).to_contain_text(A)
     page.screenshot(path=str(SHOTS / "report.png"), full_page=True)
-    accepted = page.locator(f'#stacks tr[data-stack="{B}"] td').nth(6)  # the engine's own counters
+    accepted = page.locator(f'#stacks tr[data-stack="{B}"] .acceptance')  # the engine's own counters
     sync_api.expect(accepted).to_have_text(re.compile(r"^\d+ %$"))
 
     page.select_option("#log-stack", B)

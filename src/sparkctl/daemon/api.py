@@ -3,8 +3,9 @@
 Routes: GET /v1/status, GET /v1/desired, POST /v1/up, /v1/down, /v1/switch, /v1/park, /v1/wake,
 /v1/retest (these stream NDJSON events until the outcome), GET /v1/events?since=N (long-lived),
 GET /v1/logs?stack=S&tail=N (the engine's log, its last N lines then following), GET /v1/history,
-GET /v1/runs (benchmark runs), GET /v1/reports and /v1/report-file?report=ID&path=P (written
-reports and their files), POST /v1/report (a comparison report of `{"runs": [...]}`), GET /metrics.
+GET /v1/runs (benchmark runs), GET /v1/engines (each routed engine's token and TTFT counters),
+GET /v1/reports and /v1/report-file?report=ID&path=P (written reports and their files), POST
+/v1/report (a comparison report of `{"runs": [...]}`), GET /metrics.
 The two long-lived streams are NDJSON, or server-sent events when the request accepts
 `text/event-stream` (the dashboard's EventSource, which resumes from `Last-Event-ID`).
 Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the daemon.
@@ -76,6 +77,8 @@ class Service(Protocol):
 
     def runs(self) -> dict[str, Any]: ...
 
+    def engines(self) -> dict[str, Any]: ...
+
     def reports(self) -> dict[str, Any]: ...
 
     def report_file(self, report: str, path: str) -> Path: ...
@@ -105,6 +108,7 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/logs", logs)
     app.router.add_get("/v1/runs", runs)
+    app.router.add_get("/v1/engines", engines)
     app.router.add_get("/v1/reports", reports)
     app.router.add_get("/v1/report-file", report_file)
     app.router.add_post("/v1/report", compare)
@@ -247,6 +251,10 @@ async def logs(request: web.Request) -> web.StreamResponse:
 
 async def runs(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.to_thread(request.app[SERVICE].runs))
+
+
+async def engines(request: web.Request) -> web.Response:
+    return web.json_response(await asyncio.to_thread(request.app[SERVICE].engines))
 
 
 async def reports(request: web.Request) -> web.Response:

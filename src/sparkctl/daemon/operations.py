@@ -52,6 +52,19 @@ if TYPE_CHECKING:
 REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
 
 
+ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "ttft_sum": "vllm:time_to_first_token_seconds_sum",
+                   "ttft_count": "vllm:time_to_first_token_seconds_count"}
+
+
+def engine_counters(url: str) -> dict[str, float] | None:
+    """An engine's /metrics counters (None: it did not answer within a second)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=1) as page:
+            return metrics.parse(page.read().decode(errors="replace"))
+    except (OSError, ValueError):
+        return None
+
+
 def report_file(state_dir: Path, report: str, path: str) -> Path:
     """A file of a written report (`report`: `reports/<name>` or `bench/<name>`, a folder holding its
     page); NoSuchFile for anything else, a path that leaves the folder (`..`, a link) included."""
@@ -419,6 +432,7 @@ class Operations:
         for row in rows:
             row |= self._image(row["stack"], catalog, policy)
             row["acceptance"] = self._acceptance(row["stack"], catalog) if row["state"] == "running" else None
+            row["restarts"] = sum(e["kind"] == "restarted" for e in self.store.events.list(row["stack"], limit=1000))
         memory = self.memory().now(desired.parked)
         return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
                 "others": other_instances(self.machine.docker),
@@ -446,10 +460,19 @@ class Operations:
     def _acceptance(stack: str, catalog: Catalog) -> float | None:
         """The engine's speculative acceptance since it started, from its /metrics (None: no speculation)."""
         try:
-            with urllib.request.urlopen(catalog.stack(stack).url + "/metrics", timeout=1) as page:
-                return metrics.between({}, metrics.parse(page.read().decode(errors="replace"))).acceptance
-        except (SparkctlError, OSError, ValueError):
+            counters = engine_counters(catalog.stack(stack).url)
+        except SparkctlError:
             return None
+        return metrics.between({}, counters).acceptance if counters is not None else None
+
+    def engines(self) -> dict[str, Any]:
+        """Each routed stack's engine counters as they stand (generated tokens, time to first token's
+        sum and count): the dashboard turns two readings into tokens/s and TTFT."""
+        found = {}
+        for stack, upstream in self.routes.table.upstreams.items():
+            if (counters := engine_counters(upstream.url)) is not None:
+                found[stack] = {key: counters.get(name, 0.0) for key, name in ENGINE_COUNTERS.items()}
+        return {"at": time.time(), "engines": found}
 
     def history(self, stack: str | None) -> dict[str, Any]:
         store = self.store

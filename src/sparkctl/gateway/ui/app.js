@@ -132,9 +132,9 @@ function renderStacks(status, deployments) {
       el("td", {}, row.image || "", el("br"), el("small", { textContent: row.digest ? row.digest.slice(0, 19) : "" }),
         el("br"), el("span", { textContent: row.verdict || "", class: (row.verdict || "").startsWith("blacklisted") ? "bad" : "" })),
       el("td", { textContent: ago(row.uptime_s) }),
-      el("td", { textContent: String(row.recent_failures ?? 0) }),
+      el("td", { textContent: `${row.restarts ?? 0}${row.recent_failures ? ` (${row.recent_failures} recent failures)` : ""}` }),
       el("td", { textContent: row.kv ? row.kv.summary : "" }),
-      el("td", { textContent: row.acceptance != null ? `${(row.acceptance * 100).toFixed(0)} %` : "" }),
+      el("td", { class: "acceptance", textContent: row.acceptance != null ? `${(row.acceptance * 100).toFixed(0)} %` : "" }),
       actions));
   }
 }
@@ -199,13 +199,59 @@ function renderAliases() {
 function renderHistory(history) {
   const items = [
     ...history.switches.map((s) => [s.at, `switch ${s.alias}: ${s.from ?? "-"} -> ${s.to}${s.mode ? ` (${s.mode})` : ""}: `
-      + (s.ok === false ? `rolled back: ${s.error}` : s.ok ? "done" : "under way")]),
+      + (s.ok === false ? `rolled back: ${s.error}` : s.ok ? "done" : "under way")
+      + (s.timings?.total_s != null ? ` in ${s.timings.total_s.toFixed(1)} s` : "")]),
     ...history.events.map((e) => [e.at, `${e.stack}: ${e.kind} ${e.detail ?? ""}`]),
     ...history.deployments.map((d) => [d.started, `deploy ${d.stack}: ${d.phase}${d.error ? ` (${d.error})` : ""}`]),
     ...history.bans.map((b) => [b.date ? Date.parse(b.date) / 1000 : 0, `ban ${b.ref}: ${b.reason}`]),
   ].sort((a, b) => b[0] - a[0]).slice(0, 30);
   $("history").replaceChildren(...items.map(([at, text]) => el("li", {},
     el("time", { textContent: at ? new Date(at * 1000).toLocaleTimeString() : "" }), ` ${text}`)));
+}
+
+// Engine throughput over the last minutes, from two readings of each engine's counters a tick apart.
+const WINDOW = 150;  // points kept: 5 minutes at one per 2 s
+const series = {};  // stack -> [{tps, ttft}]
+let lastEngines = null;
+
+function readEngines(reading) {
+  for (const [stack, now] of Object.entries(reading.engines)) {
+    const before = lastEngines && lastEngines.engines[stack];
+    if (!before) continue;
+    const seconds = reading.at - lastEngines.at, answered = now.ttft_count - before.ttft_count;
+    const points = (series[stack] ||= []);
+    points.push({ tps: seconds > 0 ? (now.generated - before.generated) / seconds : 0,
+      ttft: answered > 0 ? (now.ttft_sum - before.ttft_sum) / answered : null });
+    if (points.length > WINDOW) points.shift();
+  }
+  lastEngines = reading;
+}
+
+function sparkline(values, label) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", "0 0 100 20");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", label);
+  const known = values.filter((v) => v != null), top = Math.max(...known, 1e-9);
+  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  line.setAttribute("points", values.map((v, i) => v == null ? null : `${(i * 100) / (WINDOW - 1)},${20 - (v / top) * 18}`)
+    .filter(Boolean).join(" "));
+  svg.append(line);
+  return svg;
+}
+
+function engineCells(stack) {
+  const points = series[stack] || [];
+  const last = points[points.length - 1];
+  const ttfts = points.map((p) => p.ttft), recent = ttfts.filter((v) => v != null);
+  const ttft = recent.length ? recent[recent.length - 1] : null;
+  return [
+    el("td", { class: "tps" }, last ? last.tps.toFixed(1) : "", el("br"),
+      sparkline(points.map((p) => p.tps), `${stack} tokens per second, last 5 minutes`)),
+    el("td", { class: "ttft" }, ttft != null ? `${(ttft * 1000).toFixed(0)} ms` : "", el("br"),
+      sparkline(ttfts, `${stack} time to first token, last 5 minutes`)),
+  ];
 }
 
 function renderGateway(text) {
@@ -223,14 +269,14 @@ function renderGateway(text) {
     else if (m[1] === "sparkctl_gateway_held") counts.held += value;
   }
   const seconds = lastCounts ? (counts.at - lastCounts.at) / 1000 : 0;
-  const stacks = [...new Set([...Object.keys(counts.served), ...Object.keys(counts.inFlight)])].sort();
+  const stacks = [...new Set([...Object.keys(counts.served), ...Object.keys(counts.inFlight), ...Object.keys(series)])].sort();
   $("gateway").tBodies[0].replaceChildren(...stacks.map((stack) => {
     const rate = seconds > 0 ? ((counts.served[stack] || 0) - (lastCounts.served[stack] || 0)) / seconds : 0;
     return el("tr", { dataset: { stack } }, el("th", { scope: "row", textContent: stack }),
       el("td", { class: "rate", textContent: rate.toFixed(1) }), el("td", { textContent: String(counts.inFlight[stack] || 0) }),
       el("td", { textContent: String(counts.queued[stack] || 0) }),
       el("td", { class: "answered", textContent: String(counts.served[stack] || 0) }),
-      el("td", { textContent: String(counts.errors[stack] || 0) }));
+      el("td", { textContent: String(counts.errors[stack] || 0) }), ...engineCells(stack));
   }));
   $("held").textContent = counts.held ? `${counts.held} requests held by a switch` : "";
   lastCounts = counts;
@@ -289,7 +335,7 @@ function markdown(text, report) {
       const cells = (row) => row.replace(/^\||\|$/g, "").split("|").map((c) => c.trim());
       const table = el("table", {}, el("thead", {}, el("tr", {}, ...cells(rows[0]).map((c) => el("th", { scope: "col" }, inline(c))))));
       table.append(el("tbody", {}, ...rows.slice(2).map((row) => el("tr", {}, ...cells(row).map((c) => el("td", {}, inline(c)))))));
-      root.append(el("div", { class: "scroll" }, table));
+      root.append(el("div", { class: "scroll", tabIndex: 0, role: "region", ariaLabel: "report table" }, table));
     } else if ((m = line.match(/^\s*[-*] (.*)$/))) {
       const items = [];
       for (; i < lines.length && (m = lines[i].match(/^\s*[-*] (.*)$/)); i++) items.push(el("li", {}, inline(m[1])));
@@ -390,9 +436,10 @@ events.onmessage = (message) => {
 };
 
 async function tick() {
-  try {  // the gateway's own counters
-    const reply = await fetch("/metrics", { credentials: "same-origin" });
-    if (reply.ok) renderGateway(await reply.text());
+  try {  // the gateway's own counters, and the engines'
+    const [gateway, engines] = await Promise.all([fetch("/metrics", { credentials: "same-origin" }), api("/v1/engines")]);
+    readEngines(engines);
+    if (gateway.ok) renderGateway(await gateway.text());
   } catch (e) { /* the daemon restarts: the next tick tries again */ }
 }
 refresh();
