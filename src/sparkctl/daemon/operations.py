@@ -10,6 +10,7 @@ import os
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,6 +77,7 @@ def report_file(state_dir: Path, report: str, path: str) -> Path:
             or not wanted.is_relative_to(root) or not wanted.is_file():
         raise NoSuchFile(f"no file {path!r} in report {report!r}")
     return wanted
+
 
 @dataclass
 class Routes:
@@ -415,29 +417,27 @@ class Operations:
 
     def status(self) -> dict[str, Any]:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
-        desired = self.machine.desired()
-        rows = status_rows(self.machine.docker, self.store, self.machine.catalog())
+        desired, catalog, policy = self.machine.desired(), self.machine.catalog(), imagefile.policy_for(self.settings)
+        rows = status_rows(self.machine.docker, self.store, catalog)
         seen = {r["stack"] for r in rows}
         history = self.reconciler.history
         rows += [{"stack": s, "phase": "failed" if history.get(s, planner.History()).failed else "pending",
                   "state": "absent", "endpoint": "", "fingerprint": None, "container": "", "uptime_s": None,
                   "memory": None, "error": None, "kv": None} for s in desired.stacks if s not in seen]
+        restarts = Counter(e["stack"] for e in self.store.events.list(limit=10_000) if e["kind"] == "restarted")
         for row in rows:
             h = history.get(row["stack"], planner.History())
             row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures),
-                    "parked": desired.parked.get(row["stack"])}
+                    "parked": desired.parked.get(row["stack"]), "restarts": restarts[row["stack"]],
+                    "acceptance": self._acceptance(row["stack"], catalog) if row["state"] == "running" else None,
+                    **self._image(row["stack"], catalog, policy)}
             if row["parked"] is not None:
                 row["phase"] = f"parked (sleep level {row['parked']})" if row["parked"] else "parked (stopped)"
-        policy, catalog = imagefile.policy_for(self.settings), self.machine.catalog()
-        for row in rows:
-            row |= self._image(row["stack"], catalog, policy)
-            row["acceptance"] = self._acceptance(row["stack"], catalog) if row["state"] == "running" else None
-            row["restarts"] = sum(e["kind"] == "restarted" for e in self.store.events.list(row["stack"], limit=1000))
         memory = self.memory().now(desired.parked)
         return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
                 "others": other_instances(self.machine.docker),
                 "memory": {"held": memory.held, "ceiling": memory.ceiling, "parked": memory.parked},
-                "catalog": sorted(s.name for s in self.machine.catalog().deployable())}
+                "catalog": sorted(s.name for s in catalog.deployable())}
 
     def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> dict[str, Any]:
         """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
@@ -508,7 +508,7 @@ class Operations:
         from sparkctl.deploy.retest import reported_spec
 
         found = [self.store.bench.run(i) for i in runs]
-        if None in found or len(found) < 1:
+        if not found or None in found:
             raise SparkctlError(f"no such benchmark runs among {runs}; `sparkctl bench list` shows them")
         catalog, folder = self.machine.catalog(), self.settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
         report.compare([(reported_spec(catalog, run.stack), run) for run in found], folder,
