@@ -15,6 +15,7 @@ from sparkctl import instance as instances
 
 LOCK_FILE = "daemon.lock"  # a daemon holds an exclusive lock on it while it runs on the state dir
 SOCKET_FILE = "sparkctl.sock"  # the daemon's API
+STORE_FILE = "sparkctl.db"  # the state database
 
 
 def default_state_dir(name: str = instances.DEFAULT) -> Path:
@@ -40,6 +41,21 @@ def located(environ: Mapping[str, str] = os.environ, env_file: Path = Path(".env
     values.update({key.upper(): value for key, value in environ.items() if value})
     name, state = resolve(values.get("SPARKCTL_INSTANCE"), values.get("SPARKCTL_STATE_DIR"))
     return name or instances.DEFAULT, state or default_state_dir()
+
+
+def inputs(environ: Mapping[str, str] = os.environ, env_file: Path = Path(".env")) -> str:
+    """A hash of everything the settings are made from (the `SPARKCTL_*`, Hub, Docker and XDG
+    variables, `.env`, the working directory relative paths resolve in): equal hashes, equal
+    settings. Only the hash is ever kept, never a token."""
+    import hashlib
+
+    read = sorted((k.upper(), v) for k, v in environ.items()
+                  if k.upper().startswith(("SPARKCTL_", "HF_", "DOCKER_", "XDG_"))
+                  or k.upper() in ("HOME", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"))
+    digest = hashlib.sha256(repr((read, os.getcwd())).encode())
+    if env_file.is_file():
+        digest.update(env_file.read_bytes())
+    return digest.hexdigest()
 
 
 def socket_path(environ: Mapping[str, str] = os.environ) -> Path:

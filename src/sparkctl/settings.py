@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sparkctl import instance as instances
-from sparkctl.locate import LOCK_FILE, SOCKET_FILE, default_state_dir, resolve
+from sparkctl.locate import LOCK_FILE, SOCKET_FILE, STORE_FILE, default_state_dir, resolve
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -176,7 +176,7 @@ class Settings(BaseSettings):
 
     @property
     def store_path(self) -> Path:
-        return self.state_dir / "sparkctl.db"
+        return self.state_dir / STORE_FILE
 
     @property
     def lock_path(self) -> Path:

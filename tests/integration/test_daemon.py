@@ -33,7 +33,9 @@ def started_at(engine, name: str) -> str:
 
 
 def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, cli, engine) -> None:
+    listed = cli("stacks", "list")[1]  # in-process, before the daemon runs
     daemon = start_daemon()
+    assert daemon.client.get("/v1/stacks")["stacks"] and cli("stacks", "list")[1] == listed  # the same, from it
     assert (world / "state" / "sparkctl.sock").stat().st_mode & 0o777 == 0o600
     code, out, err = cli("up", "qwen36-dflash")
     assert code == 0 and "kept up by the daemon" in out, err

@@ -6,8 +6,10 @@ container, and the previous deployment still running."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,6 +82,41 @@ def test_up_again_is_a_no_op_and_status_shows_it(world, cli, engine) -> None:
     code, out, _ = cli("down", "qwen36-dflash")
     assert code == 0 and not ours(engine)
     assert json.loads(cli("status", "--json")[1]) == []
+
+
+def test_an_unchanged_up_is_answered_from_its_record_until_anything_it_was_made_from_changes(
+        world, cli, engine, monkeypatch) -> None:
+    assert cli("up", "qwen36-dflash")[0] == 0
+    # a fresh CLI process answers without the pipeline, the settings' models or the Docker SDK
+    probe = ("import sys; from sparkctl.cli.app import main; code = main(['up', 'qwen36-dflash']); "
+             "print(code, [m for m in ('docker', 'pydantic', 'huggingface_hub', 'ruamel') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], env=os.environ, capture_output=True, text=True).stdout
+    assert "already up, unchanged" in out and out.rstrip().endswith("0 []") and "resolving" not in out, out
+    from sparkctl.state.store import Store
+
+    store = Store(world / "state" / "sparkctl.db")
+    [latest, previous, *_] = store.deployments.history("qwen36-dflash")
+    assert latest.phase == "running" and latest.fingerprint == previous.fingerprint
+    assert store.deployments.transitions(latest.id)[-1][2] == "unchanged"
+
+    def through_the_pipeline(*args: str) -> str:
+        code, out, err = cli("up", "qwen36-dflash", *args)
+        assert code == 0 and "resolving" in out and "already up, unchanged" in out, err + out
+        code, out, _ = cli("up", "qwen36-dflash")  # and the next one is answered from the new record
+        assert code == 0 and "resolving" not in out and "already up, unchanged" in out, out
+        return out
+
+    stack = world / "stacks" / "qwen36-dflash.yaml"
+    stack.write_text(stack.read_text() + "# an edit that changes nothing the engine sees\n")
+    through_the_pipeline()
+    monkeypatch.setenv("SPARKCTL_GATEWAY_PORT", "1")  # a setting
+    through_the_pipeline()
+    through_the_pipeline("--refresh")
+    store.digests.record("hf:elsewhere@main", "0" * 40)  # a pin or revision resolved since
+    through_the_pipeline()
+    engine.client.containers.get(name("qwen36-dflash")).stop(timeout=0)  # the container stopped behind its back
+    code, out, _ = cli("up", "qwen36-dflash")
+    assert code == 0 and "starting" in out and "qwen36-dflash up:" in out, out
 
 
 def test_without_the_shim_the_engine_fails_and_sparkctl_names_the_hint(world, cli, engine) -> None:

@@ -131,3 +131,17 @@ def test_the_daemon_client_finds_the_state_dir_settings_would(clean_env, monkeyp
         return  # an invalid name: the client finds no daemon there, and Settings says why
     assert locate.located() == (expected.instance, expected.state_dir)
     assert locate.socket_path() == expected.socket_path
+
+
+def test_the_settings_inputs_hash_moves_with_what_settings_read_and_never_holds_a_token(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    base = {"PATH": "/bin", "SPARKCTL_GPUS": "none", "HF_TOKEN": "hf_secret_value"}
+    same = locate.inputs(base)
+    assert locate.inputs({**base, "PATH": "/usr/bin", "TERM": "dumb"}) == same  # what settings never read
+    for changed in ({"SPARKCTL_GPUS": "all"}, {"sparkctl_engine_env": "A=1"}, {"HF_TOKEN": "hf_other"},
+                    {"DOCKER_HOST": "unix:///x"}, {"XDG_STATE_HOME": "/s"}):
+        assert locate.inputs({**base, **changed}) != same, changed
+    (tmp_path / ".env").write_text("SPARKCTL_GPUS=all\n")
+    assert locate.inputs(base) != same and "hf_secret_value" not in locate.inputs(base)
+    monkeypatch.chdir(tmp_path.parent)  # relative paths resolve elsewhere
+    assert locate.inputs(base) not in (same, locate.inputs(base, tmp_path / ".env"))

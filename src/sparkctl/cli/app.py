@@ -7,34 +7,52 @@ line and exit code 1 (the traceback only with `--debug`).
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
 import traceback
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from sparkctl import __version__
-from sparkctl.cli import bench, config, deploy, fleet, images, route, service, stacks
+from sparkctl.cli import deploy, service
 from sparkctl.cli.runtime import Runtime
 from sparkctl.errors import SparkctlError
 
+if TYPE_CHECKING:
+    from typer._click import Command, Context
+
+# Command groups by name -> the module whose `app` they are, imported only when the group is
+# called or help lists it: `sparkctl status` does not pay for Ray's fleet or the benchmark tool.
+GROUPS = {"stacks": "sparkctl.cli.stacks", "image": "sparkctl.cli.images", "config": "sparkctl.cli.config",
+          "bench": "sparkctl.cli.bench", "fleet": "sparkctl.cli.fleet", "route": "sparkctl.cli.route"}
+
+
+class Root(TyperGroup):
+    def list_commands(self, ctx: Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *GROUPS})
+
+    def get_command(self, ctx: Context, name: str) -> Command | None:
+        if name in GROUPS and name not in self.commands:
+            group = typer.main.get_group(importlib.import_module(GROUPS[name]).app)
+            group.name = name
+            self.add_command(group)
+        return super().get_command(ctx, name)
+
+
 app = typer.Typer(
     name="sparkctl",
+    cls=Root,
     help="Deploy, pin, patch, health-check, switch and benchmark LLM stacks on DGX Spark.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(stacks.app, name="stacks")
-app.add_typer(images.app, name="image")
-app.add_typer(config.app, name="config")
 app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
-app.add_typer(bench.app, name="bench")
-app.add_typer(fleet.app, name="fleet")
-app.add_typer(route.app, name="route")
 for command in (deploy.up, deploy.down, deploy.switch, deploy.park, deploy.wake, deploy.status, deploy.logs,
                 service.daemon):
     app.command()(command)

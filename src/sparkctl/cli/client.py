@@ -1,10 +1,9 @@
-"""The CLI's client for the daemon's unix-socket API (stdlib only, so a call through the daemon
+"""The CLI's client for the daemon's unix-socket API (stdlib and httptools, so a call through the daemon
 starts fast; `locate` finds the socket without loading the settings)."""
 
 from __future__ import annotations
 
 import fcntl
-import http.client
 import json
 import socket
 from collections.abc import Iterator
@@ -13,17 +12,7 @@ from typing import Any
 
 from sparkctl.errors import SparkctlError
 from sparkctl.locate import LOCK_FILE
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(str(self.path))
+from sparkctl.unixhttp import Response, UnixHTTP
 
 
 class DaemonClient:
@@ -56,31 +45,21 @@ class DaemonClient:
 
     def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST `body` and yield the NDJSON events of the response as they come."""
-        conn = _UnixConnection(self.path, self.timeout)
-        try:
-            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-            response = conn.getresponse()
+        with UnixHTTP(self.path, self.timeout).request("POST", path, body) as response:
             if response.status != 200:
                 raise SparkctlError(_message(response))
-            for line in response:
+            for line in response.lines():
                 if line.strip():
                     yield json.loads(line)
-        finally:
-            conn.close()
 
     def _call(self, method: str, path: str, body: dict | None, timeout: float | None) -> Any:
-        conn = _UnixConnection(self.path, timeout or self.timeout)
-        try:
-            conn.request(method, path, json.dumps(body) if body is not None else None)
-            response = conn.getresponse()
+        with UnixHTTP(self.path, timeout or self.timeout).request(method, path, body) as response:
             if response.status != 200:
                 raise SparkctlError(_message(response))
             return json.loads(response.read())
-        finally:
-            conn.close()
 
 
-def _message(response: http.client.HTTPResponse) -> str:
+def _message(response: Response) -> str:
     raw = response.read()
     try:
         return json.loads(raw)["error"]["message"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from sparkctl.phase import Phase
 
@@ -13,6 +12,8 @@ STYLE = {Phase.FAILED: "red", Phase.RUNNING: "green", Phase.STOPPED: "yellow"}
 
 class ConsoleReporter:
     def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn  # ~10 ms
+
         self.console = console
         self.bars = Progress(TextColumn("  {task.description}"), BarColumn(), DownloadColumn(),
                              TransferSpeedColumn(), console=console, transient=True)

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from sparkctl.cli.console import ConsoleReporter
 from sparkctl.cli.runtime import runtime
@@ -36,11 +35,53 @@ def up(
         rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {done.fingerprint}; kept up by the daemon)")
         return
     _no_daemon(rt)
+    if not (refresh or replace) and (made := _unchanged(stack)):
+        for why in made.warnings:
+            rt.console.print(f"[yellow]{'note':>9}[/] {escape(stack)}: warning: {escape(why)}")
+        rt.console.print(f"[green]{stack} already up, unchanged[/]: {made.url}/v1 (fingerprint {made.fingerprint})")
+        return
+    from sparkctl.deploy import quick
+
+    folders = [rt.settings.stacks_dir, rt.settings.patches_dir]
+    files_then = quick.files(folders)  # before the deploy reads them: an edit meanwhile is a change
     with ConsoleReporter(rt.console) as reporter:
         result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
+    _remember(rt, stack, result, folders, files_then)
     extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
     verb = "up" if result.changed else "already up, unchanged"
     rt.console.print(f"[green]{stack} {verb}[/]: {result.url}/v1 (fingerprint {result.fingerprint}{extra})")
+
+
+def _unchanged(stack: str):
+    """`stack`'s record if it runs as its last in-process `up` left it (deploy/quick.py); opens the
+    state database without loading the settings."""
+    from sparkctl.deploy import quick
+    from sparkctl.locate import STORE_FILE, located
+    from sparkctl.state.store import Store
+
+    path = located()[1] / STORE_FILE
+    if not path.is_file():
+        return None
+    store = Store(path)
+    try:
+        return quick.unchanged(store, stack)
+    finally:
+        store.close()
+
+
+def _remember(rt, stack: str, result, folders: list, files_then: list) -> None:
+    from sparkctl.deploy import quick
+    from sparkctl.instance import container_name
+    from sparkctl.spec.models import Kind
+    from sparkctl.spec.render import spec_hash
+
+    spec = rt.catalog.stack(stack)
+    if spec.kind is Kind.COMPOSE:  # compose names its own containers: always through the pipeline
+        return
+    quick.made(rt.store, stack=stack, folders=folders, files_then=files_then, fingerprint=result.fingerprint,
+               parts=rt.store.deployments.latest(stack).parts, spec_hash=spec_hash(spec),
+               container=container_name(stack, rt.settings.instance), docker_host=rt.settings.docker_host,
+               url=result.url, warnings=[why for _, why in spec.risks()])
 
 
 def down(ctx: typer.Context, stack: str) -> None:
@@ -134,6 +175,8 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         print(json.dumps(rows, indent=2))
         return
     wide = rt.console.width >= 100  # a narrow terminal drops the fingerprint (`--json` has it) before folding
+    from rich.table import Table
+
     table = Table("stack", "phase", "endpoint", *(["fingerprint"] if wide else []), "uptime", "memory")
     for column in table.columns:
         column.overflow = "fold"

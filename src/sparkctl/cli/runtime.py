@@ -6,7 +6,6 @@ is the one place settings are read from the environment.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -52,6 +51,8 @@ class Runtime:
 
     def configure_logging(self) -> None:
         """For commands that log (the daemon); interactive commands talk through rich."""
+        import logging
+
         from sparkctl import log
 
         log.configure(secrets=self.settings.secrets(), level=logging.DEBUG if self.debug else logging.INFO)

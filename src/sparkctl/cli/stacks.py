@@ -33,13 +33,18 @@ class Format(StrEnum):
 def list_(ctx: typer.Context) -> None:
     """One row per deployable stack, with what the image policy says of it."""
     rt = runtime(ctx)
+    if rt.daemon.available():  # it holds the catalog and the policy read: nothing to import or parse here
+        rows = rt.daemon.get("/v1/stacks")["stacks"]
+    else:
+        from sparkctl.spec import listing
+
+        rows = listing.rows(rt.catalog, rt.policy)
     table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy")
     table.columns[0].no_wrap = True
-    for stack in rt.catalog.deployable():
-        table.add_row(
-            stack.name, stack.kind, stack.image.ref, _weights(stack.model), _weights(stack.draft),
-            f"{stack.resources.gpu_memory_utilization:.2f}", str(stack.port), _verdict(rt, stack),
-        )
+    for row in rows:
+        verdict = f"[red]refused[/]: {escape(row['policy'])}" if row["refused"] else escape(row["policy"])
+        table.add_row(row["stack"], row["kind"], row["image"], row["model"], row["draft"], f"{row['memory']:.2f}",
+                      str(row["port"]), verdict)
     rt.console.print(table)
 
 
@@ -195,25 +200,6 @@ def _catalog_with(rt: Runtime, paths: list[Path]) -> Catalog:
                if p.name != POLICY_FILE and p.resolve() not in given]
     patch_sets = load_patch_sets(rt.settings.patches_dir) if rt.settings.patches_dir.is_dir() else {}
     return load_stacks([*shipped, *extra], patch_sets=patch_sets)
-
-
-def _verdict(rt: Runtime, stack: Stack) -> str:
-    from sparkctl.policy.images import check
-
-    try:
-        check(rt.policy, stack.image.ref, allow_latest=stack.image.allow_latest)
-    except ImageRefused as e:
-        return f"[red]refused[/]: {str(e).split(':')[0]}"
-    pin = rt.policy.pin_for(stack.image.ref)
-    if pin is None:
-        return "ok"
-    return f"pinned {pin.digest[7:19]}" if pin.digest else "known-good tag, digest at first up"
-
-
-def _weights(weights: Weights | None) -> str:
-    if weights is None:
-        return "-"
-    return weights.path or f"{weights.repo}@{weights.revision}"
 
 
 def _rank(rt: Runtime, stack: Stack, index: int | None) -> Rank | None:

@@ -1,7 +1,8 @@
 """The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
 
-Routes: GET /v1/status, GET /v1/desired, POST /v1/up, /v1/down, /v1/switch, /v1/park, /v1/wake,
-/v1/retest (these stream NDJSON events until the outcome), GET /v1/events?since=N (long-lived),
+Routes: GET /v1/status, GET /v1/stacks (`stacks list`'s rows), GET /v1/desired, POST /v1/up,
+/v1/down, /v1/switch, /v1/park, /v1/wake, /v1/retest (these stream NDJSON events until the
+outcome), GET /v1/events?since=N (long-lived),
 GET /v1/logs?stack=S&tail=N (the engine's log, its last N lines then following), GET /v1/history,
 GET /v1/runs (benchmark runs), GET /v1/engines (each routed engine's token and TTFT counters),
 GET /v1/reports and /v1/report-file?report=ID&path=P (written reports and their files), POST
@@ -69,6 +70,8 @@ class Service(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
+    def stacks(self) -> dict[str, Any]: ...
+
     def history(self, stack: str | None) -> dict[str, Any]: ...
 
     def metrics_text(self) -> str: ...
@@ -97,6 +100,7 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
     app[CLOSING] = asyncio.Event()
     app.on_shutdown.append(_closing)
     app.router.add_get("/v1/status", status)
+    app.router.add_get("/v1/stacks", stacks)
     app.router.add_get("/v1/desired", desired)
     app.router.add_post("/v1/up", up)
     app.router.add_post("/v1/down", down)
@@ -119,6 +123,10 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
 
 async def status(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.to_thread(request.app[SERVICE].status))
+
+
+async def stacks(request: web.Request) -> web.Response:
+    return web.json_response(await asyncio.to_thread(request.app[SERVICE].stacks))
 
 
 async def desired(request: web.Request) -> web.Response:

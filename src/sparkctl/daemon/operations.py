@@ -39,7 +39,7 @@ from sparkctl.policy.images import ImagePolicy
 from sparkctl.policy.parking import Park, choose
 from sparkctl.policy.switch import Leaving, plan_switch
 from sparkctl.settings import Settings
-from sparkctl.spec import imagefile
+from sparkctl.spec import imagefile, listing
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.state.desired import Desired
@@ -438,6 +438,10 @@ class Operations:
                 "others": other_instances(self.machine.docker),
                 "memory": {"held": memory.held, "ceiling": memory.ceiling, "parked": memory.parked},
                 "catalog": sorted(s.name for s in catalog.deployable())}
+
+    def stacks(self) -> dict[str, Any]:
+        """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
+        return {"stacks": listing.rows(self.machine.catalog(), imagefile.policy_for(self.settings))}
 
     def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> dict[str, Any]:
         """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""

@@ -83,6 +83,8 @@ MIGRATIONS = (
     """,
     # A deployment's KV headroom (policy.headroom.Headroom as JSON), read once it runs.
     "ALTER TABLE deployments ADD COLUMN headroom TEXT",
+    # What the last deploy of a stack that ended running was made from (deploy/quick.py), as JSON.
+    "CREATE TABLE made (stack TEXT PRIMARY KEY, record TEXT NOT NULL)",
 )
 
 

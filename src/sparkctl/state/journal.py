@@ -55,6 +55,10 @@ class Digests:
         row = self.db.one("SELECT digest FROM digests WHERE ref = ?", (ref,))
         return row["digest"] if row else None
 
+    def newest(self) -> float:
+        """When any tag or revision was last resolved: a later pin or `--refresh` moves it."""
+        return self.db.one("SELECT COALESCE(MAX(resolved), 0) FROM digests")[0]
+
     def record(self, ref: str, digest: str) -> None:
         with self.db.tx() as db:
             db.execute("INSERT INTO digests VALUES (?, ?, ?) ON CONFLICT (ref) DO UPDATE SET "
