@@ -302,3 +302,39 @@ def test_failed_redeploy_keeps_the_previous_one_running(world, cli, engine, monk
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
     code, out, _ = cli("up", "qwen36-dflash")
     assert code == 0 and "unchanged" in out
+
+
+def test_a_staged_stack_starts_its_created_container_only_once_admitted(world, engine) -> None:
+    """What a hold/swap switch does with the new stack: staged (prepared, its container created,
+    not started) while the old one still runs. Its start is refused while the old one holds the
+    memory (the container goes), and starts that very container once the old one has stopped;
+    a staged stack that will not start is discarded."""
+    from sparkctl.deploy.progress import RecordingReporter
+    from sparkctl.errors import SparkctlError
+    from sparkctl.phase import Phase
+    from sparkctl.settings import Settings
+    from sparkctl.wiring import Wiring
+
+    wiring = Wiring(Settings())
+    deployer = wiring.deployer(RecordingReporter())
+    deployer.up("qwen36-dflash")  # 0.8 of the memory: aeon-gemma4-v2 (0.8) fits only once it stopped
+    latest = wiring.store.deployments.latest
+
+    staged = deployer.stage("aeon-gemma4-v2")
+    assert [c["State"] for c in ours(engine, "aeon-gemma4-v2")] == ["created"]
+    with pytest.raises(SparkctlError, match="aeon-gemma4-v2 does not fit"):
+        deployer.up("aeon-gemma4-v2", staged=staged)
+    assert ours(engine, "aeon-gemma4-v2") == [] and latest("aeon-gemma4-v2").phase is Phase.FAILED
+
+    staged = deployer.stage("aeon-gemma4-v2")
+    deployer.discard(staged, "the switch was rolled back")
+    assert ours(engine, "aeon-gemma4-v2") == [] and latest("aeon-gemma4-v2").phase is Phase.FAILED
+
+    staged = deployer.stage("aeon-gemma4-v2")
+    [created] = ours(engine, "aeon-gemma4-v2")
+    for c in ours(engine, "qwen36-dflash"):
+        wiring.docker.stop(c["Id"], timeout=0)
+    result = deployer.up("aeon-gemma4-v2", staged=staged)
+    assert result.changed and "engine_start_s" in result.timings
+    assert [(c["Id"], c["State"]) for c in ours(engine, "aeon-gemma4-v2")] == [(created["Id"], "running")]
+    assert latest("aeon-gemma4-v2").phase is Phase.RUNNING

@@ -5,7 +5,7 @@ old stack stops, `switch.park: stop`: bench_park.py measures switches to parked 
 an agent loop keeps calling the gateway throughout. For each of 10 switches, a probe request is
 sent as soon as the gateway reports the hold; its wait, minus the new engine's start (container
 start to /health 200, from the switch record) and minus a normal request's service time, is the
-switch cost. Goal: median ≤ 1.0 s, and 0 failed requests over all switches. Then one more
+switch cost. Goal: median ≤ 0.3 s, and 0 failed requests over all switches. Then one more
 switch with the `quick` switch-over benchmark as a gate: its wall time is what the benchmark
 adds to a switch (on the sim engine at the world's time scale).
 
@@ -33,9 +33,11 @@ from tests.conftest import free_port  # noqa: E402
 
 SWITCHES = runs(10, smoke=2)
 STACKS = ("qwen36-dflash", "aeon-gemma4-v2")
-# The switch record's steps: drain the old stack, stop it, then the new one's deploy (engine start,
-# health, canary inside it), and the whole switch.
-STEPS = ("drain_s", "stop_old_s", "deploy_s", "engine_start_s", "health_s", "canary_s", "total_s")
+# The switch record's steps: the new stack staged (prepared, its container created) before the hold,
+# drain the old stack, stop it, then the new one's deploy (engine start, health, canary inside it),
+# and the whole switch.
+STEPS = ("stage_s", "drain_s", "stop_old_s", "deploy_s", "engine_start_s", "health_s", "canary_s", "total_s")
+GOAL = 0.3  # s of switch cost beyond the new engine's own start (issue 21)
 
 
 def call(gateway: str, timeout: float = 120) -> float:
@@ -92,8 +94,8 @@ def main() -> None:
             daemon.terminate()
             daemon.wait(30)
     cost, waited, engine, steps = ([c[i] for c in costs] for i in range(4))
-    print(f"switch cost (hold/swap) beyond the engine's own start: {spread(cost)}; goal <= 1.0 s: "
-          f"{'ok' if statistics.median(cost) <= 1.0 else 'MISSED'}")
+    print(f"switch cost (hold/swap) beyond the engine's own start: {spread(cost)}; goal <= {GOAL} s: "
+          f"{'ok' if statistics.median(cost) <= GOAL else 'MISSED'}")
     print(f"  held probe waited {spread(waited)}; new engine start {spread(engine)}; one request "
           f"{service * 1000:.0f} ms")
     print("  where the switch's time went (medians): " + ", ".join(
@@ -116,6 +118,7 @@ def held_switch(client: DaemonClient, gateway: str, stack: str, service: float) 
     worker = threading.Thread(target=run)
     worker.start()
     while not holding(gateway):
+        assert worker.is_alive(), f"the switch ended before the gateway held primary: {outcome}"
         time.sleep(0.005)
     waited = call(gateway) - service
     worker.join()

@@ -8,7 +8,9 @@ import contextlib
 import threading
 from pathlib import Path
 
+import pytest
 from huggingface_hub import snapshot_download
+from tqdm import tqdm
 
 from sparkctl.adapters.hub import _TRANSFER_BAR, HubClient, _bar_class
 from sparkctl.deploy import weights
@@ -74,3 +76,18 @@ def test_progress_follows_the_bytes_written_bar_only() -> None:
     received.update(90)
     written.update(40)
     assert seen == [(40, 100)]
+
+
+def test_the_progress_bar_counts_but_never_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn: list[dict] = []
+    monkeypatch.setattr(tqdm, "format_meter", staticmethod(lambda **kwargs: drawn.append(kwargs) or ""))
+    seen: list[tuple[int, int]] = []
+    bar = _bar_class(lambda done, total: seen.append((done, total)))(
+        total=300, unit="B", name="huggingface_hub.snapshot_download", mininterval=0)
+    for _ in range(3):
+        bar.update(100)
+    bar.set_description("Reconstruction complete")
+    bar.close()
+    assert seen == [(100, 300), (200, 300), (300, 300)]
+    assert drawn == [] and bar.fp.getvalue().strip() == ""
+    assert bar.monitor_interval == 0  # no monitor thread either

@@ -96,7 +96,15 @@ class World:
         self.state = change(self.state)
         return self.state
 
-    def deploy(self, stack: str) -> None:
+    def stage(self, stack: str) -> str:
+        self._do(f"stage {stack}")
+        return f"staged {stack}"
+
+    def discard(self, staged: str, why: str) -> None:
+        self._do(f"discard {staged}")
+
+    def deploy(self, stack: str, *, staged: str | None = None) -> None:
+        assert staged in (None, f"staged {stack}")
         self._do(f"deploy {stack}")
 
     def down(self, stack: str) -> int:
@@ -162,14 +170,34 @@ def test_blue_green_flips_before_draining_the_old_stack(tmp_path) -> None:
 def test_hold_swap_releases_only_once_the_alias_names_the_new_stack(tmp_path) -> None:
     world = World()
     result = run(world, Mode.HOLD_SWAP, bench="after", tmp_path=tmp_path)
-    assert world.calls == ["busy a", "busy b", "hold primary", "drain a", "stop a", "deploy b",
+    assert world.calls == ["busy a", "busy b", "stage b", "hold primary", "drain a", "stop a", "deploy b",
                            "release primary -> b", "down a", "free b", "free a", "bench b"]
     assert result["held_requests"] == 3 and result["bench"] == {"summary": "ok"}
+    assert "stage_s" in result["timings"]
+
+
+def test_hold_swap_stages_the_new_stack_before_the_hold_and_starts_it_only_after_the_stop(tmp_path) -> None:
+    """Preparing and creating the new stack holds no engine memory, so it runs while the old one
+    still serves; its start (`deploy` of what was staged) waits for the old one's stop."""
+    world = World()
+    run(world, Mode.HOLD_SWAP, tmp_path=tmp_path)
+    calls = world.calls
+    assert calls.index("stage b") < calls.index("hold primary") < calls.index("stop a") < calls.index("deploy b")
+
+
+def test_a_stack_the_desired_set_already_claims_is_not_staged(tmp_path) -> None:
+    """A staged container left by a killed daemon must be one the reconciler removes: a desired
+    stack's created container would be started by it, without admission."""
+    world = World(state=Desired(("a", "b"), {"primary": "a"}))
+    run(world, Mode.HOLD_SWAP, tmp_path=tmp_path)
+    assert "stage b" not in world.calls and world.calls.index("stop a") < world.calls.index("deploy b")
 
 
 @pytest.mark.parametrize(("mode", "fail", "after_failure"), [
     (Mode.BLUE_GREEN, "deploy b", ["down b"]),
     (Mode.BLUE_GREEN, "bench b", ["down b"]),
+    (Mode.HOLD_SWAP, "stage b", []),  # before the hold: nothing held, nothing stopped
+    (Mode.HOLD_SWAP, "stop a", ["discard staged b", "release primary -> a"]),
     (Mode.HOLD_SWAP, "deploy b", ["down b", "start a-container", "release primary -> a"]),
     (Mode.HOLD_SWAP, "bench b", ["down b", "start a-container", "release primary -> a"]),
 ])

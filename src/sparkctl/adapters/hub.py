@@ -101,7 +101,10 @@ def _bar_class(progress: Progress) -> type:
     from huggingface_hub.utils import tqdm as hf_tqdm
 
     class Bar(hf_tqdm):
-        """A silent tqdm that forwards the bytes written by the download to `progress`."""
+        """A silent tqdm that forwards the bytes written by the download to `progress`. Enabled, so
+        that it counts, but it never draws: no line formatted, no monitor thread."""
+
+        monitor_interval = 0
 
         def __init__(self, *args, **kwargs) -> None:
             self.reported = kwargs.pop("name", None) != _TRANSFER_BAR
@@ -112,6 +115,9 @@ def _bar_class(progress: Progress) -> type:
             if self.reported and self.unit == "B" and self.total:
                 progress(int(self.n), int(self.total))
             return shown
+
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+            return True
 
     return Bar
 

@@ -35,9 +35,10 @@ def up(
         rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {done.fingerprint}; kept up by the daemon)")
         return
     _no_daemon(rt)
-    if not (refresh or replace) and (made := _unchanged(stack)):
-        for why in made.warnings:
-            rt.console.print(f"[yellow]{'note':>9}[/] {escape(stack)}: warning: {escape(why)}")
+    if not (refresh or replace) and (answered := _unchanged(stack)):
+        made, notes = answered
+        for note in notes:
+            rt.console.print(f"[yellow]{'note':>9}[/] {escape(stack)}: {escape(note)}")
         rt.console.print(f"[green]{stack} already up, unchanged[/]: {made.url}/v1 (fingerprint {made.fingerprint})")
         return
     from sparkctl.deploy import quick
@@ -81,7 +82,7 @@ def _remember(rt, stack: str, result, folders: list, files_then: list) -> None:
     quick.made(rt.store, stack=stack, folders=folders, files_then=files_then, fingerprint=result.fingerprint,
                parts=rt.store.deployments.latest(stack).parts, spec_hash=spec_hash(spec),
                container=container_name(stack, rt.settings.instance), docker_host=rt.settings.docker_host,
-               url=result.url, warnings=[why for _, why in spec.risks()])
+               url=result.url, warnings=[why for _, why in spec.risks()], watch=result.watched)
 
 
 def down(ctx: typer.Context, stack: str) -> None:

@@ -21,7 +21,7 @@ from sparkctl.daemon.turns import Turns
 from sparkctl.daemon.watchdog import MemoryWatch
 from sparkctl.deploy import health
 from sparkctl.deploy.memory import GIB
-from sparkctl.deploy.pipeline import Deployer, UpResult
+from sparkctl.deploy.pipeline import Deployer, Staged, UpResult
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.headroom import Headroom
@@ -54,26 +54,44 @@ class DockerMachine:
     def observe(self) -> list[Observed]:
         return [Observed(c.stack, c.id, c.state) for c in self.docker.containers() if not c.placed]
 
-    def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False) -> UpResult | None:
-        """Deploy (or confirm) the stack; None if a `down` got the lock first (it wins)."""
+    def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None
+               ) -> UpResult | None:
+        """Deploy (or confirm) the stack, or start what `stage` made of it; None if a `down` got
+        the lock first (it wins)."""
         with self.turns.turn(stack):
             if stack not in self.desired().stacks:
+                if staged is not None:
+                    self.deployer().discard(staged, "not started: the stack was taken down meanwhile")
                 return None
-            result = self.deployer().up(stack, refresh=refresh, replace=replace)
+            result = self.deployer().up(stack, refresh=refresh, replace=replace, staged=staged)
         if result.changed:  # a new engine: its KV headroom was read (the pipeline showed it as notes)
             log_headroom(stack, result.headroom)
         return result
+
+    def stage(self, stack: str) -> Staged:
+        """Prepare the stack and create its container, start nothing (`Deployer.stage`)."""
+        with self.turns.turn(stack):
+            return self.deployer().stage(stack)
+
+    def discard(self, staged: Staged, why: str) -> None:
+        with self.turns.turn(staged.stack):
+            self.deployer().discard(staged, why)
 
     def down(self, stack: str) -> int:
         with self.turns.turn(stack):
             return self.deployer().down(stack)
 
     def stop(self, stack: str) -> list[str]:
-        """Stop the stack's running containers but keep them (a switch may start them again)."""
+        """Stop the stack's running containers but keep them (a switch may start them again).
+        Its callers (a switch, parking) have drained it first: with no request in flight, the
+        engine's graceful shutdown on SIGTERM saves nothing and would cost the held requests of a
+        switch its length (~0.1 s for the sim here, longer for vLLM, which stops its engine core
+        first), so the engine is killed at once (a 0 s stop timeout). Its memory is free when the
+        stop returns either way."""
         with self.turns.turn(stack):
             running = [c.id for c in self.docker.containers(stack) if c.running]
             for container in running:
-                self.docker.stop(container)
+                self.docker.stop(container, timeout=0)
             return running
 
     def start(self, container: str) -> None:

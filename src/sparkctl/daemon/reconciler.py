@@ -20,7 +20,7 @@ import structlog
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
-from sparkctl.deploy.pipeline import UpResult
+from sparkctl.deploy.pipeline import Staged, UpResult
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
 from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled
@@ -37,7 +37,11 @@ class Machine(Protocol):
 
     def observe(self) -> list[Observed]: ...
 
-    def deploy(self, stack: str) -> UpResult | None: ...
+    def deploy(self, stack: str, *, staged: Staged | None = None) -> UpResult | None: ...
+
+    def stage(self, stack: str) -> Staged: ...
+
+    def discard(self, staged: Staged, why: str) -> None: ...
 
     def down(self, stack: str) -> int: ...
 

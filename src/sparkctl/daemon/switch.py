@@ -24,6 +24,7 @@ import structlog
 
 from sparkctl.daemon.machine import Woken
 from sparkctl.daemon.reconciler import Machine, Reconciler
+from sparkctl.deploy.pipeline import Staged
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.parking import Park
@@ -131,6 +132,7 @@ class Switcher:
     def _hold_swap(self, switch: Switch) -> None:
         plan = switch.plan
         assert plan.old is not None
+        staged = self._stage(switch)
         self.gateway.hold(plan.alias, plan.old, plan.new)
         released = False
         try:
@@ -138,11 +140,13 @@ class Switcher:
                 switch.facts["drained"] = self.gateway.drain(plan.old)
             try:
                 stopped = self._leave(switch)
-            except SparkctlError as e:  # it still serves: nothing to undo
+            except SparkctlError as e:  # it still serves: only the staged container to undo
+                if staged is not None:
+                    self.machine.discard(staged, f"not started: the switch was rolled back ({e})")
                 self.refresh_routes()
                 raise self._rolled_back(plan, e) from None
             try:
-                self._bring_up(switch)
+                self._bring_up(switch, staged)
             except SparkctlError as e:
                 if switch.new_was_desired:  # e.g. a parked stack that failed to wake: kept, stopped
                     self.machine.park(plan.new, 0)
@@ -166,6 +170,19 @@ class Switcher:
                 switch.facts |= self.gateway.release(plan.alias)
 
     # --- steps --------------------------------------------------------------------------------
+    def _stage(self, switch: Switch) -> Staged | None:
+        """Before the hold, while the old stack still serves: the new stack's preparation and its
+        container, created, so that the hold is left with the old one's stop and the new one's
+        admission, start and health. Only for a stack that is not desired yet: if the daemon is
+        killed now, the container is one the reconciler removes, never one it starts."""
+        if switch.new_was_desired:  # parked (it wakes), or kept by the desired set: the whole pipeline
+            return None
+        try:
+            with switch.timed("stage_s"):
+                return self.machine.stage(switch.plan.new)
+        except SparkctlError as e:  # nothing held or stopped yet: nothing to undo
+            raise self._rolled_back(switch.plan, e) from None
+
     def _leave(self, switch: Switch) -> list[str]:
         """The old stack makes room: parked, or stopped (its containers, to start on a rollback)."""
         plan = switch.plan
@@ -187,18 +204,18 @@ class Switcher:
         self.machine.park(stack, level, before=before)
         self.refresh_routes()
 
-    def _bring_up(self, switch: Switch) -> None:
+    def _bring_up(self, switch: Switch, staged: Staged | None = None) -> None:
         """The new stack woken, or through the whole pipeline; then the benchmark gate if it has one."""
         new = switch.plan.new
-        self.machine.update_desired(lambda d: d.with_stack(new))
-        if switch.plan.wake or new in self.machine.desired().parked:  # asleep, or parked stopped
+        desired = self.machine.update_desired(lambda d: d.with_stack(new))
+        if switch.plan.wake or new in desired.parked:  # asleep, or parked stopped
             with switch.timed("wake_s"):
                 woken = self.machine.wake(new)
             self.woke(new, woken)
             switch.facts["woken"] = asdict(woken)
         else:
             with switch.timed("deploy_s"):
-                done = self.machine.deploy(new)
+                done = self.machine.deploy(new, staged=staged)
             switch.timings |= done.timings if done else {}
         self.refresh_routes()  # routes the new stack by name (the gate benchmarks through the gateway)
         if self.bench_mode(new) == "gate":

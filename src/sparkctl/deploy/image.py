@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkctl.adapters.docker import DockerEngine
-from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.progress import Reporter, moved_note
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.images import ImageName, ImagePolicy, check, mirrored
 from sparkctl.spec.models import Stack
@@ -26,6 +26,7 @@ class ResolvedImage:
     name: ImageName  # the image's real identity (policy, pins and records use it)
     digest: str
     run_ref: str  # what Docker runs: the fetch location with the digest
+    source: str | None = None  # where the registry is asked what the tag names (None: a local build)
     watch: threading.Thread | None = None  # asks the registry whether the pinned tag moved
 
     def settle(self) -> None:
@@ -49,19 +50,18 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
         check(policy, stack.image.ref, digest=known, allow_latest=stack.image.allow_latest)
         watch = threading.Thread(target=_watch_tag, args=(docker, source, stack, name, known, reporter), daemon=True)
         watch.start()
-        return ResolvedImage(name, known, f"{repository}@{known}", watch)
+        return ResolvedImage(name, known, f"{repository}@{known}", source, watch)
     digest = _remote_digest(docker, source, stack, reporter, required=True)
     assert digest is not None
     check(policy, stack.image.ref, digest=digest, allow_latest=stack.image.allow_latest)
-    return ResolvedImage(name, digest, f"{repository}@{digest}")
+    return ResolvedImage(name, digest, f"{repository}@{digest}", source)
 
 
 def _watch_tag(docker: DockerEngine, source: str, stack: Stack, name: ImageName, known: str,
                reporter: Reporter) -> None:
     moved = _remote_digest(docker, source, stack, reporter, required=False)
     if moved and moved != known:
-        reporter.note(stack.name, f"tag {name.tagged} has moved: pinned {known[:19]}, registry now {moved[:19]}; "
-                                  "running the pinned digest (`sparkctl up --refresh` follows the tag)")
+        reporter.note(stack.name, moved_note(name.tagged, known, moved))
 
 
 def pull(image: ResolvedImage, *, stack: str, docker: DockerEngine, reporter: Reporter) -> None:

@@ -5,7 +5,10 @@ previous container is only stopped (and renamed) while the new one starts; if th
 fails its health phases it is removed and the previous one restarted, so a failed deploy
 leaves the previous state running. Each deployment and its phase transitions are recorded, and
 once it runs, the KV headroom its engine reports (`capacity.py`), shown as a note with any
-warning (the daemon also logs it). Built by the CLI (and the daemon) with its adapters.
+warning (the daemon also logs it). A hold/swap switch splits the deploy in two: `stage` (checked,
+prepared, the container created, nothing started) while the old stack still serves, then
+`up(staged=...)` (admission, start, health) once the old one has made room. Built by the CLI
+(and the daemon) with its adapters.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class UpResult:
     acceptance: float | None = None
     timings: dict[str, float] = field(default_factory=dict)  # engine start, health, canary (Phases.durations)
     headroom: Headroom | None = None  # the engine's KV headroom (None: it reported no KV-cache size)
+    watched: tuple[str, str] | None = None  # (where the registry is asked, the tag) whether the image moved
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,17 @@ class Prepared:
     parts: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A deployment prepared ahead of its start (`Deployer.stage`)."""
+
+    stack: str
+    deployment: int
+    prepared: Prepared
+    container: str | None  # created, not started (None: the stack had containers, or is a compose project)
+    sleep: bool  # the container was created with sleep mode
+
+
 @dataclass
 class Deployer:
     settings: Settings
@@ -78,27 +93,28 @@ class Deployer:
     placed: bool = False  # run by a fleet host's agent: its containers are labelled the fleet's
     rank: Rank | None = None  # one rank of a multi-node group (`parallel`), on this host
 
-    def up(self, name: str, *, refresh: bool = False, replace: bool = False) -> UpResult:
+    def up(self, name: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None
+           ) -> UpResult:
+        """Deploy the stack; `staged` (from `stage`) has been prepared and created already, and
+        only its admission is left before its container starts."""
         stack = self.catalog.stack(name)
-        deployment = self.store.deployments.begin(name)
+        deployment = staged.deployment if staged else self.store.deployments.begin(name)
         phases = Phases(self.store, self.reporter, stack.name, deployment)
-        prepared = None
+        prepared = staged.prepared if staged else None
         try:
-            if stack.parallel is not None and self.rank is None:
-                raise SparkctlError(f"{name} is a multi-node stack ({stack.parallel.nodes} ranks): it runs across a "
-                                    f"fleet, with `sparkctl fleet up {name}` on the fleet's head")
-            check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
-            for _, why in stack.risks():  # opted into with `allow:`
-                self.reporter.note(stack.name, f"warning: {why}")
+            if staged is None:
+                self._check(stack)
             room = self._admit(stack, replace=replace)
-            prepared = self.prepare(stack, deployment, refresh=refresh)
+            prepared = prepared or self.prepare(stack, deployment, refresh=refresh)
             self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)
             self.store.deployments.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
             if stack.kind is Kind.COMPOSE:
                 result = self._up_compose(stack, prepared, phases)
             else:
-                result = self._up_container(stack, prepared, phases)
+                result = self._up_container(stack, prepared, phases, staged)
         except SparkctlError as e:
+            if staged is not None and staged.container:  # e.g. refused by admission: never started
+                self.docker.remove(staged.container)
             phases.enter(Phase.FAILED, error=str(e))
             raise
         finally:
@@ -107,7 +123,44 @@ class Deployer:
         phases.enter(Phase.RUNNING, "unchanged" if not result.changed else "")
         headroom = (self._headroom(stack, deployment) if result.changed
                     else self.store.deployments.headroom(stack.name, result.fingerprint))
-        return dataclasses.replace(result, timings=phases.durations(), headroom=headroom)  # `replace`: a flag here
+        watched = (prepared.image.source, prepared.image.name.tagged) if prepared.image.source else None
+        return dataclasses.replace(result, timings=phases.durations(), headroom=headroom,  # `replace`: a flag here
+                                   watched=watched)
+
+    def stage(self, name: str) -> Staged:
+        """The part of `up` that holds no engine memory: checked, prepared, and (for a container
+        stack that has none yet) its container created but not started. A hold/swap switch stages
+        the new stack while the old one still serves, so that its hold is left with the old one's
+        stop and the new one's admission, start and health; `up(staged=...)` does those, `discard`
+        undoes this."""
+        stack = self.catalog.stack(name)
+        deployment = self.store.deployments.begin(name)
+        phases = Phases(self.store, self.reporter, stack.name, deployment)
+        try:
+            self._check(stack)
+            prepared = self.prepare(stack, deployment)
+            sleep = self._sleeps(stack, prepared)
+            fresh = stack.kind is not Kind.COMPOSE and not self.docker.containers(stack.name)
+            container = self._create(stack, prepared, sleep=sleep) if fresh else None
+        except SparkctlError as e:
+            phases.enter(Phase.FAILED, error=str(e))
+            raise
+        return Staged(stack.name, deployment, prepared, container, sleep)
+
+    def discard(self, staged: Staged, why: str) -> None:
+        """A staged deployment that will not start: its container removed, the deployment failed."""
+        if staged.container:
+            self.docker.remove(staged.container)
+        self.store.deployments.advance(staged.deployment, Phase.FAILED, error=why)
+
+    def _check(self, stack: Stack) -> None:
+        """What refuses a stack before anything is fetched: its kind here, its image's tag."""
+        if stack.parallel is not None and self.rank is None:
+            raise SparkctlError(f"{stack.name} is a multi-node stack ({stack.parallel.nodes} ranks): it runs across a "
+                                f"fleet, with `sparkctl fleet up {stack.name}` on the fleet's head")
+        check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
+        for _, why in stack.risks():  # opted into with `allow:`
+            self.reporter.note(stack.name, f"warning: {why}")
 
     def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False) -> Prepared:
         """Resolve and fetch everything the stack needs, and patch; starts nothing."""
@@ -189,18 +242,20 @@ class Deployer:
             for c in self.docker.containers(other):
                 self.docker.remove(c.id)
 
-    def _up_container(self, stack: Stack, prepared: Prepared, phases: Phases) -> UpResult:
+    def _up_container(self, stack: Stack, prepared: Prepared, phases: Phases, staged: Staged | None = None
+                      ) -> UpResult:
         url = stack.url
-        current = self.docker.containers(stack.name)
+        created = staged.container if staged else None
+        current = [] if created else self.docker.containers(stack.name)  # staged: it had none
         if any(_matches(c, prepared.fingerprint, stack) for c in current):
             self.reporter.note(stack.name, f"{stack.name} is already running with fingerprint "
                                            f"{prepared.fingerprint}: nothing to do")
             return UpResult(stack.name, prepared.fingerprint, False, url)
         previous = self._set_aside(current)
-        sleep = stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
+        sleep = staged.sleep if created else self._sleeps(stack, prepared)
         try:
             try:
-                rate = self._start(stack, prepared, phases, sleep=sleep)
+                rate = self._start(stack, prepared, phases, sleep=sleep, created=created)
             except health.HealthError as e:
                 if not (sleep and NO_SLEEP_MODE in str(e)):
                     raise
@@ -213,20 +268,30 @@ class Deployer:
             self.docker.remove(c)
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
-    def _start(self, stack: Stack, prepared: Prepared, phases: Phases, *, sleep: bool) -> float | None:
-        """Create and start the engine container; its health's acceptance rate. A container that
-        fails is removed."""
+    def _sleeps(self, stack: Stack, prepared: Prepared) -> bool:
+        """Whether the engine starts with sleep mode: the stack may park, and its image wakes."""
+        return stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
+
+    def _create(self, stack: Stack, prepared: Prepared, *, sleep: bool) -> str:
+        """Create (not start) the engine container; its name."""
         plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
                       fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
                       instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank)
+        self.docker.create(plan)
+        return plan.name
+
+    def _start(self, stack: Stack, prepared: Prepared, phases: Phases, *, sleep: bool, created: str | None = None
+               ) -> float | None:
+        """Start the engine container (`created` by `stage`, else created now); its health's
+        acceptance rate. A container that fails is removed."""
+        name = created or self._create(stack, prepared, sleep=sleep)
         try:
-            self.docker.create(plan)
-            self.docker.start(plan.name)
+            self.docker.start(name)
             if self.rank is not None and self.rank.headless:
-                return health.wait_started(self._engine(plan.name))
-            return health.wait_healthy(stack, stack.url, self._engine(plan.name), reporter=phases.health())
+                return health.wait_started(self._engine(name))
+            return health.wait_healthy(stack, stack.url, self._engine(name), reporter=phases.health())
         except SparkctlError:
-            self.docker.remove(plan.name)
+            self.docker.remove(name)
             raise
 
     def _without_sleep_mode(self, stack: Stack, digest: str) -> None:

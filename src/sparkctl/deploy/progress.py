@@ -36,3 +36,9 @@ class RecordingReporter:
 
     def note(self, stack: str, text: str) -> None:
         self.notes.append(text)
+
+
+def moved_note(tagged: str, known: str, moved: str) -> str:
+    """What an `up` says of a pinned tag the registry now serves another digest for."""
+    return (f"tag {tagged} has moved: pinned {known[:19]}, registry now {moved[:19]}; running the pinned digest "
+            "(`sparkctl up --refresh` follows the tag)")

@@ -7,7 +7,9 @@ came of them. The next `up` of the stack compares those with what they are now a
 over its socket, whether that container still runs with that fingerprint. If all agree the
 pipeline would find the same fingerprint running and do nothing, so the call records an
 unchanged deployment and stops there, without importing the settings' models, the Docker SDK or
-the Hub client (docs/perf.md). Anything else, including `--refresh`, runs the pipeline.
+the Hub client (docs/perf.md). Like the pipeline it asks the registry whether the pinned tag
+moved, and says so. Anything else, including `--refresh` and a registry that does not answer,
+runs the pipeline.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from sparkctl import locate
 from sparkctl.adapters import dockersock
 from sparkctl.container import LABEL_FINGERPRINT, LABEL_SPEC_HASH
+from sparkctl.deploy.progress import moved_note
 from sparkctl.phase import Phase
 from sparkctl.state.store import Store
 
@@ -39,6 +42,7 @@ class Made:
     socket: str  # Docker's
     url: str
     warnings: list[str]  # the stack's opted-in risks, said again on every `up`
+    watch: list[str] | None  # (where the registry is asked, the tag): did the pinned tag move?
 
 
 def files(folders: list[str]) -> list:
@@ -55,7 +59,7 @@ def files(folders: list[str]) -> list:
 
 def made(store: Store, *, stack: str, folders: list[Path], files_then: list, fingerprint: str,
          parts: dict[str, str], spec_hash: str, container: str, docker_host: str | None, url: str,
-         warnings: list[str], environ: Mapping[str, str] = os.environ) -> None:
+         warnings: list[str], watch: tuple[str, str] | None, environ: Mapping[str, str] = os.environ) -> None:
     """Keep what a running deployment was made from; `files_then` was read before it began, so an
     edit during the deploy is seen as a change. Nothing is kept for an engine Docker serves over
     TCP or SSH: only a socket is asked without the SDK."""
@@ -63,13 +67,14 @@ def made(store: Store, *, stack: str, folders: list[Path], files_then: list, fin
     if socket is None:
         return
     record = Made(locate.inputs(environ), [str(f) for f in folders], files_then, store.digests.newest(),
-                  fingerprint, parts, spec_hash, container, str(socket), url, warnings)
+                  fingerprint, parts, spec_hash, container, str(socket), url, warnings, list(watch) if watch else None)
     store.deployments.remember(stack, asdict(record))
 
 
-def unchanged(store: Store, stack: str, environ: Mapping[str, str] = os.environ) -> Made | None:
-    """The record of `stack`'s running deployment if nothing it was made from changed and its
-    container runs with its fingerprint; that `up` is then recorded. None: run the pipeline."""
+def unchanged(store: Store, stack: str, environ: Mapping[str, str] = os.environ) -> tuple[Made, list[str]] | None:
+    """The record of `stack`'s running deployment and the notes to show, if nothing it was made
+    from changed and its container runs with its fingerprint; that `up` is then recorded. None:
+    run the pipeline."""
     kept = store.deployments.made(stack)
     if kept is None:
         return None
@@ -77,17 +82,24 @@ def unchanged(store: Store, stack: str, environ: Mapping[str, str] = os.environ)
     if (record.inputs != locate.inputs(environ) or record.digests != store.digests.newest()
             or _listed(record.files) != _listed(files(record.folders))):
         return None
+    socket = Path(record.socket)
     try:
-        labels = dockersock.running_labels(Path(record.socket), record.container)
+        labels = dockersock.running_labels(socket, record.container)
+        if not labels or labels.get(LABEL_FINGERPRINT) != record.fingerprint \
+                or labels.get(LABEL_SPEC_HASH) != record.spec_hash:
+            return None
+        moved = dockersock.registry_digest(socket, record.watch[0]) if record.watch else None
     except OSError:
         return None  # the pipeline says what is wrong with Docker
-    if not labels or labels.get(LABEL_FINGERPRINT) != record.fingerprint \
-            or labels.get(LABEL_SPEC_HASH) != record.spec_hash:
-        return None
+    if record.watch and moved is None:
+        return None  # the pipeline asks with the SDK's credentials, and names what failed
+    notes = [f"warning: {why}" for why in record.warnings]
+    if record.watch and moved != record.parts["image"]:
+        notes.append(moved_note(record.watch[1], record.parts["image"], moved))
     deployment = store.deployments.begin(stack)
     store.deployments.set_fingerprint(deployment, record.fingerprint, record.parts)
     store.deployments.advance(deployment, Phase.RUNNING, "unchanged")
-    return record
+    return record, notes
 
 
 def _listed(found: list) -> list[tuple]:
