@@ -59,6 +59,18 @@ def test_the_weights_step_asks_the_hub_no_more_than_snapshot_download(tmp_path: 
     assert reporter.progressed == {"model perf/weights": (size, size)}
 
 
+def test_nothing_is_asked_of_any_hub_but_the_one_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _headers
+
+    asked = []  # huggingface_hub's agent detection fetches its registry from huggingface.co
+    monkeypatch.setattr(_headers, "detect_agent", lambda: asked.append(1))
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    with HubServer(Hub({"perf/weights": Repo(shards(2))})) as server:
+        fetch(HubClient(cache_dir=tmp_path / "hub", endpoint=server.endpoint), tmp_path, RecordingReporter())
+    assert asked == [] and server.hub.requests
+
+
 def test_every_shard_downloads_at_once(tmp_path: Path) -> None:
     with HubServer(Together({"perf/weights": Repo(shards(SHARDS))}, SHARDS)) as server:
         fetched = fetch(HubClient(cache_dir=tmp_path / "hub", endpoint=server.endpoint), tmp_path,

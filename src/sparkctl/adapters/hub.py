@@ -67,6 +67,7 @@ class HubClient:
         """The commit `revision` names now, with every file's size."""
         from huggingface_hub import HfApi
 
+        _no_telemetry()
         with _translated(repo, revision):
             info = HfApi(endpoint=self.endpoint, token=self._token or False).model_info(
                 repo, revision=revision, files_metadata=True)
@@ -86,6 +87,7 @@ class HubClient:
         """Download the snapshot (resuming partial files); `revision` names it in the cache refs."""
         from huggingface_hub import snapshot_download
 
+        _no_telemetry()
         with _translated(snapshot.repo, snapshot.commit):
             path = snapshot_download(snapshot.repo, revision=snapshot.commit, cache_dir=self.cache_dir,
                                      endpoint=self.endpoint, token=self._token or False, max_workers=WORKERS,
@@ -95,6 +97,15 @@ class HubClient:
             refs.mkdir(parents=True, exist_ok=True)
             (refs / revision).write_text(snapshot.commit)
         return Path(path)
+
+
+def _no_telemetry() -> None:
+    """huggingface_hub adds an AI-agent field to its user agent from a registry it fetches from
+    its default endpoint (huggingface.co), whatever endpoint a call names; its telemetry switch
+    turns that off. sparkctl asks the Hub it is pointed at, and nothing else."""
+    from huggingface_hub import constants
+
+    constants.HF_HUB_DISABLE_TELEMETRY = True
 
 
 def _bar_class(progress: Progress) -> type:
