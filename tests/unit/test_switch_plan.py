@@ -88,6 +88,8 @@ class World:
     fail: str | None = None
     state: Desired = field(default_factory=lambda: Desired(("a",), {"primary": "a"}))
     calls: list[str] = field(default_factory=list)
+    drains: bool = True  # the old stack's requests all finished within the drain's timeout
+    stopped_drained: bool | None = None  # what the switch told `stop`
 
     def desired(self) -> Desired:
         return self.state
@@ -115,8 +117,9 @@ class World:
         before()
         self._do(f"park {stack} {level}")
 
-    def stop(self, stack: str) -> list[str]:
+    def stop(self, stack: str, *, drained: bool = False) -> list[str]:
         self._do(f"stop {stack}")
+        self.stopped_drained = drained
         return [f"{stack}-container"]
 
     def start(self, container: str) -> None:
@@ -131,7 +134,7 @@ class World:
 
     def drain(self, stack: str) -> bool:
         self._do(f"drain {stack}")
-        return True
+        return self.drains
 
     def bench(self, stack: str) -> dict:
         self._do(f"bench {stack}")
@@ -183,6 +186,15 @@ def test_hold_swap_stages_the_new_stack_before_the_hold_and_starts_it_only_after
     run(world, Mode.HOLD_SWAP, tmp_path=tmp_path)
     calls = world.calls
     assert calls.index("stage b") < calls.index("hold primary") < calls.index("stop a") < calls.index("deploy b")
+
+
+@pytest.mark.parametrize("drains", [True, False])
+def test_the_old_stack_is_killed_at_once_only_once_its_requests_drained(tmp_path, drains) -> None:
+    """A drained engine has nothing to finish: its graceful shutdown would only lengthen the hold.
+    One whose drain timed out keeps its grace for the requests still in flight."""
+    world = World(drains=drains)
+    result = run(world, Mode.HOLD_SWAP, tmp_path=tmp_path)
+    assert result["drained"] is drains and world.stopped_drained is drains
 
 
 def test_a_stack_the_desired_set_already_claims_is_not_staged(tmp_path) -> None:

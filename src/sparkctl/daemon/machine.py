@@ -33,6 +33,9 @@ from sparkctl.state.store import Store
 log = structlog.get_logger()
 
 
+GRACE = 30  # s an engine stopped with requests in flight has to finish them (Docker's stop timeout)
+
+
 @dataclass(frozen=True)
 class Woken:
     """How a parked stack came back."""
@@ -81,17 +84,17 @@ class DockerMachine:
         with self.turns.turn(stack):
             return self.deployer().down(stack)
 
-    def stop(self, stack: str) -> list[str]:
+    def stop(self, stack: str, *, drained: bool = False) -> list[str]:
         """Stop the stack's running containers but keep them (a switch may start them again).
-        Its callers (a switch, parking) have drained it first: with no request in flight, the
-        engine's graceful shutdown on SIGTERM saves nothing and would cost the held requests of a
-        switch its length (~0.1 s for the sim here, longer for vLLM, which stops its engine core
-        first), so the engine is killed at once (a 0 s stop timeout). Its memory is free when the
-        stop returns either way."""
+        `drained`: the gateway saw the stack's last request finish. With none in flight the
+        engine's graceful shutdown on SIGTERM saves nothing and would make a switch's held
+        requests wait it out (~0.1 s for the sim here, longer for vLLM, which stops its engine
+        core first), so the engine is killed at once (a 0 s stop timeout); otherwise it gets
+        `GRACE` to finish them. Its memory is free when the stop returns either way."""
         with self.turns.turn(stack):
             running = [c.id for c in self.docker.containers(stack) if c.running]
             for container in running:
-                self.docker.stop(container, timeout=0)
+                self.docker.stop(container, timeout=0 if drained else GRACE)
             return running
 
     def start(self, container: str) -> None:

@@ -189,7 +189,7 @@ class Switcher:
         assert plan.old is not None
         if plan.park is Park.STOP:
             with switch.timed("stop_old_s"):
-                return self.machine.stop(plan.old)
+                return self.machine.stop(plan.old, drained=switch.facts["drained"])
         with switch.timed("park_old_s"):
             self._park(plan.old, plan.park.level)
         return []
