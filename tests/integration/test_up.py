@@ -288,11 +288,11 @@ def test_port_in_use(world, cli, engine) -> None:
 
 @pytest.mark.parametrize(("fault", "words"), [
     ("crash_on_load", "exited with code 1 while loading"),
-    ("hang_on_load", "still loading after its 3 s budget"),
+    ("hang_on_load", "still loading after its 10 s budget"),
 ])
 def test_failed_redeploy_keeps_the_previous_one_running(world, cli, engine, monkeypatch, fault, words) -> None:
     (world / "stacks" / "qwen36-dflash.yaml").write_text(
-        (world / "stacks" / "qwen36-dflash.yaml").read_text() + "health:\n  load: 3\n")
+        (world / "stacks" / "qwen36-dflash.yaml").read_text() + "health:\n  load: 10\n")  # the first up's too
     running = up_ok_then(cli, engine)
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", f"{FAST},SPARKCTL_SIM_FAULTS={fault}")
     code, _, err = cli("up", "qwen36-dflash")
