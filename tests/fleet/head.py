@@ -82,7 +82,7 @@ class Load:
         self.client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
         self.ok = {s: 0 for s in stacks}
         self.failed: dict[str, list[str]] = {s: [] for s in stacks}
-        self.failed_at: dict[str, list[float]] = {s: [] for s in stacks}  # epoch seconds, as `failed`
+        self.failed_sent: dict[str, list[float]] = {s: [] for s in stacks}  # when each failed one was sent
         self.slowest = {s: 0.0 for s in stacks}
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(s,), daemon=True) for s in stacks]
@@ -91,14 +91,14 @@ class Load:
 
     def _loop(self, stack: str) -> None:
         while not self.stopping.is_set():
-            began = time.monotonic()
+            began, sent = time.monotonic(), time.time()
             try:
                 self.client.chat.completions.create(model=stack, max_tokens=4,
                                                     messages=[{"role": "user", "content": "hi"}])
                 self.ok[stack] += 1
             except Exception as e:  # noqa: BLE001 - every failure is counted, with its reason
                 self.failed[stack].append(f"{type(e).__name__}: {e}"[:300])
-                self.failed_at[stack].append(time.time())
+                self.failed_sent[stack].append(sent)
             self.slowest[stack] = max(self.slowest[stack], time.monotonic() - began)
             time.sleep(0.05)
 

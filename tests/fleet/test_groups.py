@@ -111,7 +111,8 @@ def test_a_health_lie_is_caught_and_the_group_recreated(head, fault: str) -> Non
         wait(lambda: load.ok["duo"] >= served + 3, "it serves again", load, timeout=engine.hold)
     finally:
         load.stop()
-    assert all(t <= done.ejected["ejected_at"] for t in load.failed_at["duo"]), (load.failed, done.ejected)
+    # a request sent before the ejection may reach rank 0 and get its 500 later; none sent after it fails
+    assert all(t <= done.ejected["ejected_at"] for t in load.failed_sent["duo"]), (load.failed, done.ejected)
     detected = done.ejected["ejected_at"] - done.began
     assert detected <= DETECT_WITHIN, done.ejected
     assert done.rejoined == (fault == "link down")  # Ray declared it dead: rejoined, and its orphan rank swept
