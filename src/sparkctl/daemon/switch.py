@@ -71,7 +71,7 @@ class Switcher:
     reporter: Reporter
     bench: Callable[[str], dict[str, Any]]  # the quick benchmark of a stack; raises if it fails its gate
     bench_mode: Callable[[str], str]  # "gate", "after" or "off", from the stack's spec
-    blame: Callable[[str, SparkctlError], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
+    blame: Callable[[str, Exception], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
     woke: Callable[[str, Woken], None] = lambda stack, woken: None  # e.g. record how its digest wakes
 
     def run(self, plan: SwitchPlan) -> dict[str, Any]:
@@ -110,7 +110,7 @@ class Switcher:
         plan = switch.plan
         try:
             self._bring_up(switch)
-        except SparkctlError as e:
+        except Exception as e:  # noqa: BLE001 - whatever failed, the old stack keeps the alias
             if not switch.new_was_desired:
                 self._remove(plan.new)
             raise self._rolled_back(plan, e) from None
@@ -140,14 +140,14 @@ class Switcher:
                 switch.facts["drained"] = self.gateway.drain(plan.old)
             try:
                 stopped = self._leave(switch)
-            except SparkctlError as e:  # it still serves: only the staged container to undo
+            except Exception as e:  # noqa: BLE001 - it still serves: only the staged container to undo
                 if staged is not None:
                     self.machine.discard(staged, f"not started: the switch was rolled back ({e})")
                 self.refresh_routes()
                 raise self._rolled_back(plan, e) from None
             try:
                 self._bring_up(switch, staged)
-            except SparkctlError as e:
+            except Exception as e:  # noqa: BLE001 - whatever failed, the stopped old stack starts again
                 if switch.new_was_desired:  # e.g. a parked stack that failed to wake: kept, stopped
                     self.machine.park(plan.new, 0)
                 else:
@@ -180,7 +180,7 @@ class Switcher:
         try:
             with switch.timed("stage_s"):
                 return self.machine.stage(switch.plan.new)
-        except SparkctlError as e:  # nothing held or stopped yet: nothing to undo
+        except Exception as e:  # noqa: BLE001 - nothing held or stopped yet: nothing to undo
             raise self._rolled_back(switch.plan, e) from None
 
     def _leave(self, switch: Switch) -> list[str]:
@@ -242,11 +242,12 @@ class Switcher:
             switch.facts["cleanup_error"] = str(e)
             self.reporter.note(stack, f"{stack} was not removed after the switch ({e}); the daemon will retry")
 
-    def _rolled_back(self, plan: SwitchPlan, cause: SparkctlError) -> SwitchFailed:
+    def _rolled_back(self, plan: SwitchPlan, cause: Exception) -> SwitchFailed:
         keeps = f"{plan.alias} still names {plan.old}, which keeps serving" if plan.old else \
             f"{plan.alias} was not changed"
         blamed = self.blame(plan.new, cause)
-        return SwitchFailed(f"switch of {plan.alias} to {plan.new} rolled back: {keeps}. Cause: {cause}"
+        said = cause if isinstance(cause, SparkctlError) else f"{type(cause).__name__}: {cause}"  # a bug: its kind too
+        return SwitchFailed(f"switch of {plan.alias} to {plan.new} rolled back: {keeps}. Cause: {said}"
                             + (f"\n{blamed}" if blamed else ""))
 
     def _bench_after(self, stack: str) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
 from sparkctl.daemon.events import EventBus
 from sparkctl.deploy.health import HealthError
-from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Stack
@@ -42,7 +41,7 @@ class Verdicts:
         decode = ", ".join(f"{r['tg_tps']:.1f} tok/s at depth {r['depth']}" for r in run.rows)
         return {"run": run.id, "verdict": verdict.describe(), "summary": f"run {run.id}: {decode}; passed its gate"}
 
-    def blame(self, name: str, cause: SparkctlError) -> str | None:
+    def blame(self, name: str, cause: Exception) -> str | None:
         """A switch to `name` failed on a measurement (its benchmark gate, or the canary's acceptance
         floor): if the image digest it ran never passed, blacklist that digest with the reason."""
         latest = self.store.deployments.latest(name)
