@@ -19,7 +19,7 @@ from sparkctl.policy.headroom import tokens
 from sparkctl.sim.engine import KV_BLOCK_SIZE
 from sparkctl.sim.profiles import PROFILES, kv_capacity
 from sparkctl.sim.repos import QWEN_NVFP4
-from tests.conftest import FAST, instance, name, ours, port
+from tests.conftest import FAST, instance, name, ours, port, wait_for
 
 VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
 
@@ -304,11 +304,13 @@ def test_failed_redeploy_keeps_the_previous_one_running(world, cli, engine, monk
     assert code == 0 and "unchanged" in out
 
 
-def test_a_staged_stack_starts_its_created_container_only_once_admitted(world, engine) -> None:
-    """What a hold/swap switch does with the new stack: staged (prepared, its container created,
-    not started) while the old one still runs. Its start is refused while the old one holds the
-    memory (the container goes), and starts that very container once the old one has stopped;
-    a staged stack that will not start is discarded."""
+def test_a_staged_stack_starts_its_engine_only_once_admitted(world, engine) -> None:
+    """What a hold/swap switch does with the new stack: staged (prepared, its container started
+    with the engine behind a gate) while the old one still runs. Its engine is refused while the
+    old one holds the memory (the container goes), and starts in that very container once the old
+    one has stopped; a staged stack that will not start is discarded. Started again later, the
+    container runs its engine at once."""
+    from sparkctl.deploy.health import http_status
     from sparkctl.deploy.progress import RecordingReporter
     from sparkctl.errors import SparkctlError
     from sparkctl.phase import Phase
@@ -319,9 +321,11 @@ def test_a_staged_stack_starts_its_created_container_only_once_admitted(world, e
     deployer = wiring.deployer(RecordingReporter())
     deployer.up("qwen36-dflash")  # 0.8 of the memory: aeon-gemma4-v2 (0.8) fits only once it stopped
     latest = wiring.store.deployments.latest
+    url = wiring.catalog().stack("aeon-gemma4-v2").url
 
     staged = deployer.stage("aeon-gemma4-v2")
-    assert [c["State"] for c in ours(engine, "aeon-gemma4-v2")] == ["created"]
+    [gated] = ours(engine, "aeon-gemma4-v2")
+    assert gated["State"] == "running" and http_status(url + "/health") is None  # it runs, not its engine
     with pytest.raises(SparkctlError, match="aeon-gemma4-v2 does not fit"):
         deployer.up("aeon-gemma4-v2", staged=staged)
     assert ours(engine, "aeon-gemma4-v2") == [] and latest("aeon-gemma4-v2").phase is Phase.FAILED
@@ -331,10 +335,13 @@ def test_a_staged_stack_starts_its_created_container_only_once_admitted(world, e
     assert ours(engine, "aeon-gemma4-v2") == [] and latest("aeon-gemma4-v2").phase is Phase.FAILED
 
     staged = deployer.stage("aeon-gemma4-v2")
-    [created] = ours(engine, "aeon-gemma4-v2")
+    [gated] = ours(engine, "aeon-gemma4-v2")
     for c in ours(engine, "qwen36-dflash"):
         wiring.docker.stop(c["Id"], timeout=0)
     result = deployer.up("aeon-gemma4-v2", staged=staged)
     assert result.changed and "engine_start_s" in result.timings
-    assert [(c["Id"], c["State"]) for c in ours(engine, "aeon-gemma4-v2")] == [(created["Id"], "running")]
+    assert [(c["Id"], c["State"]) for c in ours(engine, "aeon-gemma4-v2")] == [(gated["Id"], "running")]
     assert latest("aeon-gemma4-v2").phase is Phase.RUNNING
+    wiring.docker.stop(gated["Id"], timeout=0)  # a rollback starts a stopped container again: no gate then
+    wiring.docker.start(gated["Id"])
+    wait_for(lambda: http_status(url + "/health") == 200, what="the restarted container's engine answers")

@@ -16,7 +16,7 @@ import pytest
 from sparkctl.deploy.patches import planned_mounts
 from sparkctl.spec.load import load_catalog
 from sparkctl.spec.models import Stack
-from sparkctl.spec.render import Sources, render, spec_hash, vllm_args
+from sparkctl.spec.render import GATE, Sources, render, spec_hash, vllm_args
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -83,3 +83,12 @@ def test_the_nine_seed_configs_exist() -> None:
     assert n1.model.repo.endswith("-BF16") and n1.patches == ("dspark-dflash",)
     command = render(n1, SOURCES).command
     assert json.loads(command[command.index("--speculative-config") + 1])["num_speculative_tokens"] == 1
+
+
+def test_a_gated_plan_runs_the_engines_command_through_the_gate() -> None:
+    plan = render(CATALOG.stack("qwen36-dflash"), SOURCES, fingerprint="fp-test")  # its stack names `vllm`
+    gated = plan.gated(["python3", "-m", "vllm.entrypoints.cli.main"])
+    assert gated.entrypoint == ("/bin/sh", "-c", GATE, "sparkctl-gate", "vllm") and gated.stdin_open
+    assert replace(gated, entrypoint=plan.entrypoint, stdin_open=False) == plan
+    assert replace(plan, entrypoint=None).gated(["vllm"]).entrypoint[4:] == ("vllm",)  # else the image's
+    assert " -i " in gated.docker_run()

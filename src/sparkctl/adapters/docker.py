@@ -70,8 +70,26 @@ class DockerEngine:
                 mounts=[Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in plan.mounts],
                 device_requests=_gpus(plan.gpus),
                 init=plan.init,
+                stdin_open=plan.stdin_open,
             )
         return container.id
+
+    def open_gate(self, name_or_id: str) -> None:
+        """Let a gated container's engine start (`ContainerPlan.gated`): one line on its stdin.
+        The line waits in the stdin pipe if the gate's shell has not reached its `read` yet."""
+        with _translated(f"open the gate of container {name_or_id}"):
+            sock = self.client.api.attach_socket(name_or_id, params={"stdin": 1, "stream": 1})
+            try:  # the SDK's SocketIO reads only: its socket writes (as the SDK's own tests do)
+                getattr(sock, "_sock", sock).sendall(b"\n")
+            finally:
+                sock.close()
+
+    def entrypoint(self, image: str) -> list[str] | None:
+        """The image's ENTRYPOINT (None if it has none)."""
+        info = self.image(image)
+        if info is None:
+            raise DockerError(f"image {image} is not on this engine")
+        return info["Config"].get("Entrypoint")
 
     @transient()
     def registry_digest(self, ref: str, *, mirrors: Mapping[str, str] = {}) -> str:

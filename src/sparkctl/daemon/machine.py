@@ -72,7 +72,7 @@ class DockerMachine:
         return result
 
     def stage(self, stack: str) -> Staged:
-        """Prepare the stack and create its container, start nothing (`Deployer.stage`)."""
+        """Prepare the stack and start its container, its engine behind a gate (`Deployer.stage`)."""
         with self.turns.turn(stack):
             return self.deployer().stage(stack)
 

@@ -77,7 +77,7 @@ class Staged:
     stack: str
     deployment: int
     prepared: Prepared
-    container: str | None  # created, not started (None: the stack had containers, or is a compose project)
+    container: str | None  # started, its engine behind a gate (None: the stack had containers, or is compose)
     sleep: bool  # the container was created with sleep mode
 
 
@@ -129,20 +129,25 @@ class Deployer:
 
     def stage(self, name: str) -> Staged:
         """The part of `up` that holds no engine memory: checked, prepared, and (for a container
-        stack that has none yet) its container created but not started. A hold/swap switch stages
-        the new stack while the old one still serves, so that its hold is left with the old one's
-        stop and the new one's admission, start and health; `up(staged=...)` does those, `discard`
-        undoes this."""
+        stack that has none yet) its container started with the engine behind a gate
+        (`ContainerPlan.gated`). A hold/swap switch stages the new stack while the old one still
+        serves, so that its hold is left with the old one's stop and the new one's admission,
+        engine start and health; `up(staged=...)` does those, `discard` undoes this."""
         stack = self.catalog.stack(name)
         deployment = self.store.deployments.begin(name)
         phases = Phases(self.store, self.reporter, stack.name, deployment)
+        container = None
         try:
             self._check(stack)
             prepared = self.prepare(stack, deployment)
             sleep = self._sleeps(stack, prepared)
             fresh = stack.kind is not Kind.COMPOSE and not self.docker.containers(stack.name)
-            container = self._create(stack, prepared, sleep=sleep) if fresh else None
+            container = self._create(stack, prepared, sleep=sleep, gated=True) if fresh else None
+            if container:
+                self.docker.start(container)
         except SparkctlError as e:
+            if container:
+                self.docker.remove(container)
             phases.enter(Phase.FAILED, error=str(e))
             raise
         return Staged(stack.name, deployment, prepared, container, sleep)
@@ -272,21 +277,28 @@ class Deployer:
         """Whether the engine starts with sleep mode: the stack may park, and its image wakes."""
         return stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
 
-    def _create(self, stack: Stack, prepared: Prepared, *, sleep: bool) -> str:
-        """Create (not start) the engine container; its name."""
+    def _create(self, stack: Stack, prepared: Prepared, *, sleep: bool, gated: bool = False) -> str:
+        """Create (not start) the engine container; its name. `gated`: its engine waits for
+        `open_gate` once the container runs."""
         plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
                       fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
                       instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank)
+        if gated:
+            plan = plan.gated(self.docker.entrypoint(plan.image))
         self.docker.create(plan)
         return plan.name
 
     def _start(self, stack: Stack, prepared: Prepared, phases: Phases, *, sleep: bool, created: str | None = None
                ) -> float | None:
-        """Start the engine container (`created` by `stage`, else created now); its health's
-        acceptance rate. A container that fails is removed."""
+        """Start the engine (in the container `stage` started, by opening its gate; else in a
+        container created and started now); its health's acceptance rate. A container that
+        fails is removed."""
         name = created or self._create(stack, prepared, sleep=sleep)
         try:
-            self.docker.start(name)
+            if created:
+                self.docker.open_gate(name)
+            else:
+                self.docker.start(name)
             if self.rank is not None and self.rank.headless:
                 return health.wait_started(self._engine(name))
             return health.wait_healthy(stack, stack.url, self._engine(name), reporter=phases.health())

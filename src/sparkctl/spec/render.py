@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sparkctl import instance as instances
@@ -20,6 +21,10 @@ from sparkctl.spec.ranks import NETWORK_ENV, Rank, rank_args, rank_env
 
 MODEL_DIR = "/model"
 DRAFT_DIR = "/draft"
+# A gated container's command: a shell that, the first time the container runs, waits for one
+# line on its stdin before it becomes the engine (`ContainerPlan.gated`).
+GATE_OPENED = "/tmp/.sparkctl-gate-opened"
+GATE = f'[ -e {GATE_OPENED} ] || {{ read -r _; touch {GATE_OPENED}; }}; exec "$@"'
 
 
 @dataclass(frozen=True)
@@ -58,14 +63,26 @@ class ContainerPlan:
     gpus: str | int
     network_mode: str = "host"
     init: bool = False  # Docker's --init: a tiny init as PID 1 that reaps the engine's children
+    stdin_open: bool = False  # Docker's -i: the container's stdin stays open (a gated one waits on it)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def gated(self, image_entrypoint: Sequence[str] | None) -> ContainerPlan:
+        """This container with its engine behind a gate: started, it runs a shell that waits for a
+        line on its stdin (`DockerClient.open_gate`) and then execs the engine's command, so the
+        container's start (namespaces, mounts, GPU hooks) can happen before the engine may take
+        memory. Started again later (a restart, a rollback), it runs the engine at once.
+        `image_entrypoint`: the image's, which the engine's command runs through unless the
+        stack names its own."""
+        engine = self.entrypoint if self.entrypoint is not None else tuple(image_entrypoint or ())
+        return replace(self, entrypoint=("/bin/sh", "-c", GATE, "sparkctl-gate", *engine), stdin_open=True)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     def docker_run(self) -> str:
         args = ["docker", "run", "-d", "--name", self.name, "--network", self.network_mode,
-                "--ipc", self.ipc_mode, "--shm-size", self.shm_size, *(["--init"] if self.init else [])]
+                "--ipc", self.ipc_mode, "--shm-size", self.shm_size, *(["--init"] if self.init else []),
+                *(["-i"] if self.stdin_open else [])]
         if self.gpus != "none":
             args += ["--gpus", str(self.gpus)]
         for key, value in self.labels.items():
