@@ -38,8 +38,12 @@ def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, c
     assert daemon.client.get("/v1/stacks")["stacks"] and cli("stacks", "list")[1] == listed  # the same, from it
     assert (world / "state" / "sparkctl.sock").stat().st_mode & 0o777 == 0o600
     code, out, err = cli("up", "qwen36-dflash")
-    assert code == 0 and "kept up by the daemon" in out, err
+    assert code == 0 and "kept up by the daemon" in out and "resolving" in out, err
     assert daemon.client.get("/v1/desired")["stacks"] == ["qwen36-dflash"]
+    code, out, err = cli("up", "qwen36-dflash")  # again: confirmed from its deployment's record, no pipeline
+    assert code == 0 and "already up, unchanged" in out and "resolving" not in out, err + out
+    store = Store(world / "state" / "sparkctl.db")
+    assert store.deployments.transitions(store.deployments.latest("qwen36-dflash").id)[-1][2] == "unchanged"
     code, out, _ = cli("status", "--json")
     [row] = json.loads(out)
     assert row["stack"] == "qwen36-dflash" and row["desired"] and row["phase"] == "running"

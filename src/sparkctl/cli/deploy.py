@@ -41,13 +41,8 @@ def up(
             rt.console.print(f"[yellow]{'note':>9}[/] {escape(stack)}: {escape(note)}")
         rt.console.print(f"[green]{stack} already up, unchanged[/]: {made.url}/v1 (fingerprint {made.fingerprint})")
         return
-    from sparkctl.deploy import quick
-
-    folders = [rt.settings.stacks_dir, rt.settings.patches_dir]
-    files_then = quick.files(folders)  # before the deploy reads them: an edit meanwhile is a change
     with ConsoleReporter(rt.console) as reporter:
         result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
-    _remember(rt, stack, result, folders, files_then)
     extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
     verb = "up" if result.changed else "already up, unchanged"
     rt.console.print(f"[green]{stack} {verb}[/]: {result.url}/v1 (fingerprint {result.fingerprint}{extra})")
@@ -68,21 +63,6 @@ def _unchanged(stack: str):
         return quick.unchanged(store, stack)
     finally:
         store.close()
-
-
-def _remember(rt, stack: str, result, folders: list, files_then: list) -> None:
-    from sparkctl.deploy import quick
-    from sparkctl.instance import container_name
-    from sparkctl.spec.models import Kind
-    from sparkctl.spec.render import spec_hash
-
-    spec = rt.catalog.stack(stack)
-    if spec.kind is Kind.COMPOSE:  # compose names its own containers: always through the pipeline
-        return
-    quick.made(rt.store, stack=stack, folders=folders, files_then=files_then, fingerprint=result.fingerprint,
-               parts=rt.store.deployments.latest(stack).parts, spec_hash=spec_hash(spec),
-               container=container_name(stack, rt.settings.instance), docker_host=rt.settings.docker_host,
-               url=result.url, warnings=[why for _, why in spec.risks()], watch=result.watched)
 
 
 def down(ctx: typer.Context, stack: str) -> None:

@@ -1,15 +1,15 @@
-"""An unchanged `up`, answered without the deploy pipeline.
+"""An unchanged `up`, answered without the rest of the deploy pipeline.
 
-After an in-process `up` ends with its stack running, the CLI keeps what that deployment was made
-from: the settings' inputs (hashed), the stack, patch and image-policy files (name, inode, size,
-mtime), the newest resolved digest, sparkctl's own code, and the fingerprint and container that
-came of them. The next `up` of the stack compares those with what they are now and asks Docker,
-over its socket, whether that container still runs with that fingerprint. If all agree the
-pipeline would find the same fingerprint running and do nothing, so the call records an
-unchanged deployment and stops there, without importing the settings' models, the Docker SDK or
-the Hub client (docs/perf.md). Like the pipeline it asks the registry whether the pinned tag
-moved, and says so. Anything else, including `--refresh` and a registry that does not answer,
-runs the pipeline.
+After an `up` ends with its stack running, the pipeline keeps what that deployment was made from:
+the settings' inputs (hashed), the stack, patch and image-policy files (name, inode, size, mtime),
+the newest resolved digest, sparkctl's own code, and the fingerprint and container that came of
+them. The next `up` of the stack compares those with what they are now and asks Docker, over its
+socket, whether that container still runs with that fingerprint. If all agree the pipeline would
+find the same fingerprint running and do nothing, so the call records an unchanged deployment and
+stops there. The CLI asks before it loads anything else (no settings' models, Docker SDK or Hub
+client: docs/perf.md), and the pipeline asks first in its `up`, so a daemon answers a repeated
+`up` the same way. Like the pipeline it asks the registry whether the pinned tag moved, and says
+so. Anything else, including `--refresh` and a registry that does not answer, runs the pipeline.
 """
 
 from __future__ import annotations
