@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import importlib
 import sys
-import traceback
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
@@ -108,6 +107,8 @@ def command() -> NoReturn:
 
 def _fail(err: Console, line: str) -> None:
     if _runtime.debug:
+        import traceback  # only for --debug: ~10 ms of every call otherwise
+
         traceback.print_exc(file=sys.stderr)
     settings = _runtime.__dict__.get("settings")  # once loaded: its secrets never reach the screen
     if settings is not None:

@@ -178,8 +178,10 @@ class DockerMachine:
 
     def update_desired(self, change: Callable[[Desired], Desired]) -> Desired:
         with self._desired_lock:
-            new = change(desired_file.load(self.desired_path))
-            desired_file.save(self.desired_path, new)
+            old = desired_file.load(self.desired_path)
+            new = change(old)
+            if new != old:  # e.g. `up` of a stack already desired: no write, no fsync
+                desired_file.save(self.desired_path, new)
             return new
 
 
