@@ -68,7 +68,7 @@ class ContainerPlan:
 
     def gated(self, image_entrypoint: Sequence[str] | None) -> ContainerPlan:
         """This container with its engine behind a gate: started, it runs a shell that waits for a
-        line on its stdin (`DockerClient.open_gate`) and then execs the engine's command, so the
+        line on its stdin (`DockerEngine.open_gate`) and then execs the engine's command, so the
         container's start (namespaces, mounts, GPU hooks) can happen before the engine may take
         memory. Started again later (a restart, a rollback), it runs the engine at once.
         `image_entrypoint`: the image's, which the engine's command runs through unless the
