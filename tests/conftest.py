@@ -65,11 +65,12 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def cli(capsys: pytest.CaptureFixture[str]):
     """Run `sparkctl ARGS...` in-process; returns (exit code, stdout, stderr)."""
     from sparkctl.cli import app as cli_app
+    from sparkctl.cli.main import main
 
     def run(*args: str) -> tuple[int, str, str]:
         cli_app._runtime.__dict__.clear()
         cli_app._runtime.debug = False
-        code = cli_app.main(list(args))
+        code = main(args)
         out, err = capsys.readouterr()
         return code, out, err
 

@@ -1,5 +1,5 @@
 """`python -m sparkctl` runs the CLI."""
 
-from sparkctl.cli.app import command
+from sparkctl.cli.main import command
 
 command()

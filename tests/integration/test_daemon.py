@@ -32,6 +32,14 @@ def started_at(engine, name: str) -> str:
     return engine.inspect(name)["State"]["StartedAt"]
 
 
+def fresh_cli(*args: str) -> str:
+    """`sparkctl ARGS` in a new process, its output ending with the exit code and which of the CLI's
+    heavier libraries it loaded: a call the daemon answers loads no typer (nor rich, without a table)."""
+    probe = ("import sys; from sparkctl.cli.main import main; code = main(sys.argv[1:]); "
+             "print(code, [m for m in ('typer', 'rich', 'pydantic', 'docker') if m in sys.modules])")
+    return subprocess.run([sys.executable, "-c", probe, *args], env=os.environ, capture_output=True, text=True).stdout
+
+
 def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, cli, engine) -> None:
     listed = cli("stacks", "list")[1]  # in-process, before the daemon runs
     daemon = start_daemon()
@@ -40,8 +48,9 @@ def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, c
     code, out, err = cli("up", "qwen36-dflash")
     assert code == 0 and "kept up by the daemon" in out and "resolving" in out, err
     assert daemon.client.get("/v1/desired")["stacks"] == ["qwen36-dflash"]
-    code, out, err = cli("up", "qwen36-dflash")  # again: confirmed from its deployment's record, no pipeline
-    assert code == 0 and "already up, unchanged" in out and "resolving" not in out, err + out
+    out = fresh_cli("up", "qwen36-dflash")  # again: confirmed from its deployment's record, no pipeline
+    assert "already up, unchanged" in out and "resolving" not in out and out.rstrip().endswith("0 []"), out
+    assert fresh_cli("status").rstrip().endswith("0 ['rich']")  # its table, but neither typer nor pydantic
     store = Store(world / "state" / "sparkctl.db")
     assert store.deployments.transitions(store.deployments.latest("qwen36-dflash").id)[-1][2] == "unchanged"
     code, out, _ = cli("status", "--json")

@@ -1,23 +1,23 @@
-"""The root `sparkctl` command and its single error boundary.
+"""The root `sparkctl` command and its error boundary.
 
-`main()` is the console script: it runs the typer app and turns any failure into one red
-line and exit code 1 (the traceback only with `--debug`).
+`main()` runs the typer app for the console script (`cli/main.py`) and turns any failure into
+one red line and exit code 1 (the traceback only with `--debug`).
 """
 
 from __future__ import annotations
 
-import gc
 import importlib
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from sparkctl import __version__
 from sparkctl.cli import deploy, service
+from sparkctl.cli.console import fail
+from sparkctl.cli.main import internal_error
 from sparkctl.cli.runtime import Runtime
 from sparkctl.errors import SparkctlError
 
@@ -74,38 +74,29 @@ def version() -> None:
     print(__version__)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; every error ends here as one line and exit code 1."""
-    err = Console(stderr=True, highlight=False)
+def main(argv: Sequence[str]) -> int:
+    """Run the typer app; every error ends here as one line and exit code 1."""
     try:
         # Without standalone mode, click returns a command's `typer.Exit(code)` instead of raising it
-        code = app(args=argv, prog_name="sparkctl", standalone_mode=False)
+        code = app(args=list(argv), prog_name="sparkctl", standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:
-        err.print("[red]aborted[/]")
+        fail("aborted")
         return 130
     except typer.TyperException as e:  # usage errors: typer prints them with the usage line
         e.show()
         return getattr(e, "exit_code", 2)
     except SparkctlError as e:
-        _fail(err, f"error: {e}")
+        _fail(f"error: {e}")
         return 1
     except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
-        _fail(err, f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+        _fail(internal_error(e))
         return 1
     return code if isinstance(code, int) else 0
 
 
-def command() -> NoReturn:
-    """The console script: `main`, then an exit whose teardown does not walk every object the
-    imports made (`gc.freeze`: about 60 ms less per call, docs/perf.md)."""
-    code = main()
-    gc.freeze()
-    sys.exit(code)
-
-
-def _fail(err: Console, line: str) -> None:
+def _fail(line: str) -> None:
     if _runtime.debug:
         import traceback  # only for --debug: ~10 ms of every call otherwise
 
@@ -115,4 +106,4 @@ def _fail(err: Console, line: str) -> None:
         from sparkctl.log import Redactor
 
         line = Redactor(settings.secrets()).scrub(line)
-    err.print(f"[red]{escape(line)}[/]", soft_wrap=True)
+    fail(line)

@@ -265,11 +265,10 @@ def _down(rt, name: str) -> None:
 
 def _deploy_step(rt, path: str, request, in_process) -> None:
     """Through the daemon when it runs (it must not find a stack it didn't deploy), else here."""
-    from sparkctl.cli.console import ConsoleReporter
-    from sparkctl.cli.deploy import through_daemon
+    from sparkctl.cli.console import ConsoleReporter, through_daemon
 
     if rt.daemon.available():
-        through_daemon(rt, path, request)
+        through_daemon(rt.daemon, path, request)
         return
-    with ConsoleReporter(rt.console) as reporter:
+    with ConsoleReporter() as reporter:
         in_process(rt.deployer(reporter))

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-from typing import TYPE_CHECKING
-
 import typer
-from rich.markup import escape
 
-from sparkctl.cli.console import ConsoleReporter
+from sparkctl.cli import views
+from sparkctl.cli.console import ConsoleReporter, say, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
-
-if TYPE_CHECKING:
-    from sparkctl import wire
 
 patch_app = typer.Typer(help="Check a stack's patches against its image.", no_args_is_help=True)
 
@@ -28,24 +21,20 @@ def up(
     """Bring STACK up: image by digest, weights, patches, container, health checks."""
     rt = runtime(ctx)
     if rt.daemon.available():
-        from sparkctl import wire
-
-        done = wire.UpDone(**through_daemon(rt, "/v1/up", wire.UpRequest(stack, refresh, replace)))
-        verb = "already up, unchanged" if done.unchanged else "up"
-        rt.console.print(f"[green]{stack} {verb}[/] (fingerprint {done.fingerprint}; kept up by the daemon)")
+        views.up(rt.daemon, stack, refresh=refresh, replace=replace)
         return
-    _no_daemon(rt)
+    _no_daemon()
     if not (refresh or replace) and (answered := _unchanged(stack)):
         made, notes = answered
         for note in notes:
-            rt.console.print(f"[yellow]{'note':>9}[/] {escape(stack)}: {escape(note)}")
-        rt.console.print(f"[green]{stack} already up, unchanged[/]: {made.url}/v1 (fingerprint {made.fingerprint})")
+            say(f"{'note':>9}", "yellow", rest=f" {stack}: {note}")
+        say(f"{stack} already up, unchanged", "green", rest=f": {made.url}/v1 (fingerprint {made.fingerprint})")
         return
-    with ConsoleReporter(rt.console) as reporter:
+    with ConsoleReporter() as reporter:
         result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
     extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
     verb = "up" if result.changed else "already up, unchanged"
-    rt.console.print(f"[green]{stack} {verb}[/]: {result.url}/v1 (fingerprint {result.fingerprint}{extra})")
+    say(f"{stack} {verb}", "green", rest=f": {result.url}/v1 (fingerprint {result.fingerprint}{extra})")
 
 
 def _unchanged(stack: str):
@@ -71,9 +60,9 @@ def down(ctx: typer.Context, stack: str) -> None:
     if rt.daemon.available():
         from sparkctl import wire
 
-        removed = wire.DownDone(**through_daemon(rt, "/v1/down", wire.DownRequest(stack))).removed
+        removed = wire.DownDone(**through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack))).removed
     else:
-        with ConsoleReporter(rt.console) as reporter:
+        with ConsoleReporter() as reporter:
             removed = rt.deployer(reporter).down(stack)
     rt.console.print(f"{stack}: {'removed ' + str(removed) + ' container(s)' if removed else 'was not running'}")
 
@@ -94,7 +83,7 @@ def switch(
                             "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
     from sparkctl import wire
 
-    result = through_daemon(rt, "/v1/switch", wire.SwitchRequest(stack, alias))
+    result = through_daemon(rt.daemon, "/v1/switch", wire.SwitchRequest(stack, alias))
     if result["mode"] == "unchanged":
         verb = "already up, unchanged" if result["up"]["unchanged"] else "started again"
         rt.console.print(f"[green]{alias} already names {stack}[/]: nothing to switch ({stack} {verb})")
@@ -138,7 +127,7 @@ def _ask_daemon(ctx: typer.Context, verb: str, **request: str) -> dict:
         raise SparkctlError(f"{verb} needs the daemon (it owns the parked state and the wake watchdog): start "
                             "`sparkctl daemon` or `sparkctl service install`")
     kind = {"park": wire.ParkRequest, "wake": wire.WakeRequest}[verb]
-    return through_daemon(rt, f"/v1/{verb}", kind(**request))
+    return through_daemon(rt.daemon, f"/v1/{verb}", kind(**request))
 
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
@@ -147,31 +136,11 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     rt = runtime(ctx)
     if rt.daemon.available():
         report = rt.daemon.get("/v1/status")
-        rows, others = report["stacks"], report["others"]
     else:
         from sparkctl.deploy.status import other_instances, status_rows
 
-        rows, others = status_rows(rt.docker, rt.store, rt.catalog), other_instances(rt.docker)
-    if as_json:
-        print(json.dumps(rows, indent=2))
-        return
-    wide = rt.console.width >= 100  # a narrow terminal drops the fingerprint (`--json` has it) before folding
-    from rich.table import Table
-
-    table = Table("stack", "phase", "endpoint", *(["fingerprint"] if wide else []), "uptime", "memory")
-    for column in table.columns:
-        column.overflow = "fold"
-    table.columns[2].no_wrap = True  # an endpoint is copied from here: it stays whole
-    table.columns[2].min_width = max((len(row["endpoint"]) for row in rows), default=0)
-    for row in rows:
-        fingerprint = [(row["fingerprint"] or "")[:12]] if wide else []
-        table.add_row(row["stack"], row["phase"], row["endpoint"], *fingerprint, _duration(row["uptime_s"]),
-                      f"{row['memory']:.2f}" if row["memory"] is not None else "")
-    rt.console.print(table if rows else f"no stacks are deployed (instance {rt.instance})")
-    _headroom(rt.console, rows)
-    if others:
-        listed = "; ".join(f"{name}: {', '.join(stacks)}" for name, stacks in others.items())
-        rt.console.print(f"[dim]other sparkctl instances on this engine (not touched): {listed}[/]")
+        report = {"stacks": status_rows(rt.docker, rt.store, rt.catalog), "others": other_instances(rt.docker)}
+    views.status(report, as_json=as_json, instance=rt.instance)
 
 
 def logs(
@@ -203,7 +172,7 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
     if spec.kind is Kind.COMPOSE or not spec.patches:
         rt.console.print(f"{stack} has no patch sets")
         return
-    with ConsoleReporter(rt.console) as reporter:
+    with ConsoleReporter() as reporter:
         prepared = rt.deployer(reporter).prepare(spec)
         prepared.image.settle()
     print(prepared.patches.diff, end="")
@@ -211,45 +180,6 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
                      f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")
 
 
-def through_daemon(rt, path: str, request: wire.Request) -> dict:
-    """Ask the daemon, printing its progress events; returns the outcome's result."""
-    from sparkctl import wire
-    from sparkctl.phase import Phase
-
-    with ConsoleReporter(rt.console) as reporter:
-        for line in rt.daemon.stream(path, asdict(request)):
-            match wire.decode(line):
-                case wire.PhaseChanged(stack, phase, detail):
-                    reporter.phase(stack, Phase(phase), detail)
-                case wire.Progress(stack, task, done, total):
-                    reporter.progress(stack, task, done, total)
-                case wire.Note(stack, text):
-                    reporter.note(stack, text)
-                case wire.Outcome(ok=False, error=error):
-                    raise SparkctlError(error or "the action failed")
-                case wire.Outcome(result=result):
-                    return result or {}
-    raise SparkctlError("the daemon closed the connection before reporting an outcome; see `sparkctl status`")
-
-
-def _no_daemon(rt) -> None:
-    rt.console.print("[yellow]note[/]: no daemon is running; deploying in this process. The gateway and "
-                     "auto-restart need `sparkctl daemon` (or `sparkctl service install`).")
-
-
-def _headroom(console, rows: list[dict]) -> None:
-    """Each stack's KV headroom (the daemon's rows carry it too), then its warnings."""
-    for row in rows:
-        kv = row.get("kv")
-        if kv:
-            console.print(f"{escape(row['stack'])}: {escape(kv['summary'])}")
-            for warning in kv["warnings"]:
-                console.print(f"[yellow]warning[/] {escape(row['stack'])}: {escape(warning)}")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    minutes, s = divmod(int(seconds), 60)
-    hours, m = divmod(minutes, 60)
-    return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s"
+def _no_daemon() -> None:
+    say("note", "yellow", rest=": no daemon is running; deploying in this process. The gateway and "
+                               "auto-restart need `sparkctl daemon` (or `sparkctl service install`).")

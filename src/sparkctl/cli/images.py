@@ -138,14 +138,14 @@ def retest(
     rt = runtime(ctx)
     if rt.daemon.available():
         from sparkctl import wire
-        from sparkctl.cli.deploy import through_daemon
+        from sparkctl.cli.console import through_daemon
 
-        result = through_daemon(rt, "/v1/retest", wire.RetestRequest(ref, stack or "", force))
+        result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force))
     else:
         from sparkctl.cli.console import ConsoleReporter
         from sparkctl.deploy import retest as retests
 
-        with ConsoleReporter(rt.console) as reporter:
+        with ConsoleReporter() as reporter:
             deployer = rt.deployer(reporter)
             trial = retests.prepare(ref, stack=stack, force=force, deployer=deployer)
             result = retests.run(trial, deployer).as_dict()

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sparkctl.cli.deploy import through_daemon
+from sparkctl.cli.console import through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -113,7 +113,7 @@ def _route(ctx: typer.Context, alias: str, rules: str) -> dict:
 
     rt = runtime(ctx)
     _need_daemon(rt)
-    return through_daemon(rt, "/v1/route", wire.RouteRequest(alias, rules))
+    return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules))
 
 
 def _need_daemon(rt) -> None:  # noqa: ANN001 - the CLI's Runtime

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import ImageRefused, SpecError
@@ -32,6 +31,8 @@ class Format(StrEnum):
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """One row per deployable stack, with what the image policy says of it."""
+    from sparkctl.cli import views
+
     rt = runtime(ctx)
     if rt.daemon.available():  # it holds the catalog and the policy read: nothing to import or parse here
         rows = rt.daemon.get("/v1/stacks")["stacks"]
@@ -39,13 +40,7 @@ def list_(ctx: typer.Context) -> None:
         from sparkctl.spec import listing
 
         rows = listing.rows(rt.catalog, rt.policy)
-    table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy")
-    table.columns[0].no_wrap = True
-    for row in rows:
-        verdict = f"[red]refused[/]: {escape(row['policy'])}" if row["refused"] else escape(row["policy"])
-        table.add_row(row["stack"], row["kind"], row["image"], row["model"], row["draft"], f"{row['memory']:.2f}",
-                      str(row["port"]), verdict)
-    rt.console.print(table)
+    views.stacks(rows)
 
 
 @app.command()

@@ -1,0 +1,84 @@
+"""The `sparkctl` console script. With a daemon running, the calls people repeat most (`status`,
+`stacks list`, `up STACK`) are answered from here, with the standard library and rich at most:
+neither typer nor the command modules load, and the call costs Python's start plus one request
+(docs/perf.md). Everything else, and every call without a daemon, goes to the typer app
+(`cli/app.py`), whose error boundary this one matches: one red line, exit code 1."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, NoReturn
+
+from sparkctl.cli import views
+from sparkctl.cli.console import fail
+from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from sparkctl.cli.client import DaemonClient
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; every error ends as one line and exit code 1."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    answer = _fast(args)
+    daemon = _daemon() if answer else None
+    if not (daemon and daemon.available()):
+        from sparkctl.cli import app
+
+        return app.main(args)
+    try:
+        answer(daemon)
+    except KeyboardInterrupt:
+        fail("aborted")
+        return 130
+    except SparkctlError as e:
+        fail(f"error: {e}")
+        return 1
+    except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
+        fail(internal_error(e))
+        return 1
+    return 0
+
+
+def command() -> NoReturn:
+    """The console script: `main`, then an exit whose teardown does not walk every object the
+    imports made (`gc.freeze`: about 60 ms less per call, docs/perf.md)."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
+def internal_error(e: Exception) -> str:
+    return f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)"
+
+
+def _fast(args: list[str]) -> Callable[[DaemonClient], None] | None:
+    """How to answer `args` from the daemon, if it is a call the fast path takes."""
+    match args:
+        case ["status"] | ["status", "--json"]:
+            return partial(_status, as_json=args[-1] == "--json")
+        case ["stacks", "list"]:
+            return _stacks
+        case ["up", stack, *flags] if not stack.startswith("-") and set(flags) <= {"--refresh", "--replace"}:
+            return partial(views.up, stack=stack, refresh="--refresh" in flags, replace="--replace" in flags)
+    return None
+
+
+def _status(daemon: DaemonClient, *, as_json: bool) -> None:
+    from sparkctl.locate import located
+
+    views.status(daemon.get("/v1/status"), as_json=as_json, instance=located()[0])
+
+
+def _stacks(daemon: DaemonClient) -> None:
+    views.stacks(daemon.get("/v1/stacks")["stacks"])
+
+
+def _daemon() -> DaemonClient:
+    from sparkctl.cli.client import DaemonClient
+    from sparkctl.locate import socket_path
+
+    return DaemonClient(socket_path())

@@ -1,0 +1,92 @@
+"""What `status`, `stacks list` and `up` print, from the daemon's answer or from this process's
+own reading: one rendering for both, shared by the typer commands and the entry's fast path
+(`cli/main.py`). Rich is imported where a table is drawn, never at import."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.cli.console import say, through_daemon
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from sparkctl.cli.client import DaemonClient
+
+
+def status(report: dict[str, Any], *, as_json: bool, instance: str) -> None:
+    """Every sparkctl container of the instance, then each engine's KV headroom, then the other
+    instances that share the engine (`report` as the daemon's `/v1/status` has it)."""
+    rows, others = report["stacks"], report["others"]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    console = _console()
+    if rows:
+        console.print(_status_table(rows, wide=console.width >= 100))
+    else:
+        say(f"no stacks are deployed (instance {instance})")
+    for row in rows:
+        kv = row.get("kv")
+        if kv:
+            say(f"{row['stack']}: {kv['summary']}")
+            for warning in kv["warnings"]:
+                say("warning", "yellow", rest=f" {row['stack']}: {warning}")
+    if others:
+        listed = "; ".join(f"{name}: {', '.join(stacks)}" for name, stacks in others.items())
+        say(f"other sparkctl instances on this engine (not touched): {listed}", "dim")
+
+
+def stacks(rows: list[dict[str, Any]]) -> None:
+    """One row per deployable stack, with what the image policy says of it."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy")
+    table.columns[0].no_wrap = True
+    for row in rows:
+        verdict = f"[red]refused[/]: {escape(row['policy'])}" if row["refused"] else escape(row["policy"])
+        table.add_row(row["stack"], row["kind"], row["image"], row["model"], row["draft"], f"{row['memory']:.2f}",
+                      str(row["port"]), verdict)
+    _console().print(table)
+
+
+def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
+    """`up` through the daemon: its phases as they come, then one line."""
+    from sparkctl import wire
+
+    done = wire.UpDone(**through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace)))
+    verb = "already up, unchanged" if done.unchanged else "up"
+    say(f"{stack} {verb}", "green", rest=f" (fingerprint {done.fingerprint}; kept up by the daemon)")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, s = divmod(int(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s"
+
+
+def _status_table(rows: list[dict[str, Any]], *, wide: bool) -> Any:
+    """A narrow terminal drops the fingerprint (`--json` has it) before folding; the endpoint stays
+    whole, since it is copied from here."""
+    from rich.table import Table
+
+    table = Table("stack", "phase", "endpoint", *(["fingerprint"] if wide else []), "uptime", "memory")
+    for column in table.columns:
+        column.overflow = "fold"
+    table.columns[2].no_wrap = True
+    table.columns[2].min_width = max(len(row["endpoint"]) for row in rows)
+    for row in rows:
+        fingerprint = [(row["fingerprint"] or "")[:12]] if wide else []
+        table.add_row(row["stack"], row["phase"], row["endpoint"], *fingerprint, duration(row["uptime_s"]),
+                      f"{row['memory']:.2f}" if row["memory"] is not None else "")
+    return table
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
