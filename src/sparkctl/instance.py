@@ -9,7 +9,6 @@ and the adapters; pure.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,4 +37,6 @@ def derived(state_dir: Path, default_state_dir: Path) -> str:
     if path == default_state_dir.expanduser().absolute():
         return DEFAULT
     slug = re.sub(r"[^a-z0-9]+", "-", path.name.lower()).strip("-")[:20] or "state"
+    import hashlib  # ~6 ms: only for an instance named after its state dir
+
     return f"{slug}-{hashlib.sha256(str(path).encode()).hexdigest()[:6]}"

@@ -8,6 +8,7 @@ to do (CI runs them as root). Their setup time per host is printed at the end of
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from sparkctl.deploy.health import http_status
 from tests.fleet.hosts import Host, Hosts
-from tests.fleet.images import load
+from tests.fleet.images import image_id, keep, load
 from tests.fleet.network import HarnessError
 
 SIM_ENV = {"SPARKCTL_SIM_TIME_SCALE": "0.01"}
@@ -24,9 +25,11 @@ SUMMARY: list[str] = []
 
 
 @pytest.fixture(scope="session")
-def fleet() -> Iterator[Hosts]:
-    """Three hosts a, b, c for the whole session; removed (and swept) when it ends."""
-    hosts = Hosts(3)
+def fleet(images: dict[str, str]) -> Iterator[Hosts]:
+    """Three hosts a, b, c for the whole session; removed (and swept) when it ends. Hosts b and c
+    start with the vLLM CPU image when the build cache has its seed (`fleet_vllm_cpu`)."""
+    seed = _vllm_seed(images["vllm-cpu"])
+    hosts = Hosts(3, seeds={"b": seed, "c": seed} if seed and seed.is_dir() else None)
     try:
         hosts.__enter__()
     except HarnessError as e:
@@ -56,18 +59,41 @@ def fleet_sim(fleet: Hosts, images: dict[str, str], image_cache: Path) -> str:
 
 @pytest.fixture(scope="session")
 def fleet_vllm_cpu(fleet: Hosts, images: dict[str, str], image_cache: Path) -> str:
-    """The real vLLM CPU image (3.9 GB), loaded into hosts b and c (where multi-node ranks run);
-    its tarball kept in SPARKCTL_BUILD_CACHE for the next run (a save takes ~50 s here), else
-    removed once loaded."""
-    image, kept = images["vllm-cpu"], os.environ.get("SPARKCTL_BUILD_CACHE")
-    cache = Path(kept) / "fleet-images" if kept else image_cache
-    seconds = load([fleet["b"], fleet["c"]], image, cache=cache)
-    if not kept:
-        for tar in cache.glob("*vllm-cpu*.tar"):
-            tar.unlink()
+    """The real vLLM CPU image (3.9 GB) on hosts b and c (where multi-node ranks run): there from
+    the start when `fleet` seeded them, else loaded (~110 s each) and, with SPARKCTL_BUILD_CACHE
+    set, kept as the seed of the next session's hosts."""
+    image, seed = images["vllm-cpu"], _vllm_seed(images["vllm-cpu"])
+    if all(_holds(fleet[name], image) for name in "bc"):
+        SUMMARY.append(f"  vLLM CPU image ({image}) seeded from {seed}: "
+                       + ", ".join(f"{h.name} {h.timings['seed']:.2f} s" for h in (fleet["b"], fleet["c"])))
+        return image
+    seconds = load([fleet["b"], fleet["c"]], image, cache=image_cache)
+    for tar in image_cache.glob("*vllm-cpu*.tar"):
+        tar.unlink()
+    if seed:
+        for old in [*seed.parent.glob("vllm-cpu-root-*"), *seed.parent.glob("*vllm-cpu*.tar")]:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        keep(fleet["b"], image, seed)
     SUMMARY.append(f"  vLLM CPU image ({image}) by docker save | load: "
                    + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
     return image
+
+
+def _holds(host: Host, image: str) -> bool:
+    """Whether `host` was seeded with `image` and its dockerd lists it."""
+    if "seed" not in host.timings:
+        return False
+    try:
+        host.docker("image", "inspect", image)
+    except HarnessError:
+        return False
+    return True
+
+
+def _vllm_seed(image: str) -> Path | None:
+    """Where the vLLM CPU image's seed is kept (named by the image's id), with a build cache."""
+    kept = os.environ.get("SPARKCTL_BUILD_CACHE")
+    return Path(kept) / "fleet-images" / f"vllm-cpu-root-{image_id(image)[:16]}" if kept else None
 
 
 class HostEngine:

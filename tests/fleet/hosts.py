@@ -22,10 +22,11 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from tests.fleet import network
-from tests.fleet.images import BridgeRegistry
+from tests.fleet.images import BridgeRegistry, seed_root
 from tests.fleet.network import HarnessError, Network
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -133,10 +134,11 @@ class Hosts:
     """`with Hosts(3) as hosts:` three hosts up on a fresh bridge, with a bridge-side registry;
     all of it removed on exit, also when setup or the test failed."""
 
-    def __init__(self, count: int = 2) -> None:
+    def __init__(self, count: int = 2, *, seeds: Mapping[str, Path] | None = None) -> None:
         if not 1 <= count <= len(NAMES):
             raise ValueError(f"between 1 and {len(NAMES)} hosts, not {count}")
         self.count = count
+        self.seeds = seeds or {}  # host name -> an image's seed for its data root (tests/fleet/images.py)
         self.run_id = uuid.uuid4().hex[:6]
         self.tag = f"{network.TAG_PREFIX}{self.run_id}"
         self.root = Path(tempfile.gettempdir()) / self.tag  # short: unix socket paths stay < 108 bytes
@@ -179,6 +181,14 @@ class Hosts:
             self.hosts.append(Host(name, netns=netns, address=address, root=self.root / name,
                                    registry=self.registry.bridge_host))
             self.hosts[-1].timings["network"] = time.monotonic() - wired
+        for name, seed in self.seeds.items():
+            seeded = time.monotonic()
+            try:
+                seed_root(self[name].root / "docker", seed)
+            except subprocess.CalledProcessError:  # e.g. a cache on another filesystem: no hard links
+                shutil.rmtree(self[name].root / "docker", ignore_errors=True)
+                continue
+            self[name].timings["seed"] = time.monotonic() - seeded
         for host in self.hosts:  # containerds start together, then the dockerds
             host.launch_containerd()
         for host in self.hosts:

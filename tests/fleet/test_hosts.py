@@ -19,7 +19,7 @@ from sparkctl.deploy.health import http_status
 from tests.fleet import hosts as hosts_module
 from tests.fleet import network
 from tests.fleet.hosts import Hosts
-from tests.fleet.images import load
+from tests.fleet.images import keep, load
 from tests.fleet.network import HarnessError
 
 
@@ -105,6 +105,24 @@ def test_cleanup_leaves_nothing_behind_when_the_test_fails(fleet, fleet_sim, ima
     assert hosts_module.cgroups(doomed.tag) == [] and hosts_module._naming(doomed.root) == []
     assert not doomed.root.exists() and not _mounts("self", doomed.root)
     assert all(h.answers() for h in fleet) and len(network.namespaces(fleet.tag)) == 3  # others untouched
+
+
+def test_a_kept_image_seeds_a_new_hosts_data_root(fleet, fleet_sim, tmp_path):
+    """How the vLLM CPU image skips its ~110 s load per host, on the sim image: kept from a host
+    that loaded it, the seed gives a new host the image before its dockerd starts; containers run
+    from the linked layers, and what they change reaches neither the seed nor the host it came from."""
+    seed = tmp_path / "seed"
+    keep(fleet["a"], fleet_sim, seed)
+    with Hosts(1, seeds={"a": seed}) as seeded:
+        a = seeded["a"]
+        assert a.timings["seed"] < 30 and fleet_sim in a.docker("images", "--format", "{{.Repository}}:{{.Tag}}")
+        changed = "echo > /etc/debian_version && rm /etc/os-release && cat /etc/debian_version /etc/os-release"
+        done = subprocess.run(["docker", "-H", a.docker_url, "run", "--rm", "--entrypoint", "sh", fleet_sim, "-c",
+                               changed], capture_output=True, text=True)
+        assert done.returncode == 1 and "No such file" in done.stderr  # its own upper layer
+    with Hosts(1, seeds={"a": seed}) as again:
+        for host in (fleet["a"], again["a"]):
+            assert "PRETTY_NAME" in host.docker("run", "--rm", "--entrypoint", "cat", fleet_sim, "/etc/os-release")
 
 
 def test_a_machine_without_root_fails_with_what_to_do(monkeypatch):

@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TextIO
 
-from sparkctl import wire
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 
 if TYPE_CHECKING:
+    from sparkctl import wire
     from sparkctl.cli.client import DaemonClient
 
 STYLE = {Phase.FAILED: "red", Phase.RUNNING: "green", Phase.STOPPED: "yellow"}
@@ -77,6 +76,10 @@ class ConsoleReporter:
 
 def through_daemon(daemon: DaemonClient, path: str, request: wire.Request) -> dict:
     """Ask the daemon, printing its progress events; returns the outcome's result."""
+    from dataclasses import asdict
+
+    from sparkctl import wire  # ~25 ms of dataclasses: not for the calls that only read
+
     with ConsoleReporter() as reporter:
         for line in daemon.stream(path, asdict(request)):
             match wire.decode(line):
