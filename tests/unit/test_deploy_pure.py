@@ -4,12 +4,13 @@ acceptance from metrics, and the state store."""
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 
 import pytest
 
 from sparkctl.bench.metrics import between
-from sparkctl.deploy import diffs
+from sparkctl.deploy import diffs, quick
 from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.shim import ShimError, apply_shim
 from sparkctl.phase import Phase
@@ -140,6 +141,17 @@ def test_store_records_phases_and_survives_reopen(tmp_path: Path) -> None:
     assert [p for p, _, _ in again.deployments.transitions(dep)] == [Phase.RESOLVING, Phase.PULLING, Phase.FAILED]
     assert again.digests.get("hf:a/b@main") == "c0ffee" and again.integrity_ok()
     assert again.db.one("PRAGMA journal_mode")[0] == "wal"
+
+
+def test_an_unchanged_up_asks_the_registry_again_only_after_a_minute(tmp_path: Path) -> None:
+    store, nowhere = Store(tmp_path / "s.db"), tmp_path / "no-docker.sock"  # asking it raises
+    store.answers.record("ghcr.io/a/b:1", "sha256:aa", now=time.time() - quick.ASK_AGAIN_S + 5)
+    assert quick._registry_digest(store, nowhere, "ghcr.io/a/b:1") == "sha256:aa"  # not asked
+    store.answers.record("ghcr.io/a/b:1", "sha256:aa", now=time.time() - quick.ASK_AGAIN_S - 1)
+    with pytest.raises(OSError, match="no-docker.sock"):
+        quick._registry_digest(store, nowhere, "ghcr.io/a/b:1")
+    with pytest.raises(OSError):
+        quick._registry_digest(store, nowhere, "ghcr.io/a/other:1")  # never asked yet
 
 
 def test_adapters_retry_only_transient_errors() -> None:

@@ -159,6 +159,7 @@ class Operations:
             was_desired = stack in self.machine.desired().stacks
             self.machine.update_desired(lambda d: d.with_stack(stack))
             self.reconciler.forget(stack)
+            result = None
             try:
                 with self.reconciler.holding(stack):
                     result = self.machine.deploy(stack, refresh=refresh, replace=replace)
@@ -171,8 +172,9 @@ class Operations:
                 self.metrics.outcome(stack, ok=False)
                 raise
             finally:
-                self.routes.refresh()
-                self.kick()
+                if result is None or result.changed or not was_desired:  # else routes and Docker are as they were
+                    self.routes.refresh()
+                    self.kick()
         if result is None:
             raise SparkctlError(f"{stack} was taken down while it was being deployed")
         self.metrics.outcome(stack, ok=True)

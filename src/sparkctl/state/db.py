@@ -85,6 +85,8 @@ MIGRATIONS = (
     "ALTER TABLE deployments ADD COLUMN headroom TEXT",
     # What the last deploy of a stack that ended running was made from (deploy/quick.py), as JSON.
     "CREATE TABLE made (stack TEXT PRIMARY KEY, record TEXT NOT NULL)",
+    # What a registry last answered for a pinned tag, and when (deploy/quick.py asks once a minute).
+    "CREATE TABLE answers (ref TEXT PRIMARY KEY, digest TEXT NOT NULL, asked REAL NOT NULL)",
 )
 
 

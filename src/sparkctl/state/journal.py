@@ -1,6 +1,7 @@
 """What happened beside deployments: events of running stacks (a crash, a restart, an
 adoption), alias switches with their outcome and timings, and what each image tag or model
-revision resolved to (so later `up`s run exactly that)."""
+revision resolved to (so later `up`s run exactly that), and what a registry last answered for a
+pinned tag."""
 
 from __future__ import annotations
 
@@ -63,3 +64,22 @@ class Digests:
         with self.db.tx() as db:
             db.execute("INSERT INTO digests VALUES (?, ?, ?) ON CONFLICT (ref) DO UPDATE SET "
                        "digest = excluded.digest, resolved = excluded.resolved", (ref, digest, time.time()))
+
+
+class Answers:
+    """The digest a registry served for a pinned tag, and when it was asked (not a pin: an
+    unchanged `up` only says whether the tag moved)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def recent(self, ref: str, *, within: float, now: float | None = None) -> str | None:
+        """The registry's answer for `ref` if it was asked less than `within` seconds ago."""
+        row = self.db.one("SELECT digest FROM answers WHERE ref = ? AND asked > ?",
+                          (ref, (now or time.time()) - within))
+        return row["digest"] if row else None
+
+    def record(self, ref: str, digest: str, *, now: float | None = None) -> None:
+        with self.db.tx() as db:
+            db.execute("INSERT INTO answers VALUES (?, ?, ?) ON CONFLICT (ref) DO UPDATE SET "
+                       "digest = excluded.digest, asked = excluded.asked", (ref, digest, now or time.time()))

@@ -12,7 +12,7 @@ from pathlib import Path
 from sparkctl.state.bench import BenchRuns
 from sparkctl.state.db import Database
 from sparkctl.state.deployments import Deployments
-from sparkctl.state.journal import Digests, Events, Switches
+from sparkctl.state.journal import Answers, Digests, Events, Switches
 
 
 class Store:
@@ -23,6 +23,7 @@ class Store:
         self.events = Events(self.db)
         self.switches = Switches(self.db)
         self.digests = Digests(self.db)
+        self.answers = Answers(self.db)
 
     def integrity_ok(self) -> bool:
         return self.db.integrity_ok()
