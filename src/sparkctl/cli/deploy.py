@@ -27,7 +27,7 @@ def up(
     if not (refresh or replace) and (answered := _unchanged(stack)):
         made, notes = answered
         for note in notes:
-            say(f"{'note':>9}", "yellow", rest=f" {stack}: {note}")
+            ConsoleReporter().note(stack, note)
         say(f"{stack} already up, unchanged", "green", rest=f": {made.url}/v1 (fingerprint {made.fingerprint})")
         return
     with ConsoleReporter() as reporter:
