@@ -23,35 +23,14 @@ def up(
     if rt.daemon.available():
         views.up(rt.daemon, stack, refresh=refresh, replace=replace)
         return
-    _no_daemon()
-    if not (refresh or replace) and (answered := _unchanged(stack)):
-        made, notes = answered
-        for note in notes:
-            ConsoleReporter().note(stack, note)
-        say(f"{stack} already up, unchanged", "green", rest=f": {made.url}/v1 (fingerprint {made.fingerprint})")
+    if not (refresh or replace) and views.up_unchanged(stack):
         return
+    views.no_daemon()
     with ConsoleReporter() as reporter:
         result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
     extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
     verb = "up" if result.changed else "already up, unchanged"
     say(f"{stack} {verb}", "green", rest=f": {result.url}/v1 (fingerprint {result.fingerprint}{extra})")
-
-
-def _unchanged(stack: str):
-    """`stack`'s record if it runs as its last in-process `up` left it (deploy/quick.py); opens the
-    state database without loading the settings."""
-    from sparkctl.deploy import quick
-    from sparkctl.locate import STORE_FILE, located
-    from sparkctl.state.store import Store
-
-    path = located()[1] / STORE_FILE
-    if not path.is_file():
-        return None
-    store = Store(path)
-    try:
-        return quick.unchanged(store, stack)
-    finally:
-        store.close()
 
 
 def down(ctx: typer.Context, stack: str) -> None:
@@ -179,7 +158,3 @@ def patch_check(ctx: typer.Context, stack: str) -> None:
     rt.console.print(f"[green]patches apply[/]: {len(prepared.patches.mounts)} files, patch-set hash "
                      f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")
 
-
-def _no_daemon() -> None:
-    say("note", "yellow", rest=": no daemon is running; deploying in this process. The gateway and "
-                               "auto-restart need `sparkctl daemon` (or `sparkctl service install`).")

@@ -1,8 +1,9 @@
 """The `sparkctl` console script. With a daemon running, the calls people repeat most (`status`,
 `stacks list`, `up STACK`) are answered from here, with the standard library and rich at most:
 neither typer nor the command modules load, and the call costs Python's start plus one request
-(docs/perf.md). Everything else, and every call without a daemon, goes to the typer app
-(`cli/app.py`), whose error boundary this one matches: one red line, exit code 1."""
+(docs/perf.md); without one, so is an `up` its last in-process deploy's record confirms.
+Everything else goes to the typer app (`cli/app.py`), whose error boundary this one matches: one
+red line, exit code 1."""
 
 from __future__ import annotations
 
@@ -24,13 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; every error ends as one line and exit code 1."""
     args = list(sys.argv[1:] if argv is None else argv)
     answer = _fast(args)
-    daemon = _daemon() if answer else None
-    if not (daemon and daemon.available()):
-        from sparkctl.cli import app
-
-        return app.main(args)
     try:
-        answer(daemon)
+        if answer is not None and answer():
+            return 0
     except KeyboardInterrupt:
         fail("aborted")
         return 130
@@ -40,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
         fail(internal_error(e))
         return 1
-    return 0
+    from sparkctl.cli import app
+
+    return app.main(args)
 
 
 def command() -> NoReturn:
@@ -55,26 +54,40 @@ def internal_error(e: Exception) -> str:
     return f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)"
 
 
-def _fast(args: list[str]) -> Callable[[DaemonClient], None] | None:
-    """How to answer `args` from the daemon, if it is a call the fast path takes."""
+def _fast(args: list[str]) -> Callable[[], bool] | None:
+    """How to answer `args` without typer, if it is a call the fast path takes; the answer returns
+    False when it cannot (no daemon; for `up`, no unchanged record either) and typer takes over."""
     match args:
         case ["status"] | ["status", "--json"]:
             return partial(_status, as_json=args[-1] == "--json")
         case ["stacks", "list"]:
             return _stacks
         case ["up", stack, *flags] if not stack.startswith("-") and set(flags) <= {"--refresh", "--replace"}:
-            return partial(views.up, stack=stack, refresh="--refresh" in flags, replace="--replace" in flags)
+            return partial(_up, stack, refresh="--refresh" in flags, replace="--replace" in flags)
     return None
 
 
-def _status(daemon: DaemonClient, *, as_json: bool) -> None:
+def _status(*, as_json: bool) -> bool:
     from sparkctl.locate import located
 
+    if not (daemon := _daemon()).available():
+        return False
     views.status(daemon.get("/v1/status"), as_json=as_json, instance=located()[0])
+    return True
 
 
-def _stacks(daemon: DaemonClient) -> None:
+def _stacks() -> bool:
+    if not (daemon := _daemon()).available():
+        return False
     views.stacks(daemon.get("/v1/stacks")["stacks"])
+    return True
+
+
+def _up(stack: str, *, refresh: bool, replace: bool) -> bool:
+    if (daemon := _daemon()).available():
+        views.up(daemon, stack, refresh=refresh, replace=replace)
+        return True
+    return not (refresh or replace) and views.up_unchanged(stack)
 
 
 def _daemon() -> DaemonClient:
