@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
+from sparkctl.cli import views
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import ImageRefused, SpecError
 
@@ -31,8 +32,6 @@ class Format(StrEnum):
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """One row per deployable stack, with what the image policy says of it."""
-    from sparkctl.cli import views
-
     rt = runtime(ctx)
     if rt.daemon.available():  # it holds the catalog and the policy read: nothing to import or parse here
         rows = rt.daemon.get("/v1/stacks")["stacks"]
