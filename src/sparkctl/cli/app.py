@@ -17,9 +17,8 @@ from typer.core import TyperGroup
 from sparkctl import __version__
 from sparkctl.cli import deploy, service
 from sparkctl.cli.console import fail
-from sparkctl.cli.main import internal_error
+from sparkctl.cli.main import failed
 from sparkctl.cli.runtime import Runtime
-from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
     from typer._click import Command, Context
@@ -87,12 +86,8 @@ def main(argv: Sequence[str]) -> int:
     except typer.TyperException as e:  # usage errors: typer prints them with the usage line
         e.show()
         return getattr(e, "exit_code", 2)
-    except SparkctlError as e:
-        _fail(f"error: {e}")
-        return 1
     except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
-        _fail(internal_error(e))
-        return 1
+        return failed(e, _fail)
     return code if isinstance(code, int) else 0
 
 

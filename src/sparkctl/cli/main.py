@@ -28,15 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if answer is not None and answer():
             return 0
-    except KeyboardInterrupt:
-        fail("aborted")
-        return 130
-    except SparkctlError as e:
-        fail(f"error: {e}")
-        return 1
-    except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
-        fail(internal_error(e))
-        return 1
+    except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
+        return failed(e, fail)
     from sparkctl.cli import app
 
     return app.main(args)
@@ -50,8 +43,16 @@ def command() -> NoReturn:
     sys.exit(code)
 
 
-def internal_error(e: Exception) -> str:
-    return f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)"
+def failed(e: BaseException, say_error: Callable[[str], None]) -> int:
+    """The boundary's answer to `e`: one line through `say_error`, and the exit code."""
+    if isinstance(e, KeyboardInterrupt):
+        fail("aborted")
+        return 130
+    if isinstance(e, SparkctlError):
+        say_error(f"error: {e}")
+    else:
+        say_error(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+    return 1
 
 
 def _fast(args: list[str]) -> Callable[[], bool] | None:
