@@ -71,8 +71,10 @@ def fleet_vllm_cpu(fleet: Hosts, images: dict[str, str], image_cache: Path) -> s
     for tar in image_cache.glob("*vllm-cpu*.tar"):
         tar.unlink()
     if seed:
-        for old in [*seed.parent.glob("vllm-cpu-root-*"), *seed.parent.glob("*vllm-cpu*.tar")]:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        for old in seed.parent.glob("vllm-cpu-root-*"):
+            shutil.rmtree(old)
+        for tar in seed.parent.glob("*vllm-cpu*.tar"):  # kept by earlier sessions, before the seed
+            tar.unlink()
         keep(fleet["b"], image, seed)
     SUMMARY.append(f"  vLLM CPU image ({image}) by docker save | load: "
                    + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))

@@ -23,9 +23,7 @@ def up(
     if rt.daemon.available():
         views.up(rt.daemon, stack, refresh=refresh, replace=replace)
         return
-    if not (refresh or replace) and views.up_unchanged(stack):
-        return
-    views.no_daemon()
+    views.no_daemon()  # an unchanged stack was confirmed by the console script already, or by the pipeline next
     with ConsoleReporter() as reporter:
         result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
     extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
