@@ -114,7 +114,7 @@ hub = HubClient(cache_dir=root / "hub", endpoint=sys.argv[3])
 store = Store(root / "state.db")  # opened once per process by the pipeline, not by the weights step
 spec = Weights(repo=sys.argv[1])  # validated with the stack, before the pipeline reaches its weights
 record, recorded = store.digests.record, []
-def timed(*args):  # the commit's record, a durable SQLite commit (an fsync), timed apart
+def timed(*args):  # the commit's record, an SQLite commit, timed apart
     start = time.perf_counter()
     record(*args)
     recorded.append(time.perf_counter() - start)
@@ -221,9 +221,8 @@ def download_report(d: Downloads) -> str:
         f"  control, the same plain side twice: {ratios('plain, default max_workers', CONTROL)}: how far two "
         "identical sides land apart here",
         f"  of sparkctl's time, recording the commit in its state database: "
-        f"{spread(d.recording, scale=1000, unit='ms', digits=1)}; an SQLite commit waits for an fsync,",
-        "  which waits for the filesystem's journal (while this machine's disk is busy, for tenths of a second); "
-        "plain records nothing.",
+        f"{spread(d.recording, scale=1000, unit='ms', digits=1)} (an SQLite commit to its WAL, not synced "
+        "on its own); plain records nothing.",
         f"  Every run counts. The Hub hashed the repo once before the first run ({d.hub_hashing:.2f} s: SHA-1 and "
         "SHA-256 of each file, for its ETags and the commit), not inside the clock of whichever side asked first.",
         "  Each side collects its imports' garbage before its clock; none fetches huggingface_hub's agent "

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from sparkctl.bench.metrics import between
-from sparkctl.deploy import diffs, quick
+from sparkctl.deploy import diffs
 from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.shim import ShimError, apply_shim
 from sparkctl.phase import Phase
 from sparkctl.policy.admission import admit
+from sparkctl.state.journal import Answers
 from sparkctl.state.store import Store
 
 SHIM = {"_draft_kv_cache_group_ids": "()", "_draft_layer_to_kv_cache_gid": "{}"}
@@ -143,15 +144,20 @@ def test_store_records_phases_and_survives_reopen(tmp_path: Path) -> None:
     assert again.db.one("PRAGMA journal_mode")[0] == "wal"
 
 
-def test_an_unchanged_up_asks_the_registry_again_only_after_a_minute(tmp_path: Path) -> None:
-    store, nowhere = Store(tmp_path / "s.db"), tmp_path / "no-docker.sock"  # asking it raises
-    store.answers.record("ghcr.io/a/b:1", "sha256:aa", now=time.time() - quick.ASK_AGAIN_S + 5)
-    assert quick._registry_digest(store, nowhere, "ghcr.io/a/b:1") == "sha256:aa"  # not asked
-    store.answers.record("ghcr.io/a/b:1", "sha256:aa", now=time.time() - quick.ASK_AGAIN_S - 1)
-    with pytest.raises(OSError, match="no-docker.sock"):
-        quick._registry_digest(store, nowhere, "ghcr.io/a/b:1")
-    with pytest.raises(OSError):
-        quick._registry_digest(store, nowhere, "ghcr.io/a/other:1")  # never asked yet
+def test_a_registry_answer_is_asked_again_only_after_a_minute(tmp_path: Path) -> None:
+    store, asked = Store(tmp_path / "s.db"), []
+
+    def registry(ref: str) -> str | None:
+        asked.append(ref)
+        return None if ref.endswith(":gone") else "sha256:bb"
+
+    store.answers.record("ghcr.io/a/b:1", "sha256:aa", now=time.time() - Answers.KEPT_S + 5)
+    assert store.answers.ask("ghcr.io/a/b:1", registry) == "sha256:aa" and asked == []  # not asked
+    store.answers.record("ghcr.io/a/b:1", "sha256:aa", now=time.time() - Answers.KEPT_S - 1)
+    assert store.answers.ask("ghcr.io/a/b:1", registry) == "sha256:bb" and asked == ["ghcr.io/a/b:1"]
+    assert store.answers.ask("ghcr.io/a/b:1", registry) == "sha256:bb" and len(asked) == 1  # kept
+    assert store.answers.ask("ghcr.io/a/b:gone", registry) is None
+    assert store.answers.ask("ghcr.io/a/b:gone", registry) is None and len(asked) == 3  # no answer: not kept
 
 
 def test_adapters_retry_only_transient_errors() -> None:

@@ -44,19 +44,27 @@ class DaemonClient:
         return self._call("GET", path, None, timeout)
 
     def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """POST `body` and yield the NDJSON events of the response as they come."""
-        with UnixHTTP(self.path, self.timeout).request("POST", path, body) as response:
-            if response.status != 200:
+        """POST `body`; the NDJSON events of the response as they come. The request is sent and
+        the response's head read before this returns, so what the caller does next overlaps the
+        daemon's work."""
+        response = UnixHTTP(self.path, self.timeout).request("POST", path, body)
+        if response.status != 200:
+            with response:
                 raise SparkctlError(_message(response))
-            for line in response.lines():
-                if line.strip():
-                    yield json.loads(line)
+        return _events(response)
 
     def _call(self, method: str, path: str, body: dict | None, timeout: float | None) -> Any:
         with UnixHTTP(self.path, timeout or self.timeout).request(method, path, body) as response:
             if response.status != 200:
                 raise SparkctlError(_message(response))
             return json.loads(response.read())
+
+
+def _events(response: Response) -> Iterator[dict[str, Any]]:
+    with response:
+        for line in response.lines():
+            if line.strip():
+                yield json.loads(line)
 
 
 def _message(response: Response) -> str:

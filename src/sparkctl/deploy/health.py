@@ -37,7 +37,7 @@ HINTS = (
 )
 
 
-POLL = 0.02  # seconds between looks at the engine's port
+POLL = 0.01  # seconds between looks at the engine's port
 LOOK = 0.25  # seconds between looks at its container (state, last log line)
 HEADLESS_SETTLE = 1.0  # s a headless rank's container must keep running to count as started
 
@@ -65,7 +65,7 @@ def wait_healthy(stack: Stack, url: str, engine: Engine, *, reporter: Reporter,
                  clock: Callable[[], float] = time.monotonic, poll: float = POLL) -> float | None:
     """Walk the phases; returns the canary's speculative acceptance (None when not speculative).
     The port is polled every `poll` (a refused connection on loopback costs microseconds), so
-    the engine's first 200 is seen within ~20 ms; Docker is asked only every `LOOK`."""
+    the engine's first 200 is seen within ~10 ms; Docker is asked only every `LOOK`."""
     budgets = stack.health
     deadline = clock() + budgets.start
     reporter.phase(stack.name, Phase.STARTING)

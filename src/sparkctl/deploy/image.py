@@ -4,7 +4,8 @@ tag that moved since it was pinned, and pull by digest with per-layer progress.
 A pin in images.yaml (known-good) or the digest recorded by an earlier `up` decides what runs;
 the registry's current answer is only followed with `refresh`. With a digest already known, the
 registry is asked in the background whether the tag moved (a round trip to ghcr.io is hundreds
-of ms): the deploy goes on, and the answer is a note before it ends. Called by the pipeline.
+of ms), unless it was in the last minute (`Answers`): the deploy goes on, and the answer is a
+note before it ends. Called by the pipeline.
 """
 
 from __future__ import annotations
@@ -48,18 +49,20 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
     repository = source.rsplit(":", 1)[0] if name.tag else source
     if known is not None and not refresh:
         check(policy, stack.image.ref, digest=known, allow_latest=stack.image.allow_latest)
-        watch = threading.Thread(target=_watch_tag, args=(docker, source, stack, name, known, reporter), daemon=True)
+        watch = threading.Thread(target=_watch_tag, args=(docker, store, source, stack, name, known, reporter),
+                                 daemon=True)
         watch.start()
         return ResolvedImage(name, known, f"{repository}@{known}", source, watch)
     digest = _remote_digest(docker, source, stack, reporter, required=True)
     assert digest is not None
+    store.answers.record(source, digest)
     check(policy, stack.image.ref, digest=digest, allow_latest=stack.image.allow_latest)
     return ResolvedImage(name, digest, f"{repository}@{digest}", source)
 
 
-def _watch_tag(docker: DockerEngine, source: str, stack: Stack, name: ImageName, known: str,
+def _watch_tag(docker: DockerEngine, store: Store, source: str, stack: Stack, name: ImageName, known: str,
                reporter: Reporter) -> None:
-    moved = _remote_digest(docker, source, stack, reporter, required=False)
+    moved = store.answers.ask(source, lambda ref: _remote_digest(docker, ref, stack, reporter, required=False))
     if moved and moved != known:
         reporter.note(stack.name, moved_note(name.tagged, known, moved))
 

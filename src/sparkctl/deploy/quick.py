@@ -8,14 +8,15 @@ socket, whether that container still runs with that fingerprint. If all agree th
 find the same fingerprint running and do nothing, so the call records an unchanged deployment and
 stops there. The CLI asks before it loads anything else (no settings' models, Docker SDK or Hub
 client: docs/perf.md), and the pipeline asks first in its `up`, so a daemon answers a repeated
-`up` the same way. Like the pipeline it asks the registry whether the pinned tag moved, and says
-so; its answer is reused for a minute. Anything else, including `--refresh` and a registry that
-does not answer, runs the pipeline.
+`up` the same way. Like the pipeline it asks the registry whether the pinned tag moved (an answer
+is reused for a minute: `Answers`), and says so. Anything else, including `--refresh` and a
+registry that does not answer, runs the pipeline.
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +29,6 @@ from sparkctl.phase import Phase
 from sparkctl.state.store import Store
 
 _CODE = Path(__file__).resolve().parents[1]  # the sparkctl package
-ASK_AGAIN_S = 60  # how long a registry's answer for a pinned tag is taken as still true
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def unchanged(store: Store, stack: str, environ: Mapping[str, str] = os.environ)
         if not labels or labels.get(LABEL_FINGERPRINT) != record.fingerprint \
                 or labels.get(LABEL_SPEC_HASH) != record.spec_hash:
             return None
-        moved = _registry_digest(store, socket, record.watch[0]) if record.watch else None
+        moved = store.answers.ask(record.watch[0], partial(dockersock.registry_digest, socket)) if record.watch else None
     except OSError:
         return None  # the pipeline says what is wrong with Docker
     if record.watch and moved is None:
@@ -102,18 +102,6 @@ def unchanged(store: Store, stack: str, environ: Mapping[str, str] = os.environ)
     store.deployments.set_fingerprint(deployment, record.fingerprint, record.parts)
     store.deployments.advance(deployment, Phase.RUNNING, "unchanged")
     return record, notes
-
-
-def _registry_digest(store: Store, socket: Path, ref: str) -> str | None:
-    """What the registry serves for `ref`, asked at most once per ASK_AGAIN_S: a repeated `up`
-    is not held up by a registry on the internet (Docker's round trip to it: 20 ms here, far more
-    from a Spark)."""
-    if (known := store.answers.recent(ref, within=ASK_AGAIN_S)) is not None:
-        return known
-    digest = dockersock.registry_digest(socket, ref)
-    if digest is not None:
-        store.answers.record(ref, digest)
-    return digest
 
 
 def _listed(found: list) -> list[tuple]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 from sparkctl.state.db import Database, where
 
@@ -67,16 +68,29 @@ class Digests:
 
 
 class Answers:
-    """The digest a registry served for a pinned tag, and when it was asked (not a pin: an
-    unchanged `up` only says whether the tag moved)."""
+    """The digest a registry served for a pinned tag, and when it was asked (not a pin: an `up`
+    of a pinned tag only says whether the tag moved). An answer is taken as still true for
+    `KEPT_S`: a repeated `up` is not held up by a registry on the internet, and a tag that moves
+    is noticed within a minute."""
+
+    KEPT_S = 60
 
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def recent(self, ref: str, *, within: float, now: float | None = None) -> str | None:
-        """The registry's answer for `ref` if it was asked less than `within` seconds ago."""
+    def ask(self, ref: str, asker: Callable[[str], str | None]) -> str | None:
+        """What the registry serves for `ref`: its answer of the last KEPT_S, else `asker`'s
+        (kept; None: it got none)."""
+        if (known := self.recent(ref)) is not None:
+            return known
+        if (digest := asker(ref)) is not None:
+            self.record(ref, digest)
+        return digest
+
+    def recent(self, ref: str, *, now: float | None = None) -> str | None:
+        """The registry's answer for `ref` if it was asked less than KEPT_S seconds ago."""
         row = self.db.one("SELECT digest FROM answers WHERE ref = ? AND asked > ?",
-                          (ref, (now or time.time()) - within))
+                          (ref, (now or time.time()) - self.KEPT_S))
         return row["digest"] if row else None
 
     def record(self, ref: str, digest: str, *, now: float | None = None) -> None:
