@@ -186,6 +186,7 @@ class Daemon:
         # Worker threads for blocking calls: each streaming action holds one for its length.
         loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="worker"))
         await asyncio.to_thread(self._recover)
+        process.freeze_startup()
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = await self._serve_gateway()  # before the API: a switch needs it

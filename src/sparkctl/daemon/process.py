@@ -1,5 +1,6 @@
 """What the daemon needs from its process and host: the state dir's exclusive lock, a higher
-limit on open files, a listening socket systemd hands over, and giving freed memory back.
+limit on open files, a listening socket systemd hands over, the garbage collector kept off the
+objects made at start, and giving freed memory back.
 Called by `daemon/app.py` at start and after work."""
 
 from __future__ import annotations
@@ -14,6 +15,16 @@ from pathlib import Path
 from typing import IO
 
 from sparkctl.errors import SparkctlError
+
+
+def freeze_startup() -> None:
+    """Put every object alive once the daemon has started (its modules, classes and wiring, ~73k)
+    beyond the garbage collector's reach: a full collection walked them all, ~80 ms with the GIL
+    held, after every reconcile pass and whenever the collector's thresholds tripped, stalling
+    whatever the daemon did then (an `up`, a request through the gateway). What work allocates
+    later is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def give_back_memory() -> None:
