@@ -16,9 +16,9 @@ registry that does not answer, runs the pipeline.
 from __future__ import annotations
 
 import os
-from functools import partial
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from sparkctl import locate
@@ -90,7 +90,8 @@ def unchanged(store: Store, stack: str, environ: Mapping[str, str] = os.environ)
         if not labels or labels.get(LABEL_FINGERPRINT) != record.fingerprint \
                 or labels.get(LABEL_SPEC_HASH) != record.spec_hash:
             return None
-        moved = store.answers.ask(record.watch[0], partial(dockersock.registry_digest, socket)) if record.watch else None
+        asker = partial(dockersock.registry_digest, socket)
+        moved = store.answers.ask(record.watch[0], asker) if record.watch else None
     except OSError:
         return None  # the pipeline says what is wrong with Docker
     if record.watch and moved is None:

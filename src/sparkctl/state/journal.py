@@ -81,17 +81,12 @@ class Answers:
     def ask(self, ref: str, asker: Callable[[str], str | None]) -> str | None:
         """What the registry serves for `ref`: its answer of the last KEPT_S, else `asker`'s
         (kept; None: it got none)."""
-        if (known := self.recent(ref)) is not None:
-            return known
+        row = self.db.one("SELECT digest FROM answers WHERE ref = ? AND asked > ?", (ref, time.time() - self.KEPT_S))
+        if row is not None:
+            return row["digest"]
         if (digest := asker(ref)) is not None:
             self.record(ref, digest)
         return digest
-
-    def recent(self, ref: str, *, now: float | None = None) -> str | None:
-        """The registry's answer for `ref` if it was asked less than KEPT_S seconds ago."""
-        row = self.db.one("SELECT digest FROM answers WHERE ref = ? AND asked > ?",
-                          (ref, (now or time.time()) - self.KEPT_S))
-        return row["digest"] if row else None
 
     def record(self, ref: str, digest: str, *, now: float | None = None) -> None:
         with self.db.tx() as db:
