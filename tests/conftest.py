@@ -316,3 +316,33 @@ class Running:
 
         self.loop.call_soon_threadsafe(close)
         self.thread.join(10)
+
+
+class ServedApi:
+    """The daemon's real API app (`daemon.api.build`) over `service`, on a unix socket, served from
+    its own event loop thread while the `with` block runs; the block gets the socket's path."""
+
+    def __init__(self, service, sock: Path) -> None:
+        self.service, self.sock = service, sock
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> Path:
+        from aiohttp import web
+
+        from sparkctl.daemon import api
+
+        async def start() -> web.AppRunner:
+            runner = web.AppRunner(api.build(self.service))
+            await runner.setup()
+            await web.UnixSite(runner, str(self.sock)).start()
+            return runner
+
+        self.thread.start()
+        self.runner = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        return self.sock
+
+    def __exit__(self, *_exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

@@ -5,10 +5,13 @@ the 15 s event poll then, one `up` in a dozen)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 from typing import Any
 
+import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from sparkctl import wire
@@ -64,3 +67,39 @@ def test_a_park_request_with_an_unknown_depth_is_refused_before_it_queues() -> N
     status, body, next_ticket = asyncio.run(main())
     assert status == 400 and body["error"]["message"] == "`how` must be one of auto, sleep1, sleep2, stop"
     assert next_ticket == 0  # it took no place in the stack's queue
+
+
+def test_json_that_python_cannot_hold_is_a_400_with_one_line_not_a_500() -> None:
+    """An integer over 4,300 digits (a ValueError) or nesting 20,000 deep (a RecursionError), on
+    every route that reads a body: a 400 in the API's envelope, and no traceback in the log."""
+    bodies = [b'{"stack": ' + b"9" * 4_301 + b"}", b"[" * 20_000 + b"]" * 20_000, b'{"runs": [' + b"1" * 4_400 + b"]}"]
+
+    async def main() -> list[tuple[int, str]]:
+        async with TestClient(TestServer(api.build(Service()))) as client:
+            answers = []
+            for path in ("/v1/up", "/v1/down", "/v1/switch", "/v1/route", "/v1/park", "/v1/wake", "/v1/retest",
+                         "/v1/report"):
+                for body in bodies:
+                    response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+                    answers.append((response.status, (await response.json())["error"]["message"]))
+            return answers
+
+    with structlog.testing.capture_logs() as logs, _aiohttp_errors() as errors:
+        answers = asyncio.run(main())
+    assert {status for status, _ in answers} == {400}
+    assert all("\n" not in message for _, message in answers)
+    assert errors == [] and not [e for e in logs if e["log_level"] in ("error", "critical")]
+
+
+@contextlib.contextmanager
+def _aiohttp_errors():
+    """What aiohttp logs as a handler's unexpected exception (its 500s, with a traceback)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    server_log = logging.getLogger("aiohttp.server")
+    server_log.addHandler(handler)
+    try:
+        yield records
+    finally:
+        server_log.removeHandler(handler)

@@ -6,26 +6,22 @@ event stream pass through as they come."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import http.client
 import json
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from sparkctl import wire
-from sparkctl.daemon import api
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.ui import Dashboard
-from tests.conftest import Running
+from tests.conftest import Running, ServedApi
 
 KEY = "sk-test"
 
@@ -54,30 +50,15 @@ class Service:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Running, Service]]:
-    service, sock = Service(), tmp_path / "api.sock"
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
-
-    async def start() -> web.AppRunner:
-        runner = web.AppRunner(api.build(service))
-        await runner.setup()
-        await web.UnixSite(runner, str(sock)).start()
-        return runner
-
-    thread = threading.Thread(target=lambda: (asyncio.set_event_loop(loop), ready.set(), loop.run_forever()))
-    thread.start()
-    ready.wait()
-    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    gateway = Gateway(lambda: RouteTable(), api_keys=[KEY])
-    gateway.ui = Dashboard(f"unix:{sock}", gateway.upstreams)
-    running = Running(gateway)
-    try:
-        yield running, service
-    finally:
-        running.stop()
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+    service = Service()
+    with ServedApi(service, tmp_path / "api.sock") as sock:
+        gateway = Gateway(lambda: RouteTable(), api_keys=[KEY])
+        gateway.ui = Dashboard(f"unix:{sock}", gateway.upstreams)
+        running = Running(gateway)
+        try:
+            yield running, service
+        finally:
+            running.stop()
 
 
 def ask(running: Running, method: str, path: str, body: dict | None = None, **headers: str):

@@ -278,10 +278,10 @@ async def report_file(request: web.Request) -> web.FileResponse:
 
 async def compare(request: web.Request) -> web.Response:
     """A comparison report of the runs in `{"runs": [id, ...], "label": "..."}`."""
+    body = await _json(request)
     try:
-        body = await request.json()
         chosen, label = [int(r) for r in body["runs"]], str(body.get("label", ""))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise _bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
     return web.json_response(await asyncio.to_thread(request.app[SERVICE].compare, chosen, label))
 
@@ -377,11 +377,16 @@ async def _ndjson(request: web.Request) -> web.StreamResponse:
 
 
 async def _request(request: web.Request, kind: type[wire.Request]) -> Any:
+    return wire.parse(kind, await _json(request))
+
+
+async def _json(request: web.Request) -> Any:
+    """The request's JSON body; a 400 for anything else: not UTF-8, not JSON, an integer over
+    Python's 4,300 digits (a ValueError), nesting too deep (a RecursionError)."""
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return json.loads(await request.read())
+    except (ValueError, RecursionError):
         raise _bad(400, "request body is not valid JSON") from None
-    return wire.parse(kind, body)
 
 
 def _bad(status: int, message: str, kind: str = "bad_request") -> web.HTTPException:

@@ -16,9 +16,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 
 from sparkctl.gateway.ledger import Ledger
-from sparkctl.gateway.pages import error
 from sparkctl.gateway.routes import Upstream
-from sparkctl.gateway.server import Connection
+from sparkctl.gateway.server import Connection, error
 from sparkctl.gateway.upstream import Call, Relay, UpstreamError
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -41,7 +40,7 @@ class Proxied(Relay):
         self.forwarded = self.started = self.over = False
 
     def wait(self, step: Coroutine[None, None, None]) -> None:
-        self.task = asyncio.ensure_future(step)
+        self.task = self.conn.task(step)
 
     # --- the upstream call's sink --------------------------------------------------------------
     def head(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:

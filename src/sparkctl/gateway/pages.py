@@ -6,7 +6,7 @@ serves them; they read its route table, its holds and its `Ledger`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.ledger import Ledger
@@ -54,8 +54,3 @@ class Pages:
         lines += [f'sparkctl_gateway_held{{alias="{a}"}} {len(h.waiting)}' for a, h in sorted(self.holds.items())]
         conn.reply(200, ("\n".join(lines) + "\n").encode(), "text/plain; charset=utf-8")
 
-
-def error(conn: Connection, status: int, message: str, code: str, *, headers: Sequence[tuple[str, str]] = ()) -> None:
-    """The OpenAI error envelope, marked as coming from sparkctl rather than the model server."""
-    conn.reply_json(status, {"error": {"message": message, "type": code, "param": None, "code": code,
-                                       "source": "sparkctl"}}, headers)

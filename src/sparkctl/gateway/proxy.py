@@ -42,11 +42,11 @@ from sparkctl.gateway.exchange import Proxied
 from sparkctl.gateway.hold import Hold
 from sparkctl.gateway.ledger import Ledger
 from sparkctl.gateway.limits import Limits
-from sparkctl.gateway.pages import Pages, error
+from sparkctl.gateway.pages import Pages
 from sparkctl.gateway.replicas import Replicas, host_of
 from sparkctl.gateway.request import Answer, Request
 from sparkctl.gateway.routes import RouteTable
-from sparkctl.gateway.server import Connection, serve
+from sparkctl.gateway.server import Connection, error, serve
 from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.ui import Dashboard
 from sparkctl.gateway.upstream import EnginePool
@@ -196,7 +196,7 @@ class Gateway:
         """Route and forward at once, from the socket's callback; only a hold or a full cap waits."""
         try:
             body = json.loads(request.body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, an integer over 4,300 digits, too deep
             error(conn, 400, "request body is not valid JSON", "invalid_request_error")
             return
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):

@@ -12,6 +12,11 @@ Keep-alive and pipelining are supported: requests on one connection are answered
 client that goes away, or stops reading, reaches the handler's exchange through `cancel`,
 `pause` and `resume`. Connections are capped (`Limits`), and so are the bytes of request bodies
 held at once across all of them.
+
+Every request ends in an answer or a close, whatever a handler raises: the connection runs each
+handler, and each task a handler starts (`Connection.task`), and answers a 500 in the OpenAI
+envelope (or closes, once part of the response is out) when one raises. A request left without
+either would keep its connection open, with reading paused, for good: one slot of the cap lost.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import asyncio
 import json
 import socket
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Protocol
+
+import structlog
 
 from sparkctl.gateway.http1 import chunk, response_head
 from sparkctl.gateway.limits import Limits
@@ -30,6 +37,7 @@ from sparkctl.gateway.request import Admit, Answer, Request, RequestReader
 KEEP_ALIVE = 75.0  # seconds an idle client connection is kept open
 PIPELINED = 16  # complete requests waiting behind the one being answered, before reading pauses
 FINISH_GRACE = 1.0  # seconds an idle connection stays open once the server stops
+log = structlog.get_logger()
 
 
 class Exchange(Protocol):
@@ -57,6 +65,7 @@ class Connection(asyncio.Protocol):
         self.request: Request | None = None  # being answered
         self.exchange: Exchange | None = None  # the handler's, while it answers
         self.closed = self.paused = self.keep_alive = self.chunked = self.dispatching = False
+        self.sent = False  # whether any byte of the current response was written
         self.pending_head = b""  # a streamed response's head, sent with its first piece
         self.timer: asyncio.TimerHandle | None = None
 
@@ -87,8 +96,21 @@ class Connection(asyncio.Protocol):
             data, self.pending_head = self.pending_head + data, b""
         if data:
             self.transport.write(data)
+            self.sent = True
         if last:
             self._done()
+
+    def task(self, step: Coroutine[None, None, None]) -> asyncio.Task[None]:
+        """Run a step of the current request's answer as a task (a wait at a hold or a cap); if it
+        raises, the request still ends, as when the handler itself raises."""
+        request, task = self.request, asyncio.ensure_future(step)
+
+        def ended(done: asyncio.Task[None]) -> None:
+            if not done.cancelled() and done.exception() is not None and self.request is request:
+                self._failed(done.exception())
+
+        task.add_done_callback(ended)
+        return task
 
     def abort(self) -> None:
         """Close without ending the response, so the client knows what it got is incomplete."""
@@ -182,18 +204,46 @@ class Connection(asyncio.Protocol):
                         self.timer.cancel()
                     self.request = self.queue.popleft()
                     self.keep_alive = self.request.keep_alive and not self.limits.finishing
-                    self.handle(self.request, self)
+                    self._guarded(self.handle, self.request, self)
                 elif self.refusal is not None:
                     self.keep_alive, self.request = False, Request("", "", {}, b"")
-                    self.refusal(self)
+                    self._guarded(self.refusal, self)
                 else:
                     break
         finally:
             self.dispatching = False
 
+    def _guarded(self, answer: Callable[..., None], *args: object) -> None:
+        try:
+            answer(*args)
+        except Exception as e:  # noqa: BLE001 - whatever a handler raises, its request must end
+            self._failed(e)
+
+    def _failed(self, e: BaseException) -> None:
+        """A handler raised: answer 500, or close if part of the response is already out. Its
+        exchange is cancelled first (an upstream call it started is closed)."""
+        request = self.request
+        log.error("gateway_handler_failed", method=request.method if request else "", error=repr(e)[:200],
+                  path=request.path[:200] if request else "")
+        exchange, self.exchange = self.exchange, None
+        if exchange is not None:
+            try:
+                exchange.cancel()
+            except Exception as cancel_error:  # noqa: BLE001 - the close below matters more
+                log.error("gateway_cancel_failed", error=repr(cancel_error)[:200])
+        if self.closed or request is None:
+            return
+        self.keep_alive = False
+        if self.sent:
+            self.close()
+            return
+        self.pending_head, self.chunked = b"", False
+        error(self, 500, f"sparkctl's gateway failed on this request ({type(e).__name__}); see the daemon's log",
+              "internal_error")
+
     def _done(self) -> None:
         """The response has been written: on to the next request, or close."""
-        self.request, self.exchange, self.chunked = None, None, False
+        self.request, self.exchange, self.chunked, self.sent = None, None, False, False
         if not self.keep_alive:
             self.close()
             return
@@ -226,6 +276,12 @@ class Connection(asyncio.Protocol):
 
     def _connection(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return headers if self.keep_alive else [*headers, ("Connection", "close")]
+
+
+def error(conn: Connection, status: int, message: str, code: str, *, headers: Sequence[tuple[str, str]] = ()) -> None:
+    """The OpenAI error envelope, marked as coming from sparkctl rather than the model server."""
+    conn.reply_json(status, {"error": {"message": message, "type": code, "param": None, "code": code,
+                                       "source": "sparkctl"}}, headers)
 
 
 async def serve(handle: Handler, host: str, port: int, *, admit: Admit | None = None,

@@ -26,9 +26,8 @@ from importlib import resources
 from urllib.parse import urlsplit
 
 from sparkctl.gateway.exchange import HOP_HEADERS
-from sparkctl.gateway.pages import error
 from sparkctl.gateway.request import Request
-from sparkctl.gateway.server import Connection
+from sparkctl.gateway.server import Connection, error
 from sparkctl.gateway.upstream import Call, EnginePool, Relay, UpstreamError
 
 PREFIX = "/ui"
@@ -87,7 +86,7 @@ class Dashboard:
     def forbidden(self, request: Request) -> str | None:
         """Why a state-changing request is refused: not from the page's origin, or without its token."""
         origin, host = request.headers.get("origin", ""), request.headers.get("host", "")
-        if not origin or urlsplit(origin).netloc.lower() != host.lower():
+        if not origin or _netloc(origin) != host.lower():
             return f"cross-origin request refused (Origin {origin[:80]!r}, Host {host[:80]!r})"
         given = request.headers.get("x-sparkctl-token", "")
         try:
@@ -130,3 +129,11 @@ class Passed(Relay):
     def cancel(self) -> None:
         if self.call is not None:
             self.call.cancel()
+
+
+def _netloc(origin: str) -> str | None:
+    """An Origin's host and port, lower case; None when it is not a URL (`http://[::1`)."""
+    try:
+        return urlsplit(origin).netloc.lower()
+    except ValueError:
+        return None
