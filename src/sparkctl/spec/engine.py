@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sparkctl.settings import SECRET_ENV
 from sparkctl.spec.base import SIZE, Port, RelativePath, Revision, Spec
+from sparkctl.spec.risks import is_root, reaches_docker_socket
 
 
 class Image(Spec):
@@ -92,16 +93,14 @@ class Mount(Spec):
     @field_validator("source", "target")
     @classmethod
     def _not_the_root(cls, path: str) -> str:
-        if path.rstrip("/") == "":
+        if is_root(path):
             raise ValueError("mounting / hands the whole host to the engine (or hides its own filesystem)")
         return path
 
     @property
     def docker_socket(self) -> bool:
-        return self.source.rstrip("/") in DOCKER_SOCKETS
-
-
-DOCKER_SOCKETS = frozenset({"/var/run/docker.sock", "/run/docker.sock"})
+        """Whether the mount hands the engine the Docker socket, however the path is spelled."""
+        return reaches_docker_socket(self.source)
 
 
 def no_secret_names(env: dict[str, str]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from sparkctl.policy.parking import Park
+from sparkctl.spec import risks
 from sparkctl.spec.base import Fraction, Name, Port, Seconds, Spec
 from sparkctl.spec.engine import ComposeProject, Container, Image, VllmArgs, Weights
 
@@ -24,7 +25,6 @@ class Kind(StrEnum):
     COMPOSE = "compose"  # an existing compose project, brought up through compose v2
 
 
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD = frozenset({"0.0.0.0", "::", "localhost"})  # reached at 127.0.0.1
 # What a stack must opt into by name (`allow:`): sometimes right, never by accident.
 Risk = Literal["docker-socket", "all-interfaces", "remote-code"]
@@ -206,12 +206,12 @@ class Stack(Spec):
             found.append(("docker-socket", "container.mounts: the Docker socket gives the engine root on the host"))
         if self.vllm is not None:
             args = self.vllm.extra_args
-            hosts = [self.vllm.host] + [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--host"]
-            hosts += [a.split("=", 1)[1] for a in args if a.startswith("--host=")]
-            if any(h not in LOOPBACK for h in hosts):
+            # An empty host is vLLM's default: every interface. None: `--host` with no value fails the start.
+            hosts = [self.vllm.host, *(h for h in risks.flag_values(args, "--host") if h is not None)]
+            if not all(map(risks.is_loopback, hosts)):
                 found.append(("all-interfaces", "vllm.host / extra_args: the engine listens beyond loopback, "
                                                 "where the gateway's API keys do not guard it"))
-            if "--trust-remote-code" in args:
+            if risks.flag_values(args, "--trust-remote-code"):
                 found.append(("remote-code", "vllm.extra_args: --trust-remote-code runs Python from the model repo"))
         return found
 
