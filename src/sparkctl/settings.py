@@ -2,16 +2,18 @@
 
 Built once by the CLI entry (or the daemon) and passed down; nothing deeper reads the
 environment. Paths that hang off the state dir are derived here, so tests can redirect
-everything by pointing `SPARKCTL_STATE_DIR` somewhere else.
+everything by pointing `SPARKCTL_STATE_DIR` somewhere else. A message that names a setting's
+variable takes it from `env_names` (a setting with aliases, like `hf_token`, is read from each).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sparkctl import instance as instances
@@ -34,9 +36,12 @@ def _xdg(var: str, fallback: str) -> Path:
 SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"})
 
 
+PREFIX = "SPARKCTL_"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SPARKCTL_", env_file=".env", env_ignore_empty=True, extra="ignore", frozen=True
+        env_prefix=PREFIX, env_file=".env", env_ignore_empty=True, extra="ignore", frozen=True
     )
 
     # One installation on a Docker engine: everything it creates carries this name, and it sees and
@@ -184,6 +189,17 @@ class Settings(BaseSettings):
         return self.state_dir / LOCK_FILE
 
     @property
+    def dashboard_key_path(self) -> Path:
+        """The dashboard owner's key (0600): `sparkctl dashboard`'s login URLs are made from it."""
+        return self.state_dir / "dashboard.key"
+
+    @property
+    def gateway_url(self) -> str:
+        """Where a browser or an agent on this Spark reaches the gateway."""
+        host = "127.0.0.1" if self.gateway_host in ("0.0.0.0", "::", "") else self.gateway_host  # noqa: S104
+        return f"http://[{host}]:{self.gateway_port}" if ":" in host else f"http://{host}:{self.gateway_port}"
+
+    @property
     def fleet_dir(self) -> Path:
         """This Spark's fleet state: the Ray token (0600), the record of its node, Ray's temp dir."""
         return self.state_dir / "fleet"
@@ -212,3 +228,28 @@ class Settings(BaseSettings):
                 value = ["**********"] * len(value)
             shown[name] = str(value) if isinstance(value, Path) else value
         return shown
+
+
+def env_names(field: str) -> tuple[str, ...]:
+    """The environment variables a setting is read from, the one that wins first: its aliases
+    when it has them (`hf_token`: SPARKCTL_HF_TOKEN, then HF_TOKEN), else the prefixed name."""
+    alias = Settings.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(choice) for choice in alias.choices)
+    return (alias,) if isinstance(alias, str) else (PREFIX + field.upper(),)
+
+
+def invalid(error: ValidationError, environ: Mapping[str, str]) -> str:
+    """What to tell a person whose settings do not validate: the variable they set (of a setting's
+    names, the one `environ` holds; all of them when it came from .env), and what is wrong with
+    it. Never the value: it may be a token."""
+    first = error.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    problem = first["msg"].removeprefix("Value error, ")
+    field = next((f for f in Settings.model_fields if loc and (loc[0] == f or loc[0] in env_names(f))), None)
+    if field is None:
+        return f"the settings are invalid: {problem}"
+    names = env_names(field)
+    held = {name.upper() for name in environ}
+    named = next((n for n in names if n.upper() in held), " or ".join(names))
+    return f"setting {named} is invalid: {problem}; fix it where it is set (the environment or .env)"

@@ -20,7 +20,9 @@ def show(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help=
     if as_json:
         print(json.dumps(values, indent=2, default=str))
         return
+    from sparkctl.settings import env_names
+
     table = Table("setting", "variable", "value")
     for name, value in values.items():
-        table.add_row(name, f"SPARKCTL_{name.upper()}", "" if value is None else str(value))
+        table.add_row(name, " or ".join(env_names(name)), "" if value is None else str(value))
     rt.console.print(table)

@@ -37,16 +37,16 @@ class Runtime:
 
     @cached_property
     def settings(self) -> Settings:
+        import os
+
         from pydantic import ValidationError
 
-        from sparkctl.settings import Settings
+        from sparkctl.settings import Settings, invalid
 
         try:
             settings = Settings()
         except ValidationError as e:
-            first = e.errors()[0]
-            name = "SPARKCTL_" + ".".join(str(p) for p in first["loc"]).upper()
-            raise SparkctlError(f"setting {name} is invalid: {first['msg']}") from None
+            raise SparkctlError(invalid(e, os.environ)) from None
         return settings
 
     def configure_logging(self) -> None:
