@@ -2,13 +2,15 @@
 dockerd and sim engines, with API keys and an HF token configured: the page shows the running
 stacks and the memory bar, a click switches `primary` with its progress step by step while an
 agent loop sees no failed request, the gateway panel's counts move with that load, the log
-follows. Security: the page and its API need the key; a cross-origin POST to each action, or one
-without the page's token, is refused; the HF token appears in no page, asset or event stream.
+follows. Security: the page and its API need the key; actions need the owner's login (the URL
+`sparkctl dashboard` prints); a cross-origin POST to each action, or one without the page's
+token, is refused; the HF token appears in no page, asset or event stream.
 Screenshots of the views land in docs/screenshots/."""
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import re
@@ -47,6 +49,13 @@ def fetch(url: str, *, method: str = "GET", body: bytes | None = None,
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def login_path(cli) -> str:
+    """The path and code of the one-time login URL that `sparkctl dashboard` prints."""
+    code, out, err = cli("dashboard")
+    assert code == 0 and "/ui/login?code=" in out, err
+    return "/ui/login?code=" + out.strip().split("/ui/login?code=", 1)[1]
 
 
 @pytest.fixture
@@ -91,7 +100,8 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     seen: list[str] = []
     page.on("response", lambda r: seen.append(r.text()) if r.url.startswith(daemon.gateway)
             and "event-stream" not in (r.headers.get("content-type") or "") else None)
-    page.goto(ui)
+    page.goto(daemon.gateway + login_path(cli))  # the owner's login, then on to the page
+    assert page.url.rstrip("/") == ui
     row = page.locator(f'#stacks tr[data-stack="{A}"]')
     sync_api.expect(row).to_contain_text("running", timeout=20_000)
     sync_api.expect(row).to_contain_text(re.compile(r"sha256:[0-9a-f]{12}.*(known-good|pinned|unpinned)"))
@@ -182,15 +192,19 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     page.screenshot(path=str(SHOTS / "phone.png"))
 
 
-def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon) -> None:
+def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon, cli) -> None:
     ui = daemon.gateway + "/ui"
     assert fetch(ui)[0] == 401 and fetch(ui, headers=basic("wrong"))[0] == 401
     assert fetch(ui + "/api/v1/status")[0] == 401
-    status, html = fetch(ui, headers=basic())
+    host = daemon.gateway.removeprefix("http://")
+    conn = http.client.HTTPConnection(host, timeout=30)
+    conn.request("GET", login_path(cli), headers=basic())
+    reply = conn.getresponse()
+    assert reply.status == 303, reply.read()
+    cookie = {"Cookie": reply.getheader("Set-Cookie").split(";")[0]}
+    status, html = fetch(ui, headers={**basic(), **cookie})
     token = re.search(r'name="sparkctl-token" content="([^"]+)"', html).group(1)
     assert status == 200 and HUB_TOKEN not in html
-    cookie = {"Cookie": f"sparkctl_ui={token}"}
-    host = daemon.gateway.removeprefix("http://")
     body = {"up": {"stack": B}, "down": {"stack": A}, "park": {"stack": A}, "wake": {"stack": A},
             "switch": {"alias": "primary", "stack": B}}
     for action in ACTIONS:

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sparkctl.gateway.limits import Limits
+from sparkctl.gateway.login import Logins
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from sparkctl.gateway.ui import Dashboard
@@ -30,7 +31,7 @@ from tests.conftest import Running, ServedApi, wait_for
 from tests.unit.test_dashboard_gate import Service
 
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/nowhere", "/ui",
-          "/ui/app.js", "/ui/api/v1/status", "/ui/api/v1/events", "/ui/api/v1/desired", "/ui/api/v1/down",
+          "/ui/app.js", "/ui/login", "/ui/api/v1/status", "/ui/api/v1/events", "/ui/api/v1/desired", "/ui/api/v1/down",
           "/ui/api/v1/up", "/ui/api/v1/switch", "/ui/api/v1/park", "/ui/api/v1/report", "/ui/api/v1/report-file"]
 DEEP = b"[" * 20_000 + b"]" * 20_000
 HUGE = b'{"model": "tiny", "max_tokens": ' + b"9" * 4_301 + b"}"
@@ -46,7 +47,7 @@ def gateway(tmp_path_factory, tiny_model) -> Iterator[Running]:
     table = RouteTable(upstreams={"tiny": Upstream("tiny", engine.url, "tiny")}, aliases={"primary": "tiny"})
     with ServedApi(Service(), tmp_path_factory.mktemp("api") / "api.sock") as sock:
         gw = Gateway(lambda: table, limits=Limits(connections=16))
-        gw.ui = Dashboard(f"unix:{sock}", gw.upstreams)
+        gw.ui = Dashboard(f"unix:{sock}", gw.upstreams, Logins(b"k" * 64))
         running = Running(gw)
         try:
             yield running

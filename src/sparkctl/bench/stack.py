@@ -44,7 +44,7 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
     profile = profile or PROFILES[stack.bench_profile]
     engine = stack.url
-    gateway = f"http://{_connectable(settings.gateway_host)}:{settings.gateway_port}"
+    gateway = settings.gateway_url
     keys = [k.get_secret_value() for k in settings.gateway_api_keys]
     target = runner.Target(base_url=f"{gateway if via_gateway else engine}/v1", model=stack.served_name,
                            tokenizer=tokenizer_dir(stack, deployment.parts, settings), metrics_url=f"{engine}/metrics",
@@ -121,6 +121,3 @@ def tokenizer_dir(stack: Stack, parts: dict[str, str], settings: Settings) -> Pa
     assert stack.model.repo is not None
     return repo_folder(settings.hf_cache_dir, stack.model.repo) / "snapshots" / parts["model"]
 
-
-def _connectable(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104 - a listen-anywhere setting

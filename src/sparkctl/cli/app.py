@@ -52,7 +52,7 @@ app = typer.Typer(
 app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
 for command in (deploy.up, deploy.down, deploy.switch, deploy.park, deploy.wake, deploy.status, deploy.logs,
-                service.daemon):
+                service.daemon, service.dashboard):
     app.command()(command)
 
 _runtime = Runtime()

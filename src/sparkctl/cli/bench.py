@@ -153,9 +153,8 @@ def agent_cmd(
         raise SparkctlError(f"{first.name} names no model repo: its tokenizer sizes the session's text")
     tokenizer = tokens.load(hub.cached_snapshot(settings.hf_cache_dir, first.model.repo, first.model.revision))
     fill = agent.Filler(tokenizer.tokenizer, corpus.text())
-    host = f"[{settings.gateway_host}]" if ":" in settings.gateway_host else settings.gateway_host
     keys = settings.gateway_api_keys
-    client = openai.OpenAI(base_url=f"http://{host}:{settings.gateway_port}/v1", max_retries=0, timeout=3600,
+    client = openai.OpenAI(base_url=f"{settings.gateway_url}/v1", max_retries=0, timeout=3600,
                            api_key=keys[0].get_secret_value() if keys else "unused")
     done = []
     for target in targets:

@@ -1,4 +1,5 @@
-"""`sparkctl daemon` (foreground) and `sparkctl service install | uninstall` (systemd units).
+"""`sparkctl daemon` (foreground), `sparkctl dashboard` (the owner's login URL) and `sparkctl
+service install | uninstall` (systemd units).
 
 The service comes with a socket unit that holds the gateway's listening socket: systemd keeps it
 open across a restart of the daemon (an upgrade, `systemctl restart`), so an agent connecting
@@ -71,6 +72,18 @@ def daemon(ctx: typer.Context) -> None:
     if rt.daemon.available():
         raise SparkctlError(f"a daemon already answers on {rt.daemon.path}")
     asyncio.run(Daemon(rt.settings).serve())
+
+
+def dashboard(ctx: typer.Context) -> None:
+    """Print a one-time login URL for the dashboard: open it in a browser on this Spark (good for 5
+    minutes, once); the browser can then act (up, down, park, switch) for 30 days."""
+    from sparkctl.gateway.login import CODE_TTL, ensure_key, login_code
+
+    settings = runtime(ctx).settings
+    code = login_code(ensure_key(settings.dashboard_key_path))
+    typer.echo(f"{settings.gateway_url}/ui/login?code={code}")
+    typer.echo(f"(one use, within {CODE_TTL / 60:g} minutes; reading the dashboard needs no login: "
+               f"{settings.gateway_url}/ui)", err=True)
 
 
 @app.command()

@@ -32,6 +32,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.limits import Limits
+from sparkctl.gateway.login import Logins, ensure_key
 from sparkctl.gateway.proxy import Gateway, LoopControl, Waker
 from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.ui import Dashboard
@@ -135,7 +136,7 @@ class Daemon:
                           hold_timeout=s.switch_hold_timeout)
         gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
         gateway.counters = Counters(self._model_dir)
-        gateway.ui = Dashboard(f"unix:{s.socket_path}", gateway.upstreams)
+        gateway.ui = Dashboard(f"unix:{s.socket_path}", gateway.upstreams, Logins(ensure_key(s.dashboard_key_path)))
         self.gateway = gateway
         self.operations.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                               hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)

@@ -7,11 +7,15 @@ progress is the switch's own event stream.
 Security, beside the gateway's Host check:
 - with API keys configured, /ui needs one; a browser sends it as HTTP Basic's password (any user
   name), which the gateway asks for;
-- the page comes with a fresh random token, also set as an HttpOnly SameSite=Strict cookie; a
-  state-changing request must come from the page's own origin (Origin is the Host it was sent to)
-  and carry the token in `X-Sparkctl-Token`, equal to the cookie. A hostile page that a browser on
-  the Spark visits can neither read the token nor send that header without a CORS preflight,
-  which the gateway never grants;
+- every action needs the owner's session (`login.py`): a cookie (HttpOnly, SameSite=Strict) that
+  only a one-time login URL from `sparkctl dashboard` sets, so no other local process, a model
+  container on the host network included, can act through the page. Reads need no session: they
+  change nothing, carry no secret, and show what `/v1/models` and `/metrics` already show any
+  local process;
+- a state-changing request must also come from the page's own origin (Origin is the Host it was
+  sent to) and carry the page's token in `X-Sparkctl-Token`, derived from the session. A hostile
+  page that a browser on the Spark visits can neither read the token nor send that header
+  without a CORS preflight, which the gateway never grants;
 - only the API's read routes and its stack and alias actions are reachable, the page's scripts
   run under a strict Content-Security-Policy, and the API's answers carry no secret.
 """
@@ -19,20 +23,18 @@ Security, beside the gateway's Host check:
 from __future__ import annotations
 
 import hmac
-import secrets
-from collections import OrderedDict
 from http.cookies import CookieError, SimpleCookie
 from importlib import resources
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from sparkctl.gateway.exchange import HOP_HEADERS
+from sparkctl.gateway.login import SESSION_TTL, Logins
 from sparkctl.gateway.request import Request
 from sparkctl.gateway.server import Connection, error
 from sparkctl.gateway.upstream import Call, EnginePool, Relay, UpstreamError
 
 PREFIX = "/ui"
-COOKIE = "sparkctl_ui"
-SESSIONS = 64  # page tokens kept: the oldest is forgotten first (its page must be reloaded)
+COOKIE = "sparkctl_session"
 ASSETS = {"/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
           "/ui/app.css": ("app.css", "text/css; charset=utf-8")}
 READS = {"/v1/status", "/v1/desired", "/v1/events", "/v1/history", "/v1/logs", "/v1/runs", "/v1/reports",
@@ -47,16 +49,17 @@ PAGE_HEADERS = [("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"), ("Re
 class Dashboard:
     """Answers every request under /ui; `api`: the daemon's API (`unix:/path/to/sparkctl.sock`)."""
 
-    def __init__(self, api: str, pool: EnginePool) -> None:
-        self.api, self.pool = api, pool
-        self.sessions: OrderedDict[str, None] = OrderedDict()
+    def __init__(self, api: str, pool: EnginePool, logins: Logins) -> None:
+        self.api, self.pool, self.logins = api, pool, logins
         folder = resources.files(__package__) / "ui"
         self.files = {name: (folder / name).read_bytes() for name in ("index.html", "app.js", "app.css")}
 
     def handle(self, request: Request, conn: Connection) -> None:
         path, method = request.path, request.method
         if path in (PREFIX, PREFIX + "/") and method == "GET":
-            self.page(conn)
+            self.page(request, conn)
+        elif path == PREFIX + "/login" and method == "GET":
+            self.login(request, conn)
         elif path in ASSETS and method == "GET":
             name, kind = ASSETS[path]
             conn.reply(200, self.files[name], kind, [("Cache-Control", "no-cache"), ("X-Content-Type-Options",
@@ -74,28 +77,45 @@ class Dashboard:
         else:
             error(conn, 404, f"no route {path}", "not_found")
 
-    def page(self, conn: Connection) -> None:
-        token = secrets.token_urlsafe(24)
-        self.sessions[token] = None
-        while len(self.sessions) > SESSIONS:
-            self.sessions.popitem(last=False)
+    def page(self, request: Request, conn: Connection) -> None:
+        """The page, with the token of the browser's session (none before a login: it can read only)."""
+        session = self._session(request)
+        token = self.logins.page_token(session) if session else ""
         html = self.files["index.html"].replace(b"{{token}}", token.encode())
-        conn.reply(200, html, "text/html; charset=utf-8",
-                   [("Set-Cookie", f"{COOKIE}={token}; Path={PREFIX}; HttpOnly; SameSite=Strict"), *PAGE_HEADERS])
+        conn.reply(200, html, "text/html; charset=utf-8", PAGE_HEADERS)
+
+    def login(self, request: Request, conn: Connection) -> None:
+        """A login URL's code traded for a session cookie, then on to the page."""
+        code = parse_qs(request.query).get("code", [""])[0]
+        session = self.logins.open_session(code)
+        if session is None:
+            error(conn, 403, "this login link is expired or was used already: run `sparkctl dashboard` for a new one",
+                  "forbidden")
+            return
+        cookie = f"{COOKIE}={session}; Path={PREFIX}; Max-Age={int(SESSION_TTL)}; HttpOnly; SameSite=Strict"
+        conn.reply(303, b"", "text/plain", [("Location", PREFIX + "/"), ("Set-Cookie", cookie), *PAGE_HEADERS])
 
     def forbidden(self, request: Request) -> str | None:
-        """Why a state-changing request is refused: not from the page's origin, or without its token."""
+        """Why a state-changing request is refused: not from the page's origin, without the owner's
+        session, or without its page's token."""
         origin, host = request.headers.get("origin", ""), request.headers.get("host", "")
         if not origin or _netloc(origin) != host.lower():
             return f"cross-origin request refused (Origin {origin[:80]!r}, Host {host[:80]!r})"
+        session = self._session(request)
+        if session is None:
+            return "actions need the owner's login: run `sparkctl dashboard` and open the URL it prints"
         given = request.headers.get("x-sparkctl-token", "")
+        if not hmac.compare_digest(given.encode(), self.logins.page_token(session).encode()):
+            return "missing or stale page token: reload the page"
+        return None
+
+    def _session(self, request: Request) -> str | None:
+        """The browser's session, if its cookie holds a valid one."""
         try:
             cookie = SimpleCookie(request.headers.get("cookie", "")).get(COOKIE)
         except CookieError:
-            cookie = None
-        if not (given and cookie is not None and hmac.compare_digest(given, cookie.value) and given in self.sessions):
-            return "missing or stale page token: reload the page"
-        return None
+            return None
+        return cookie.value if cookie is not None and self.logins.valid(cookie.value) else None
 
     def forward(self, request: Request, conn: Connection, target: str) -> None:
         passed = conn.exchange = Passed(conn)

@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 let desired = { stacks: [], aliases: {}, parked: {}, routes: {} };
 let stackNames = [];  // every stack the daemon knows: what an alias can switch to
 let lastCounts = null;
+if (!TOKEN) $("action-error").textContent = "Read-only: to act from this page, run `sparkctl dashboard` on the Spark and open the URL it prints.";
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);

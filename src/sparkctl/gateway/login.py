@@ -1,0 +1,98 @@
+"""The dashboard owner's credential: a key only the owner can read, one-time login codes made
+from it, and the browser sessions and page tokens those codes open.
+
+The key is 32 random bytes made at the daemon's first start, kept 0600 in the state dir
+(`dashboard.key`). `sparkctl dashboard` (the owner, who can read the file) makes a login code and
+prints the URL that carries it; the dashboard (`ui.py`) trades a valid, unexpired, unused code for
+a session cookie, and every action needs that session and the page token derived from it. Both
+are HMACs of the key, so nothing is kept per browser: loading the page any number of times evicts
+nobody, and a new key (delete the file, restart the daemon) ends every session. Anything else on
+the host, a model container included, can load the page and read, but cannot act.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from pathlib import Path
+
+from sparkctl.errors import SparkctlError
+
+KEY_FILE = "dashboard.key"
+CODE_TTL = 300.0  # seconds a login URL stays good
+SESSION_TTL = 30 * 86400.0  # seconds a browser stays logged in
+
+
+def ensure_key(path: Path) -> bytes:
+    """The key at `path`, made (0600) if there is none yet."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_key(path)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    return read_key(path)
+
+
+def read_key(path: Path) -> bytes:
+    try:
+        key = path.read_text().strip()
+    except OSError as e:
+        raise SparkctlError(f"cannot read the dashboard key {path} ({e.strerror}); run sparkctl as the daemon's "
+                            "user") from None
+    if len(key) < 32:
+        raise SparkctlError(f"the dashboard key {path} is too short: delete it and restart the daemon")
+    return key.encode()
+
+
+def login_code(key: bytes, now: float | None = None) -> str:
+    """A code that opens one session, once, within `CODE_TTL`."""
+    return _signed(key, "login", (time.time() if now is None else now) + CODE_TTL)
+
+
+class Logins:
+    """Checks codes, sessions and page tokens against the key; remembers the codes used until
+    they expire (each opens one session)."""
+
+    def __init__(self, key: bytes, clock=time.time) -> None:
+        self.key, self.clock = key, clock
+        self.used: dict[str, float] = {}  # code -> its expiry
+
+    def open_session(self, code: str) -> str | None:
+        """A new session for a good code not used before; None otherwise."""
+        now = self.clock()
+        self.used = {c: until for c, until in self.used.items() if until >= now}
+        until = _verify(self.key, "login", code, now)
+        if until is None or code in self.used:
+            return None
+        self.used[code] = until
+        return _signed(self.key, "session", now + SESSION_TTL)
+
+    def valid(self, session: str) -> bool:
+        return _verify(self.key, "session", session, self.clock()) is not None
+
+    def page_token(self, session: str) -> str:
+        """What the page of `session` sends with each action (`X-Sparkctl-Token`)."""
+        return _mac(self.key, f"page.{session}")
+
+
+def _signed(key: bytes, purpose: str, until: float) -> str:
+    body = f"{int(until)}.{secrets.token_urlsafe(12)}"
+    return f"{body}.{_mac(key, f'{purpose}.{body}')}"
+
+
+def _verify(key: bytes, purpose: str, value: str, now: float) -> float | None:
+    """The expiry of a value signed for `purpose`, if it is genuine and not expired."""
+    body, _, mac = value.rpartition(".")
+    expiry = body.partition(".")[0]
+    if not expiry.isdigit() or not hmac.compare_digest(mac.encode(), _mac(key, f"{purpose}.{body}").encode()):
+        return None
+    return float(expiry) if float(expiry) >= now else None
+
+
+def _mac(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()[:40]
