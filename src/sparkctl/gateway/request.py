@@ -5,13 +5,22 @@ way: conflicting Content-Lengths, Transfer-Encodings other than chunked, loose c
 control characters in header values. On top of it the reader requires Host on HTTP/1.1, allows
 one Host, caps each body and charges the bytes it holds to the server's shared budget (`Limits`),
 and asks `admit` about each request as soon as its head is complete, so a request without a
-valid API key is refused before any of its body is read. Each `Connection` (`server.py`) owns a
+valid API key is refused before any of its body is read.
+
+What a request holds while it is read is what is counted: the body in one buffer (a body of
+2-byte chunks kept as a bytes object each cost ~25x its size), and the head capped (httptools
+keeps an unfinished header line to itself, so the parser is fed in slices and the bytes it has
+read since the body last grew are checked between them). The buffer is dropped the moment the
+connection closes, and the reader's link back to its connection is weak, so that a closed
+connection, with the requests queued on it, is freed at once rather than when the garbage
+collector next finds the cycle. Each `Connection` (`server.py`) owns a
 reader and is handed each complete request, or the answer that refuses one, from inside the
 socket's callback.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +32,9 @@ if TYPE_CHECKING:
     from sparkctl.gateway.server import Connection
 
 MAX_BODY = 32 * 1024 * 1024
+MAX_HEAD = 32 * 1024  # a request's head; also what may be read between two pieces of its body
+MAX_FIELDS = 100  # header (and trailer) lines of one request
+SLICE = 8 * 1024  # the most the parser reads before the bytes it holds are checked
 
 
 @dataclass(slots=True)
@@ -45,17 +57,24 @@ class RequestReader:
     from inside `feed`."""
 
     def __init__(self, conn: Connection, admit: Admit | None, limits: Limits) -> None:
-        self.conn, self.admit, self.limits = conn, admit, limits
+        self.conn: Connection = weakref.proxy(conn)  # which owns this reader
+        self.admit, self.limits = admit, limits
         self.parser = httptools.HttpRequestParser(self)
         self.incoming: Request | None = None  # being parsed
         self.url = b""  # its target so far
         self.fields: list[tuple[str, str]] = []  # its header lines
-        self.pieces: list[bytes] = []  # its body so far
-        self.size = 0
+        self.headed = False  # whether its head is complete
+        self.body = bytearray()  # its body so far, charged to the shared budget
+        self.stalled = 0  # bytes read since its body last grew, or the last request ended
+        self.advanced = False  # whether either happened in the slice being parsed
 
     def feed(self, data: bytes) -> None:
+        view = memoryview(data)
         try:
-            self.parser.feed_data(data)
+            for start in range(0, len(view), SLICE):
+                if self.conn.closed or self.conn.refusal is not None:
+                    return
+                self._feed(view[start:start + SLICE])
         except _Refused:
             pass
         except httptools.HttpParserUpgrade:
@@ -65,22 +84,24 @@ class RequestReader:
                 self.conn.refuse(_text(400, f"malformed request: {e}\n"))
 
     def release(self) -> None:
-        """The bytes of a body being read no longer count against the shared budget."""
-        self.limits.held -= self.size
-        self.size = 0
+        """Drop the body being read, and its charge to the shared budget."""
+        self.limits.held -= len(self.body)
+        self.body = bytearray()
 
     # --- llhttp's callbacks, from inside feed_data ------------------------------------------------
     def on_message_begin(self) -> None:
-        self.incoming, self.url, self.fields, self.pieces, self.size = Request("", "", {}, b""), b"", [], [], 0
+        self.incoming, self.url, self.fields, self.headed = Request("", "", {}, b""), b"", [], False
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.fields) >= MAX_FIELDS:
+            self._halt(_text(431, f"over {MAX_FIELDS} header lines\n"))
         self.fields.append((name.decode("latin-1").lower(), value.decode("latin-1").strip()))
 
     def on_headers_complete(self) -> None:
-        request = self.incoming
+        request, self.headed = self.incoming, True
         version, target = self.parser.get_http_version(), self.url.decode("latin-1")
         request.method = self.parser.get_method().decode("latin-1")
         request.path, _, request.query = target.partition("?")
@@ -100,10 +121,10 @@ class RequestReader:
             self.conn.send_continue()
 
     def on_body(self, body: bytes) -> None:
-        self.size += len(body)
+        self.body += body
         self.limits.held += len(body)
-        self.pieces.append(body)
-        if self.size > MAX_BODY:
+        self.advanced = True
+        if len(self.body) > MAX_BODY:
             self._halt(_text(413, f"request body over {MAX_BODY >> 20} MiB\n"))
         if self.limits.held > self.limits.body_bytes:
             self.limits.refused += 1
@@ -112,18 +133,31 @@ class RequestReader:
 
     def on_message_complete(self) -> None:
         request, self.incoming = self.incoming, None
-        request.body = b"".join(self.pieces)
+        request.body = bytes(self.body)
         self.release()
+        self.advanced = True
         self.conn.received(request)
 
+    def _feed(self, piece: memoryview) -> None:
+        """Parse a slice; refuse once the parser has read more than `MAX_HEAD` without the body
+        growing: a head that long, or chunk framing or trailers, held by httptools and by us."""
+        self.advanced = False
+        self.parser.feed_data(piece)
+        self.stalled = 0 if self.advanced else self.stalled + len(piece)
+        if self.stalled <= MAX_HEAD:
+            return
+        if not self.headed:
+            self._halt(_text(431, f"request head over {MAX_HEAD >> 10} KiB\n"))
+        self._halt(_text(400, f"over {MAX_HEAD >> 10} KiB of chunk framing or trailers between body bytes\n"))
+
     def _halt(self, answer: Answer) -> None:
-        """Refuse from inside a parser callback: parsing stops here."""
+        """Refuse from inside a parser callback (or between slices): parsing stops here."""
         self.conn.refuse(answer)
         raise _Refused
 
 
 class _Refused(Exception):
-    """Raised from a parser callback to stop parsing a connection that has been refused."""
+    """Raised to stop parsing a connection that has been refused."""
 
 
 def _problem(version: str, target: str, headers: dict[str, str], names: list[str]) -> str:
