@@ -401,6 +401,8 @@ def _bearer(token: str) -> Callable:
 
     @web.middleware
     async def check(request: web.Request, handler: Callable) -> web.StreamResponse:
+        if len(request.headers.getall("Authorization", [])) > 1:  # a proxy in front may have checked another
+            raise _bad(400, "more than one Authorization header: send the API token once")
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, expected):
             raise _bad(401, "missing or wrong API token", "unauthorized")

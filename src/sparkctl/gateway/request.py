@@ -2,10 +2,14 @@
 
 Framing is llhttp's (through httptools), which refuses what a front proxy could read another
 way: conflicting Content-Lengths, Transfer-Encodings other than chunked, loose chunk sizes,
-control characters in header values. On top of it the reader requires Host on HTTP/1.1, allows
-one Host, caps each body and charges the bytes it holds to the server's shared budget (`Limits`),
-and asks `admit` about each request as soon as its head is complete, so a request without a
-valid API key is refused before any of its body is read.
+control characters in header values. On top of it the reader requires Host on HTTP/1.1, refuses
+a second copy of any header that a front proxy and the gateway could each read a different copy
+of (`SINGLE`: a proxy that checked the first Authorization must not pass on a request whose last
+one is what counts here), caps each body and charges the bytes it holds to the server's shared
+budget (`Limits`), and asks `admit` about each request as soon as its head is complete, so a
+request without a valid API key is refused before any of its body is read. Each `Connection`
+(`server.py`) owns a reader and is handed each complete request, or the answer that refuses one,
+from inside the socket's callback.
 
 What a request holds while it is read is what is counted: the body in one buffer (a body of
 2-byte chunks kept as a bytes object each cost ~25x its size), and the head capped (httptools
@@ -13,9 +17,7 @@ keeps an unfinished header line to itself, so the parser is fed in slices and th
 read since the body last grew are checked between them). The buffer is dropped the moment the
 connection closes, and the reader's link back to its connection is weak, so that a closed
 connection, with the requests queued on it, is freed at once rather than when the garbage
-collector next finds the cycle. Each `Connection` (`server.py`) owns a
-reader and is handed each complete request, or the answer that refuses one, from inside the
-socket's callback.
+collector next finds the cycle.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ MAX_BODY = 32 * 1024 * 1024
 MAX_HEAD = 32 * 1024  # a request's head; also what may be read between two pieces of its body
 MAX_FIELDS = 100  # header (and trailer) lines of one request
 SLICE = 8 * 1024  # the most the parser reads before the bytes it holds are checked
+# Headers that must come once: the credentials, what the dashboard's checks read, how the body is framed and read.
+SINGLE = ("host", "authorization", "x-sparkctl-token", "cookie", "origin", "content-length", "transfer-encoding",
+          "content-type", "expect")
 
 
 @dataclass(slots=True)
@@ -164,10 +169,13 @@ def _problem(version: str, target: str, headers: dict[str, str], names: list[str
     """What is wrong with a request head that llhttp lets through, or ""."""
     if version not in ("1.0", "1.1") or not target.startswith("/"):
         return f"request line: HTTP/{version} {target[:60]!r} (origin-form HTTP/1.x only)"
-    if names.count("host") > 1 or (version == "1.1" and "host" not in headers):
-        return "an HTTP/1.1 request needs exactly one Host header"
+    twice = next((name for name in SINGLE if names.count(name) > 1), None)
+    if twice is not None:
+        return f"more than one {twice.title()} header: send it once"
+    if version == "1.1" and "host" not in headers:
+        return "an HTTP/1.1 request needs a Host header"
     te = headers.get("transfer-encoding")
-    if te is not None and (te.lower() != "chunked" or names.count("transfer-encoding") > 1):
+    if te is not None and te.lower() != "chunked":
         return f"Transfer-Encoding {te[:40]!r}: only chunked is supported"
     return ""
 
