@@ -2,16 +2,20 @@
 placed stack leaves routing once (by its serving address) and the stack is re-placed; a host that
 comes back is swept, then restored; a dead host that serves nothing is left alone. A multi-node
 group that fails its probe is held out and recreated, until the crash-loop rule leaves it out; a
-probe that passes brings it back. Against a recording control plane and gateway control; the
-watch's threads are not started."""
+probe that passes brings it back. A replica whose engine died is started again on its host only
+on its host agent's word that the container is gone or exited; an agent that does not answer gets
+nothing until Ray's verdict (issue 31). Against a recording control plane and gateway control, with
+an injected clock; the watch's threads are not started."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from sparkctl.daemon import fleetwatch
 from sparkctl.daemon.events import EventBus
@@ -19,8 +23,9 @@ from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.planner import Policy
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet.deploy import Recovered
+from sparkctl.fleet import triage
 from sparkctl.fleet.placement import Placed, Replica, write_book
-from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, Node, NodeState
+from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, AgentAnswer, Node, NodeState
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet, load_fleet
 
@@ -29,6 +34,7 @@ FLEET = "head: a\nhosts:\n" + "".join(f"""  - name: {n}
     memory: 100GiB
     ray: {{address: 10.0.0.{i + 2}}}
 """ for i, n in enumerate("abc"))
+NOW = 1_000_000.0  # the watch's clock: the crash-loop window is counted on it, never on the wall
 GEMMA = Placed(stack="gemma", group="stack-gemma", spec="0123456789abcdef", parts={"image": "sha256:1"},
                replicas=(Replica("a", "http://10.0.0.2:8110", "fp"), Replica("b", "http://10.0.0.3:8110", "fp")))
 
@@ -40,14 +46,24 @@ class Recorder:
         self.settings, self.fleet, self.backend, self.head = settings, fleet, None, "10.0.0.2:6379"
         self.calls: list[tuple] = []
         self.sweep_fails = False
+        self.listing: dict[str, AgentAnswer] = {}  # host -> its agent's containers() answer (default: none listed)
+        self.while_asked: Callable[[], None] = lambda: None  # what happens elsewhere while the agents are asked
 
     # Fleetwide
     def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered:
         self.calls.append(("recover", placed.stack, wait, within))
         return Recovered(placed, {})
 
-    def restart(self, placed: Placed, host: str, *, wait: float) -> None:
+    def restart(self, placed: Placed, host: str, *, wait: float, nodes: list[Node]) -> None:
         self.calls.append(("restart", placed.stack, host))
+
+    def containers(self, hosts: list[str], *, wait: float, nodes: list[Node]) -> list[AgentAnswer]:
+        self.calls.append(("containers", tuple(hosts)))
+        self.while_asked()
+        answers = [self.listing.get(h, AgentAnswer(h, value=[])) for h in hosts]
+        if any(isinstance(a, Exception) for a in answers):
+            raise next(a for a in answers if isinstance(a, Exception))
+        return answers
 
     def sweep(self, host: str, *, wait: float) -> list[str]:
         self.calls.append(("sweep", host, wait))
@@ -75,8 +91,8 @@ class Recorder:
         return [c for c in self.calls if c[0] in names]
 
 
-def node(host: str, state: NodeState = NodeState.ALIVE, **labels: str) -> Node:
-    return Node(node_id=host * 8, address="10.0.0.9", state=state, labels={LABEL_HOST: host, **labels},
+def node(host: str, state: NodeState = NodeState.ALIVE, node_id: str = "", **labels: str) -> Node:
+    return Node(node_id=node_id or host * 8, address="10.0.0.9", state=state, labels={LABEL_HOST: host, **labels},
                 died_at=time.time() - 0.5 if state is NodeState.DEAD else None)
 
 
@@ -91,7 +107,8 @@ def watched(tmp_path: Path) -> tuple[FleetWatch, Recorder, EventBus]:
     recorder, bus = Recorder(settings, load_fleet(tmp_path / "fleet.yaml")), EventBus()
     write_book(settings.fleet_dir, {"gemma": GEMMA})
     watch = FleetWatch(recorder, control=lambda: recorder, refresh=lambda: recorder.calls.append(("refresh",)),
-                       bus=bus, wait=30.0, within=12.0, background=lambda work: work())
+                       bus=bus, wait=30.0, within=12.0, background=lambda work: work(), clock=lambda: NOW)
+    watch.nodes = table()
     return watch, recorder, bus
 
 
@@ -189,29 +206,147 @@ def test_a_group_recovered_meanwhile_is_not_recreated_again(watched, monkeypatch
     assert recorder.named("eject_engine") and not recorder.named("recover")
 
 
+def listed(host: str, *states: str, stack: str = "gemma") -> AgentAnswer:
+    """Host `host`'s agent answering `containers()` with one container of `stack` per state."""
+    return AgentAnswer(host, value=[{"host": host, "stack": stack, "name": f"sparkctl-{stack}", "state": state,
+                                     "placed": True} for state in states])
+
+
+SILENT = AgentAnswer("b", error="its agent did not answer within 5 s (host down, or Ray has not seen it back)")
+B_DOWN = {"http://10.0.0.2:8110": True, "http://10.0.0.3:8110": False}  # gemma's replica on b fails /health
+
+
 def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop(
         watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
-    alive = {"http://10.0.0.2:8110": True, "http://10.0.0.3:8110": False}
+    alive = dict(B_DOWN)
     monkeypatch.setattr(fleetwatch, "healthy", lambda url: alive[url])
-    for _ in range(4):
-        for replica in GEMMA.replicas:
-            watch._check_replica(GEMMA, replica)
-    assert recorder.named("restart") == [("restart", "gemma", "b")] * 2  # the third failure is a crash loop
+    recorder.listing = {"b": listed("b", "exited")}
+    with capture_logs() as logs:
+        for _ in range(4):
+            watch.check_replicas([GEMMA])
+    assert recorder.named("containers", "restart") == [("containers", ("b",)), ("restart", "gemma", "b")] * 2 + \
+        [("containers", ("b",))] * 2  # the third failure is a crash loop; the fourth is left alone
     assert recorder.named("restore_engine") == [("restore_engine", "http://10.0.0.3:8110")] * 2
     assert watch.given_up == {"gemma@b"}
+    assert [e["container"] for e in logs if e["event"] == "fleet_replica_down"] == ["exited", "exited"]
     alive["http://10.0.0.3:8110"] = True
-    watch._check_replica(GEMMA, GEMMA.replicas[1])
+    watch.check_replicas([GEMMA])
     assert watch.given_up == set()
+
+
+@pytest.mark.parametrize("silence", [SILENT, SparkctlError("Ray agents against 10.0.0.2:6379 did not answer in 45 s")],
+                         ids=["agent_times_out", "call_raises"])
+def test_a_failing_replica_whose_agent_is_silent_gets_nothing_until_rays_verdict(
+        watched, monkeypatch: pytest.MonkeyPatch, silence: AgentAnswer | Exception) -> None:
+    """Issue 31: a host being killed fails its replicas' /health before Ray declares it dead. Its
+    agent cannot answer, so nothing is restarted there, however many passes run meanwhile; Ray's
+    verdict then moves the stack elsewhere, and the dead host is not even asked any more."""
+    watch, recorder, _ = watched
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    recorder.listing = {"b": silence}
+    with capture_logs() as logs:
+        for _ in range(3):  # Ray still lists b alive
+            watch.check_replicas([GEMMA])
+        watch.on_nodes(table(dead="b"))  # Ray's verdict
+        watch.check_replicas([GEMMA])
+    assert recorder.named("containers", "restart", "eject_host", "recover") == [("containers", ("b",))] * 3 + [
+        ("eject_host", "10.0.0.3"), ("recover", "gemma", 30.0, 12.0)]
+    events = [e["event"] for e in logs]
+    assert "fleet_replica_down" not in events and "fleet_replica_restarted" not in events
+    (awaits,) = [e for e in logs if e["event"] == "fleet_replica_awaits_ray"]  # once, not once per pass
+    assert awaits["host"] == "b" and awaits["why"] == "agent_unreachable" and awaits["error"]
+    assert watch.failures == {} and watch.given_up == set()  # no restart was tried: no crash-loop count
+
+
+def test_a_host_whose_agent_answers_again_is_decided_on_from_its_answer(
+        watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray kept b alive (a slow agent, a link back up): once its agent answers that the container
+    exited, the replica is started again there, and a later silence is logged anew."""
+    watch, recorder, _ = watched
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    recorder.listing = {"b": SILENT}
+    with capture_logs() as logs:
+        watch.check_replicas([GEMMA])
+        recorder.listing = {"b": listed("b", "exited")}
+        watch.check_replicas([GEMMA])
+        recorder.listing = {"b": SILENT}
+        watch.check_replicas([GEMMA])
+    assert recorder.named("restart") == [("restart", "gemma", "b")]
+    assert [e["event"] for e in logs if e["event"].startswith("fleet_replica")] == [
+        "fleet_replica_awaits_ray", "fleet_replica_down", "fleet_replica_restarted", "fleet_replica_awaits_ray"]
+
+
+@pytest.mark.parametrize("meanwhile", ["declared_dead", "rejoined"])
+def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
+        watched, monkeypatch: pytest.MonkeyPatch, meanwhile: str) -> None:
+    """The agent's answer comes after Ray declared its node dead (or after the host rejoined as a
+    new node): it speaks for a host the node watch now owns, so no restart follows it."""
+    watch, recorder, _ = watched
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    recorder.listing = {"b": listed("b", "exited")}
+    rejoined = [node("a"), node("b", NodeState.DEAD), node("b", node_id="bbbbnew1"), node("c")]
+    now = table(dead="b") if meanwhile == "declared_dead" else rejoined
+    recorder.while_asked = lambda: setattr(watch, "nodes", now)
+    watch.check_replicas([GEMMA])
+    assert recorder.named("restart") == []
 
 
 def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
     monkeypatch.setattr(fleetwatch, "healthy", lambda url: False)
     watch.down.add("b")
-    watch._check_replica(GEMMA, GEMMA.replicas[1])
+    watch.nodes = table(dead="b")
+    recorder.listing = {"a": listed("a", "running")}
+    watch.check_replicas([GEMMA])
+    assert recorder.named("containers", "restart") == [("containers", ("a",))]  # b is not even asked
+
+
+def test_a_replica_moved_while_its_agent_was_asked_is_not_restarted(watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    watch, recorder, _ = watched
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    recorder.listing = {"b": listed("b", "exited")}
+    recorder.while_asked = lambda: write_book(watch.fleetwide.settings.fleet_dir, {})  # `fleet down gemma`
+    watch.check_replicas([GEMMA])
     assert recorder.named("restart") == []
+
+
+SEEN = triage.Seen("gemma", "b", "http://10.0.0.3:8110", placed=True, down=False, node_before="bbbbbbbb",
+                   node_after="bbbbbbbb", answer=listed("b", "exited"))
+
+
+@pytest.mark.parametrize(("change", "given_up", "failures", "expected"), [
+    ({}, False, (), triage.Restart(SEEN, "exited", (NOW,))),
+    ({"answer": listed("b")}, False, (), triage.Restart(dataclasses.replace(SEEN, answer=listed("b")), "gone", (NOW,))),
+    ({"answer": listed("b", "dead", "created")}, False, (), "Restart"),
+    ({"answer": listed("b", "exited", "running")}, False, (), triage.Why.RUNNING),
+    ({"answer": listed("b", "restarting")}, False, (), triage.Why.RUNNING),
+    ({"answer": listed("b", "running", stack="other")}, False, (), "Restart"),  # another stack's runs: gemma's is gone
+    ({"answer": SILENT}, False, (), triage.Why.UNREACHABLE),
+    ({"answer": AgentAnswer("b", error="docker: connection refused")}, False, (), triage.Why.UNREACHABLE),
+    ({"answer": None}, False, (), triage.Why.UNREACHABLE),
+    ({"node_after": "bbbbnew1"}, False, (), triage.Why.NODE_CHANGED),
+    ({"node_after": None}, False, (), triage.Why.HOST_DOWN),
+    ({"node_before": None, "answer": None}, False, (), triage.Why.HOST_DOWN),
+    ({"down": True}, False, (), triage.Why.HOST_DOWN),
+    ({"placed": False}, False, (), triage.Why.MOVED),
+    ({}, True, (), triage.Why.GIVEN_UP),
+    ({}, False, (NOW - 10, NOW - 5), triage.GiveUp(SEEN, (NOW - 10, NOW - 5, NOW))),  # the third in the window
+    ({}, False, (NOW - 700, NOW - 5), triage.Restart(SEEN, "exited", (NOW - 5, NOW))),  # one fell out of it
+])
+def test_a_failing_replica_is_restarted_only_on_its_live_agents_word(
+        change: dict, given_up: bool, failures: tuple, expected: object) -> None:
+    seen = dataclasses.replace(SEEN, **change)
+    decision = triage.decide(seen, failures=failures, given_up=given_up, now=NOW, crash_loop=3, window=600)
+    if isinstance(expected, triage.Why):
+        assert decision == triage.Leave(seen, expected)
+    elif isinstance(expected, str):
+        assert type(decision).__name__ == expected
+    else:
+        assert decision == expected
+    if expected is triage.Why.UNREACHABLE:
+        assert expected.awaits_ray()
 
 
 def test_a_parked_stack_is_neither_ejected_nor_recovered_when_its_host_dies(watched) -> None:

@@ -8,14 +8,18 @@ hold while a stack has none; then each such stack is re-placed where Ray put its
 routes are rebuilt, which lets the held requests go. The time from Ray's verdict to the eject is
 logged (`fleet_host_ejected`).
 
-A second thread checks the placed engines every `PROBE_EVERY`. A replica whose `/health` fails
-on a live host (its engine died: nothing else restarts the fleet's containers) is started again
-there by its host's agent, under the crash-loop rule; meanwhile the gateway routes around it. A
-multi-node group's `/health` lies (a dead worker, a dead rank 0's orphaned worker, a downed link:
-issue 18), so its rank 0 gets a 1-token completion with a `PROBE_TIMEOUT` instead. A failed
-probe takes the group out of routing (its requests wait in the hold) and recreates it whole:
-every rank removed on every host, then started again where Ray has its bundles, with the
-crash-loop rule and backoff of single stacks. Both threads re-place a stack only while no other
+A second thread checks the placed engines every `PROBE_EVERY`. The replicas whose `/health` fails
+on hosts not held out are observed once per pass (their hosts' agents list their containers; Ray's
+node table is read before and after) and `fleet.triage` decides: a replica is started again on its
+host only when the host's agent answered and reported its container gone or exited (nothing else
+restarts the fleet's containers), under the crash-loop rule; an agent that did not answer gets
+nothing sent at all, since its host may be dying and a restart there could run once it is back,
+beside the node watch's re-placement (issue 31): Ray's verdict decides. Meanwhile the gateway
+routes around the replica. A multi-node group's `/health` lies (a dead worker, a dead rank 0's
+orphaned worker, a downed link: issue 18), so its rank 0 gets a 1-token completion with a
+`PROBE_TIMEOUT` instead. A failed probe takes the group out of routing (its requests wait in the
+hold) and recreates it whole: every rank removed on every host, then started again where Ray has
+its bundles, with the crash-loop rule and backoff of single stacks. Both threads re-place a stack only while no other
 recovery of it runs, and each recovery runs in a thread of its own: a real engine's start takes
 minutes, and meanwhile the node table is still watched (another host's death, this host's
 return) and the other stacks still probed. Started by the daemon on a fleet's head.
@@ -36,16 +40,17 @@ import structlog
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Policy, backoff
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet import agents, placement
+from sparkctl.fleet import agents, placement, triage
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.proxy import LoopControl
-from sparkctl.node import LABEL_ADDRESS, Node
+from sparkctl.node import LABEL_ADDRESS, AgentAnswer, Node
 from sparkctl.wire import Note
 
 log = structlog.get_logger()
 RETRY = 1.0  # s before watching again after the head stopped answering
 PROBE_EVERY = 1.0  # s between two probes of a multi-node group
 PROBE_TIMEOUT = 3.0  # s a 1-token completion may take before the group counts as hung
+AGENT_WAIT = 5.0  # s a failing replica's host agent has to list its containers; silent: nothing is sent there
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # engines are reached directly, never by proxy
 
 
@@ -54,15 +59,19 @@ class FleetWatch:
                  refresh: Callable[[], None], bus: EventBus, wait: float, within: float,
                  served_name: Callable[[str], str] = str, policy: Policy = Policy(),
                  background: Callable[[Callable[[], object]], None] = lambda work: threading.Thread(
-                     target=work, name="fleet-recover", daemon=True).start()) -> None:
+                     target=work, name="fleet-recover", daemon=True).start(),
+                 clock: Callable[[], float] = time.time) -> None:
         self.fleetwide, self.control, self.refresh, self.bus = fleetwide, control, refresh, bus
         self.wait, self.within = wait, within  # an agent's deploy; Ray's re-placement
         self.served_name, self.policy = served_name, policy  # a stack's model name; crash loops and backoff
         self.background = background  # how a recovery runs beside the watch and the probes
+        self.clock = clock  # epoch seconds, for the crash-loop window
+        self.nodes: list[Node] | None = None  # Ray's node table as the watch last reported it
         self.down: set[str] = set()  # hosts taken out of routing
-        self.failures: dict[str, list[float]] = {}  # group -> when its probes failed (the crash-loop window)
+        self.failures: dict[str, tuple[float, ...]] = {}  # group, or stack@host -> its recent failures
         self.held_out: set[str] = set()  # rank-0 URLs a failed probe took out of routing
-        self.given_up: set[str] = set()  # groups in a crash loop: probed, not recreated
+        self.given_up: set[str] = set()  # groups and stack@host in a crash loop: probed, not acted on
+        self.awaiting: set[str] = set()  # stack@host whose failure waits on Ray's verdict (logged once)
         self._recovering: dict[str, threading.Lock] = {}
         self._recovered: dict[str, float] = {}  # stack -> when its last recovery succeeded (monotonic)
         self._stopping = threading.Event()
@@ -98,6 +107,7 @@ class FleetWatch:
     def on_nodes(self, nodes: list[Node]) -> None:
         """One change of the node table: eject the hosts that died, re-place what they served,
         restore and sweep the hosts that came back."""
+        self.nodes = nodes
         alive = set(agents.live_hosts(nodes))
         book = placement.serving(placement.read_book(self.fleetwide.settings.fleet_dir))
         serving = {h for placed in book.values() for h in placed.hosts}
@@ -169,41 +179,94 @@ class FleetWatch:
         self.bus.publish(Note(placed.stack, f"{placed.stack} re-placed on {', '.join(done.entry.hosts)}"))
         return True
 
-    # -- multi-node groups ----------------------------------------------------------------------
+    # -- probes ---------------------------------------------------------------------------------
     def _probe_groups(self) -> None:
         while not self._stopping.wait(PROBE_EVERY):
             try:
-                for placed in placement.serving(placement.read_book(self.fleetwide.settings.fleet_dir)).values():
-                    if self._recovering_now(placed.stack):
-                        continue
-                    if placed.ranks and placed.replicas:
-                        self._probe(placed)
-                    for replica in () if placed.ranks else placed.replicas:
-                        self._check_replica(placed, replica)
+                self.probe_pass()
             except Exception:  # noqa: BLE001 - the probes must outlive any one bad step
                 log.exception("fleet_group_probe_failed")
 
-    def _check_replica(self, placed: placement.Placed, replica: placement.Replica) -> None:
-        """A replica whose engine died on a live host is started again there (the crash-loop rule
-        per stack and host); a dead host is the node watch's to handle."""
-        key = f"{placed.stack}@{replica.host}"
-        if replica.host in self.down or healthy(replica.url):
-            self.given_up.discard(key)
+    def probe_pass(self) -> None:
+        """Every served stack probed once: each group's rank 0, then the single-host replicas."""
+        book = placement.serving(placement.read_book(self.fleetwide.settings.fleet_dir))
+        for placed in book.values():
+            if placed.ranks and placed.replicas and not self._recovering_now(placed.stack):
+                self._probe(placed)
+        self.check_replicas([placed for placed in book.values() if not placed.ranks])
+
+    def check_replicas(self, stacks: list[placement.Placed]) -> None:
+        """The replicas of `stacks` that fail `/health` on hosts not held out: observed once,
+        decided on by `triage.decide`, acted on (a dead host is the node watch's)."""
+        failing = []
+        for placed in (p for p in stacks if not self._recovering_now(p.stack)):
+            for replica in placed.replicas:
+                if replica.host in self.down or healthy(replica.url):
+                    self.given_up.discard(f"{placed.stack}@{replica.host}")
+                else:
+                    failing.append((placed, replica))
+        if not failing:
             return
-        if placement.read_book(self.fleetwide.settings.fleet_dir).get(placed.stack) != placed:
-            return  # taken down or re-placed since the book was read: not ours to restart
-        if key in self.given_up or self._crash_loop(key):
-            return
-        log.warning("fleet_replica_down", stack=placed.stack, host=replica.host, url=replica.url)
+        seen, nodes = self._observe(failing)
+        for (placed, _), one in zip(failing, seen, strict=True):
+            self._act(placed, triage.decide(one, failures=self.failures.get(one.key, ()),
+                                            given_up=one.key in self.given_up, now=self.clock(),
+                                            crash_loop=self.policy.crash_loop, window=self.policy.window), nodes)
+
+    def _observe(self, failing: list[tuple[placement.Placed, placement.Replica]]
+                 ) -> tuple[list[triage.Seen], list[Node] | None]:
+        """One observation of the failing replicas: Ray's table before, their live hosts' agents'
+        container lists, Ray's table and the book after; and that last table."""
+        before = self.nodes
+        hosts = sorted({r.host for _, r in failing if triage.live_node(before, r.host)})
+        answers = self._containers(hosts, before or []) if hosts else {}
+        after = self.nodes
+        book = placement.read_book(self.fleetwide.settings.fleet_dir)
+        return [triage.Seen(placed.stack, r.host, r.url, placed=book.get(placed.stack) == placed,
+                            down=r.host in self.down, node_before=triage.live_node(before, r.host),
+                            node_after=triage.live_node(after, r.host), answer=answers.get(r.host))
+                for placed, r in failing], after
+
+    def _containers(self, hosts: list[str], nodes: list[Node]) -> dict[str, AgentAnswer]:
         try:
-            self.fleetwide.restart(placed, replica.host, wait=self.wait)
-        except SparkctlError as e:
-            log.error("fleet_replica_restart_failed", stack=placed.stack, host=replica.host, error=str(e))
+            answers = self.fleetwide.containers(hosts, wait=AGENT_WAIT, nodes=nodes)
+        except SparkctlError as e:  # Ray's head did not carry the call: no agent was heard
+            answers = [AgentAnswer(host=h, error=str(e)) for h in hosts]
+        return {a.host: a for a in answers}
+
+    def _act(self, placed: placement.Placed, decision: triage.Decision, nodes: list[Node] | None) -> None:
+        seen = decision.seen
+        if isinstance(decision, triage.Leave):
+            self._await_ray(decision)
             return
-        log.info("fleet_replica_restarted", stack=placed.stack, host=replica.host)
+        self.awaiting.discard(seen.key)
+        self.failures[seen.key] = decision.failures
+        if isinstance(decision, triage.GiveUp):
+            self._give_up(seen.key, decision.failures)
+            return
+        log.warning("fleet_replica_down", stack=seen.stack, host=seen.host, url=seen.url, container=decision.state)
+        try:
+            self.fleetwide.restart(placed, seen.host, wait=self.wait, nodes=nodes or [])
+        except SparkctlError as e:
+            log.error("fleet_replica_restart_failed", stack=seen.stack, host=seen.host, error=str(e))
+            return
+        log.info("fleet_replica_restarted", stack=seen.stack, host=seen.host)
         control = self.control()
         if control is not None:
-            control.restore_engine(replica.url)  # back in routing now, not after the gateway's own ejection
+            control.restore_engine(seen.url)  # back in routing now, not after the gateway's own ejection
+
+    def _await_ray(self, decision: triage.Leave) -> None:
+        """Say once per episode that a failing replica's host goes unjudged until Ray's verdict."""
+        seen = decision.seen
+        if not decision.why.awaits_ray():
+            self.awaiting.discard(seen.key)
+            return
+        if seen.key not in self.awaiting:
+            self.awaiting.add(seen.key)
+            log.warning("fleet_replica_awaits_ray", stack=seen.stack, host=seen.host, url=seen.url,
+                        why=str(decision.why), error=seen.answer.error if seen.answer else None,
+                        note="nothing is sent to that host until Ray declares it dead (the stack is "
+                             "re-placed) or its agent answers again")
 
     def _probe(self, placed: placement.Placed) -> None:
         url = placed.replicas[0].url
@@ -236,17 +299,19 @@ class FleetWatch:
         self._recover_later(placed)
 
     def _crash_loop(self, key: str) -> bool:
-        """Count one more failure of `key` (a group, or a stack's replica on a host); True, and
-        left alone from now on until it answers again, once the crash-loop rule says so."""
-        now = time.time()
-        recent = [t for t in self.failures.get(key, []) if now - t < self.policy.window] + [now]
+        """Count one more failure of group `key`; True, and left alone from now on until it
+        answers again, once the crash-loop rule says so."""
+        recent, looping = triage.count_failure(self.failures.get(key, ()), now=self.clock(),
+                                               crash_loop=self.policy.crash_loop, window=self.policy.window)
         self.failures[key] = recent
-        if len(recent) < self.policy.crash_loop:
-            return False
+        if looping:
+            self._give_up(key, recent)
+        return looping
+
+    def _give_up(self, key: str, failures: tuple[float, ...]) -> None:
         self.given_up.add(key)
-        log.error("fleet_crash_loop", key=key, failures=len(recent),
+        log.error("fleet_crash_loop", key=key, failures=len(failures),
                   note="left out of routing until it answers: `sparkctl fleet up` it again once fixed")
-        return True
 
     def _hold_out(self, url: str) -> None:
         control = self.control()

@@ -180,13 +180,19 @@ class Fleetwide:
                                     f"{placed.stack}'s memory free); it stays held at the gateway")
             time.sleep(0.2)
 
-    def restart(self, placed: Placed, host: str, *, wait: float) -> None:
+    def restart(self, placed: Placed, host: str, *, wait: float, nodes: list[Node]) -> None:
         """Start a placed stack's replica again on `host`, with what was agreed (its engine
-        died while the host lives: the host's own daemon does not restart the fleet's containers)."""
-        (answer,) = self._ask([host], "up", [placed.stack, placed.spec, placed.parts], wait,
-                              self.backend.nodes(self.head))
+        died while the host lives: the host's own daemon does not restart the fleet's containers).
+        `nodes`: Ray's table as the caller observed it when the host's agent reported the engine gone."""
+        (answer,) = self._ask([host], "up", [placed.stack, placed.spec, placed.parts], wait, nodes)
         if not answer.ok:
             raise SparkctlError(f"{placed.stack} did not start again on host {host}: {answer.error}")
+
+    def containers(self, hosts: list[str], *, wait: float, nodes: list[Node]) -> list[AgentAnswer]:
+        """What each host's agent lists (the instance's containers, with Docker's state), one
+        answer per host: an error for a host Ray does not list alive in `nodes` or whose agent
+        did not answer within `wait`."""
+        return self._ask(hosts, "containers", [], wait, nodes)
 
     def sweep(self, host: str, *, wait: float) -> list[str]:
         """Remove the fleet's containers on `host` that the book does not place there (a host that
