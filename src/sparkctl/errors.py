@@ -24,11 +24,12 @@ class TransientError(SparkctlError):
 
 
 class SpecError(SparkctlError):
-    """A stack or patch file is wrong: names the file, the key and what is allowed."""
+    """A stack or patch file is wrong: names the file, the line when known, the key and what is
+    allowed."""
 
-    def __init__(self, file: str, key: str, problem: str) -> None:
-        self.file, self.key, self.problem = file, key, problem
-        where = f"{file}: {key}" if key else file
+    def __init__(self, file: str, key: str, problem: str, *, line: int | None = None) -> None:
+        self.file, self.key, self.problem, self.line = file, key, problem, line
+        where = ": ".join(part for part in (file, f"line {line}" if line else "", key) if part)
         super().__init__(f"{where}: {problem}")
 
 

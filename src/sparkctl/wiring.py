@@ -1,12 +1,15 @@
 """The composition root: the Docker adapter, the state store, the image policy, the catalog and
 the deploy pipeline, built from the settings in one way for the CLI's in-process commands and
 for the daemon. Stack files (when one changed) and the image policy are read again on each
-call, so edits apply without a restart; the adapters and the store are made once per process.
+call, so edits apply without a restart (a file that does not load is reported once, and left
+out); the adapters and the store are made once per process.
 Each part is imported when first asked for: `sparkctl stacks list` must not pay for the Docker
 SDK."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -17,13 +20,19 @@ if TYPE_CHECKING:
     from sparkctl.deploy.pipeline import Deployer
     from sparkctl.deploy.progress import Reporter
     from sparkctl.policy.images import ImagePolicy
-    from sparkctl.spec.load import Catalog
+    from sparkctl.spec.load import Catalog, Invalid
     from sparkctl.state.store import Store
 
 
 class Wiring:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, on_invalid: Callable[[Invalid], None] | None = None) -> None:
+        """`on_invalid` hears of each stack or patch-set file left out of the catalog (with the
+        stacks built on it), once while it stays as it is; by default a warning in the log (the
+        daemon's, an agent's)."""
         self.settings = settings
+        self.on_invalid = on_invalid or _log_invalid
+        self._reported: frozenset[Invalid] = frozenset()
+        self._reporting = threading.Lock()
 
     @cached_property
     def docker(self) -> DockerEngine:
@@ -41,7 +50,14 @@ class Wiring:
     def catalog(self) -> Catalog:
         from sparkctl.spec.load import catalog_for
 
-        return catalog_for(self.settings)
+        catalog = catalog_for(self.settings)
+        causes = frozenset(i for i in catalog.invalid if i.cause is None)  # the rest are named in theirs
+        with self._reporting:  # the daemon's loops and API threads all read it
+            fresh = sorted(causes - self._reported, key=lambda i: (str(i.file), i.name))
+            self._reported = causes
+        for invalid in fresh:
+            self.on_invalid(invalid)
+        return catalog
 
     def policy(self) -> ImagePolicy:
         from sparkctl.spec.imagefile import policy_for
@@ -57,3 +73,12 @@ class Wiring:
         hub = HubClient(cache_dir=s.hf_cache_dir, token=s.hf_token.get_secret_value() if s.hf_token else None,
                         endpoint=s.hf_endpoint)
         return Deployer(s, catalog or self.catalog(), policy or self.policy(), self.docker, hub, self.store, reporter)
+
+
+def _log_invalid(invalid: Invalid) -> None:
+    import structlog
+
+    structlog.get_logger().warning("stack_file_invalid", file=str(invalid.file), line=invalid.line, key=invalid.key,
+                                   problem=invalid.problem, stack=invalid.name, kind=invalid.kind,
+                                   dependents=list(invalid.dependents),
+                                   hint="the other stacks load; commands about this one fail until the file is fixed")

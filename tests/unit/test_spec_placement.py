@@ -32,7 +32,7 @@ def test_the_stack_file_with_both_fails_at_its_placement_key(tmp_path: Path) -> 
     path.write_text("name: gemma\nimage: {repository: ghcr.io/example/vllm, tag: v1}\n"
                     "model: {repo: google/gemma-4}\nvllm: {port: 8110}\nplacement: {host: b, replicas: 3}\n")
     with pytest.raises(SpecError) as caught:
-        load_stacks([path])
+        load_stacks([path]).stack("gemma")
     assert caught.value.key == "placement" and "`host`" in caught.value.problem and "`replicas`" in caught.value.problem
 
 

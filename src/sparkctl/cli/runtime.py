@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # imported lazily: a CLI call that only asks the daemon must 
     from sparkctl.deploy.progress import Reporter
     from sparkctl.policy.images import ImagePolicy
     from sparkctl.settings import Settings
-    from sparkctl.spec.load import Catalog
+    from sparkctl.spec.load import Catalog, Invalid
     from sparkctl.state.store import Store
     from sparkctl.wiring import Wiring
 
@@ -61,7 +61,18 @@ class Runtime:
     def wiring(self) -> Wiring:
         from sparkctl.wiring import Wiring
 
-        return Wiring(self.settings)
+        return Wiring(self.settings, on_invalid=self.warn_invalid)
+
+    def warn_invalid(self, invalid: Invalid) -> None:
+        """A stack or patch-set file left out of the catalog: said once, on stderr, and the command
+        goes on (it fails only if it is about that stack)."""
+        from rich.console import Console
+        from rich.markup import escape
+
+        built_on = f", with {', '.join(invalid.dependents)} built on it" if invalid.dependents else ""
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[yellow]warning[/]: {escape(str(invalid.error))} ({invalid.kind} {escape(repr(invalid.name))} is left out"
+            f"{escape(built_on)}; the others load)")
 
     @cached_property
     def catalog(self) -> Catalog:

@@ -70,6 +70,7 @@ def validate(
     rt = runtime(ctx)
     catalog = _catalog_with(rt, paths or [])
     wanted = {p.resolve() for p in paths or []}
+    _refuse_invalid(rt, catalog, wanted)
     checked = [s for s in catalog.deployable() if not wanted or catalog.files[s.name].resolve() in wanted]
     for stack in checked:
         try:
@@ -181,9 +182,22 @@ def _known_digest(rt: Runtime, stack: Stack) -> str | None:
     return stack.image.digest or (pin.digest if pin else None) or recorded
 
 
+def _refuse_invalid(rt: Runtime, catalog: Catalog, wanted: set[Path]) -> None:
+    """The first invalid file of those checked is the command's error (naming how many more there
+    are); one of the stacks dir's files left out beside the files checked is a warning."""
+    bad = [i for i in catalog.invalid if not wanted or i.file.resolve() in wanted]
+    for invalid in catalog.invalid:
+        if invalid not in bad and invalid.cause is None:
+            rt.warn_invalid(invalid)
+    if bad:
+        first, more = bad[0], sorted({i.file.name for i in bad[1:]} - {bad[0].file.name})
+        also = f" (and {len(more)} more invalid files: {', '.join(more)})" if more else ""
+        raise SpecError(str(first.file), first.key, first.problem + also, line=first.line)
+
+
 def _catalog_with(rt: Runtime, paths: list[Path]) -> Catalog:
     """The stacks dir plus extra files (so they can `extends` the shipped stacks)."""
-    from sparkctl.spec.load import POLICY_FILE, load_patch_sets, load_stacks
+    from sparkctl.spec.load import POLICY_FILE, load_stacks
 
     extra = [p for p in paths if p.name != POLICY_FILE]
     for p in extra:
@@ -192,8 +206,8 @@ def _catalog_with(rt: Runtime, paths: list[Path]) -> Catalog:
     given = {p.resolve() for p in extra}
     shipped = [p for p in sorted(rt.settings.stacks_dir.glob("*.yaml"))
                if p.name != POLICY_FILE and p.resolve() not in given]
-    patch_sets = load_patch_sets(rt.settings.patches_dir) if rt.settings.patches_dir.is_dir() else {}
-    return load_stacks([*shipped, *extra], patch_sets=patch_sets)
+    patches = rt.settings.patches_dir
+    return load_stacks([*shipped, *extra], patch_files=sorted(patches.glob("*.yaml")) if patches.is_dir() else [])
 
 
 def _rank(rt: Runtime, stack: Stack, index: int | None) -> Rank | None:

@@ -39,13 +39,18 @@ def status(report: dict[str, Any], *, as_json: bool, instance: str) -> None:
 
 
 def stacks(rows: list[dict[str, Any]]) -> None:
-    """One row per deployable stack, with what the image policy says of it."""
+    """One row per deployable stack, with what the image policy says of it; one per file left
+    out of the catalog, with its error."""
     from rich.markup import escape
     from rich.table import Table
 
     table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy")
     table.columns[0].no_wrap = True
     for row in rows:
+        if row.get("invalid"):
+            table.add_row(escape(row["stack"]), row["kind"], "-", "-", "-", "-", "-",
+                          f"[red]invalid, left out[/]: {escape(row['invalid'])}")
+            continue
         verdict = f"[red]refused[/]: {escape(row['policy'])}" if row["refused"] else escape(row["policy"])
         table.add_row(row["stack"], row["kind"], row["image"], row["model"], row["draft"], f"{row['memory']:.2f}",
                       str(row["port"]), verdict)

@@ -1,6 +1,7 @@
 """The catalog as `sparkctl stacks list` shows it: a plain row per deployable stack, with what the
-image policy says of its image. Made in-process, or by the daemon (`GET /v1/stacks`), which holds
-the catalog and the policy already read, so the command need not import them."""
+image policy says of its image, then a row per file left out with its error (`invalid`). Made
+in-process, or by the daemon (`GET /v1/stacks`), which holds the catalog and the policy already
+read, so the command need not import them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from sparkctl.spec.load import Catalog
 def rows(catalog: Catalog, policy: ImagePolicy) -> list[dict[str, Any]]:
     return [{"stack": s.name, "kind": str(s.kind), "image": s.image.ref, "model": _weights(s.model),
              "draft": _weights(s.draft), "memory": s.resources.gpu_memory_utilization, "port": s.port,
-             **_verdict(policy, s.image.ref, s.image.allow_latest)} for s in catalog.deployable()]
+             "invalid": None, **_verdict(policy, s.image.ref, s.image.allow_latest)} for s in catalog.deployable()
+            ] + [{"stack": i.name, "kind": i.kind, "image": "-", "model": "-", "draft": "-", "memory": None,
+                  "port": None, "invalid": i.brief, "refused": False, "policy": "-"} for i in catalog.invalid]
 
 
 def _verdict(policy: ImagePolicy, ref: str, allow_latest: bool) -> dict[str, Any]:

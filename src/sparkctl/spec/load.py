@@ -2,16 +2,18 @@
 
 A stack file holds one mapping with a `name`; `extends: other` deep-merges it over another
 stack (mappings merge key by key, anything else is replaced, `null` clears). Every problem
-becomes a `SpecError` naming the file, the dotted key and what is allowed. Called by the CLI
-and the deploy pipeline through `load_catalog`.
+becomes a `SpecError` naming the file, the line, the dotted key and what is allowed. A file
+with a problem is left out of the catalog and listed in `Catalog.invalid`, as is a stack built
+on it (`extends`, `patches`): the other stacks load, and only asking for that one fails. Called
+by the CLI and the daemon through `catalog_for`; the composition root reports the files left out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,21 +25,66 @@ from sparkctl.spec.patchset import PatchSet
 
 POLICY_FILE = "images.yaml"
 M = TypeVar("M", bound=BaseModel)
+Kind = Literal["stack", "patch set"]
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A file left out of the catalog, with its error. `name` is the stack or patch set it
+    defines (its file name's stem when it cannot be read). A stack left out only because a file
+    it is built on is has that file as `cause`; that file lists it in `dependents`."""
+
+    file: Path
+    kind: Kind
+    name: str
+    key: str
+    problem: str
+    line: int | None = None
+    cause: Path | None = None
+    dependents: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, error: SpecError, *, file: Path, kind: Kind, name: str) -> Invalid:
+        cause = (error.cause.cause or error.cause.file) if isinstance(error, BuiltOnInvalid) else None
+        return cls(file, kind, name, error.key, error.problem, error.line, cause)
+
+    @property
+    def error(self) -> SpecError:
+        return SpecError(str(self.file), self.key, self.problem, line=self.line)
+
+    @property
+    def brief(self) -> str:
+        """The error with the file's name only, for a table's cell."""
+        return str(SpecError(self.file.name, self.key, self.problem, line=self.line))
+
+
+class BuiltOnInvalid(SpecError):
+    """A stack whose base or patch set is left out: its error names that file's."""
+
+    def __init__(self, file: Path, key: str, what: str, cause: Invalid) -> None:
+        super().__init__(str(file), key, f"{what} is left out: {cause.error}", line=yamlfile.line_of(file, [key]))
+        self.cause = cause
 
 
 @dataclass(frozen=True)
 class Catalog:
-    """Every stack and patch set found, with the file each came from."""
+    """Every stack and patch set found, with the file each came from, and the files left out."""
 
     stacks: dict[str, Stack] = field(default_factory=dict)
     patch_sets: dict[str, PatchSet] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
+    invalid: tuple[Invalid, ...] = ()
 
     def stack(self, name: str) -> Stack:
         found = self.stacks.get(name)
+        left_out = _named(self.invalid, "stack", name)
+        if found is None and left_out is not None:
+            raise left_out.error
         if found is None or found.abstract:
             known = ", ".join(n for n, s in sorted(self.stacks.items()) if not s.abstract)
-            raise NoSuchStack(name, "", f"no such stack; known stacks: {known or 'none'}")
+            invalid = ", ".join(sorted({i.file.name for i in self.invalid}))
+            raise NoSuchStack(name, "", f"no such stack; known stacks: {known or 'none'}"
+                                        + (f"; left out, invalid: {invalid}" if invalid else ""))
         return found
 
     def deployable(self) -> list[Stack]:
@@ -47,9 +94,9 @@ class Catalog:
 def load_catalog(stacks_dir: Path, patches_dir: Path | None = None, *, port_offset: int = 0) -> Catalog:
     """Load every `*.yaml` stack under `stacks_dir` and patch set under `patches_dir`; every
     engine port is shifted by `port_offset` (an instance beside another's live stacks)."""
-    patch_sets = load_patch_sets(patches_dir) if patches_dir and patches_dir.is_dir() else {}
+    patch_files = sorted(patches_dir.glob("*.yaml")) if patches_dir and patches_dir.is_dir() else []
     files = sorted(p for p in stacks_dir.glob("*.yaml") if p.name != POLICY_FILE)
-    return load_stacks(files, patch_sets=patch_sets, port_offset=port_offset)
+    return load_stacks(files, patch_files=patch_files, port_offset=port_offset)
 
 
 def catalog_for(settings: Settings) -> Catalog:
@@ -66,15 +113,20 @@ def catalog_for(settings: Settings) -> Catalog:
     return kept.cached(settings.state_dir / "cache" / "catalog.pickle", key, read, Catalog)
 
 
-def load_stacks(files: Iterable[Path], *, patch_sets: Mapping[str, PatchSet] = {}, port_offset: int = 0) -> Catalog:
-    raw, origin = _read_named(files, kind="stack")
-    stacks = {name: _build(name, raw, origin, patch_sets, port_offset) for name in raw}
-    return Catalog(stacks=stacks, patch_sets=dict(patch_sets), files=origin)
-
-
-def load_patch_sets(patches_dir: Path) -> dict[str, PatchSet]:
-    raw, origin = _read_named(sorted(patches_dir.glob("*.yaml")), kind="patch set")
-    return {name: _validate(PatchSet, data, origin[name]) for name, data in raw.items()}
+def load_stacks(files: Iterable[Path], *, patch_files: Iterable[Path] = (), port_offset: int = 0) -> Catalog:
+    """The stacks in `files` and the patch sets in `patch_files`. Bases are built before the
+    stacks that extend them, so a stack on a base left out is left out, naming it."""
+    patch_sets, invalid = _load_patch_sets(patch_files)
+    raw, origin, unread = _read_named(files, kind="stack")
+    invalid += unread
+    stacks = {}
+    for name in sorted(raw, key=lambda n: _depth(n, raw)):
+        try:
+            stacks[name] = _build(name, raw, origin, patch_sets, port_offset, invalid)
+        except SpecError as e:
+            invalid.append(Invalid.of(e, file=origin[name], kind="stack", name=name))
+    invalid = [replace(i, dependents=tuple(d.name for d in invalid if d.cause == i.file)) for i in invalid]
+    return Catalog(stacks=stacks, patch_sets=patch_sets, files=origin, invalid=tuple(invalid))
 
 
 def read_yaml(path: Path) -> Any:
@@ -93,49 +145,94 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
     return merged
 
 
-def _read_named(files: Iterable[Path], *, kind: str) -> tuple[dict[str, dict], dict[str, Path]]:
+def _load_patch_sets(files: Iterable[Path]) -> tuple[dict[str, PatchSet], list[Invalid]]:
+    raw, origin, invalid = _read_named(files, kind="patch set")
+    patch_sets = {}
+    for name, data in raw.items():
+        try:
+            patch_sets[name] = _validate(PatchSet, data, origin[name])
+        except SpecError as e:
+            invalid.append(Invalid.of(e, file=origin[name], kind="patch set", name=name))
+    return patch_sets, invalid
+
+
+def _read_named(files: Iterable[Path], *, kind: Kind) -> tuple[dict[str, dict], dict[str, Path], list[Invalid]]:
+    """Each file's mapping by the name it declares, and the files that cannot be read. A name two
+    files declare is refused rather than one of them guessed: the later file is reported."""
     raw: dict[str, dict] = {}
     origin: dict[str, Path] = {}
+    invalid: list[Invalid] = []
+    taken: dict[str, Path] = {}
     for path in files:
-        data = read_yaml(path)
-        if not isinstance(data, dict):
-            raise SpecError(str(path), "", f"a {kind} file holds one mapping with a `name`")
-        name = data.get("name")
-        if not isinstance(name, str) or not name:
-            raise SpecError(str(path), "name", "required: a lowercase name like `qwen36-dflash`")
-        if name in origin:
-            raise SpecError(str(path), "name", f"{kind} {name!r} is already defined in {origin[name]}")
-        raw[name], origin[name] = data, path
-    return raw, origin
+        try:
+            name, data = _named_mapping(path, kind)
+        except SpecError as e:
+            invalid.append(Invalid.of(e, file=path, kind=kind, name=path.stem))
+            continue
+        if name in taken:
+            raw.pop(name, None)
+            origin.pop(name, None)
+            error = _at(path, ["name"], f"{kind} {name!r} is already defined in {taken[name]}")
+            invalid.append(Invalid.of(error, file=path, kind=kind, name=name))
+            continue
+        raw[name], origin[name], taken[name] = data, path, path
+    return raw, origin, invalid
 
 
-def _build(
-    name: str, raw: dict[str, dict], origin: dict[str, Path], patch_sets: Mapping[str, PatchSet], port_offset: int
-) -> Stack:
-    data = _shifted(_resolve_extends(name, raw, origin, chain=()), port_offset)
+def _named_mapping(path: Path, kind: Kind) -> tuple[str, dict]:
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError(str(path), "", f"a {kind} file holds one mapping with a `name`")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise _at(path, ["name"], "required: a lowercase name like `qwen36-dflash`")
+    return name, data
+
+
+def _named(invalid: Iterable[Invalid], kind: Kind, name: str) -> Invalid | None:
+    return next((i for i in invalid if i.kind == kind and i.name == name), None)
+
+
+def _depth(name: str, raw: dict[str, dict]) -> int:
+    """How many stacks `name` stands on, itself included (a cycle or a missing base ends it)."""
+    seen = {name}
+    while isinstance(base := raw[name].get("extends"), str) and base in raw and base not in seen:
+        seen.add(name := base)
+    return len(seen)
+
+
+def _build(name: str, raw: dict[str, dict], origin: dict[str, Path], patch_sets: Mapping[str, PatchSet],
+           port_offset: int, invalid: list[Invalid]) -> Stack:
+    data = _shifted(_resolve_extends(name, raw, origin, (), invalid), port_offset)
     stack = _validate(Stack, data, origin[name])
     unknown = [p for p in stack.patches if p not in patch_sets]
     if unknown:
+        left_out = _named(invalid, "patch set", unknown[0])
+        if left_out is not None:
+            raise BuiltOnInvalid(origin[name], "patches", f"patch set {unknown[0]!r}", left_out)
         allowed = ", ".join(sorted(patch_sets)) or "none defined"
-        raise SpecError(str(origin[name]), "patches", f"unknown patch set {unknown[0]!r}; known: {allowed}")
+        raise _at(origin[name], ["patches"], f"unknown patch set {unknown[0]!r}; known: {allowed}")
     return stack
 
 
 def _resolve_extends(
-    name: str, raw: dict[str, dict], origin: dict[str, Path], chain: tuple[str, ...]
+    name: str, raw: dict[str, dict], origin: dict[str, Path], chain: tuple[str, ...], invalid: list[Invalid]
 ) -> dict[str, Any]:
     data = raw[name]
     base_name = data.get("extends")
     if base_name is None:
         return dict(data)
-    where = str(origin[chain[0] if chain else name])
+    where = origin[chain[0] if chain else name]
     if base_name in chain or base_name == name:
         cycle = " -> ".join((*chain, name, base_name))
-        raise SpecError(where, "extends", f"cycle: {cycle}")
+        raise _at(where, ["extends"], f"cycle: {cycle}")
+    left_out = _named(invalid, "stack", base_name) if isinstance(base_name, str) else None
+    if left_out is not None:
+        raise BuiltOnInvalid(where, "extends", f"base stack {base_name!r}", left_out)
     if not isinstance(base_name, str) or base_name not in raw:
         known = ", ".join(sorted(raw))
-        raise SpecError(where, "extends", f"no stack named {base_name!r}; known: {known}")
-    base = _resolve_extends(base_name, raw, origin, (*chain, name))
+        raise _at(where, ["extends"], f"no stack named {base_name!r}; known: {known}")
+    base = _resolve_extends(base_name, raw, origin, (*chain, name), invalid)
     base.pop("abstract", None)
     return deep_merge(base, data)
 
@@ -159,7 +256,6 @@ def _validate(model: type[M], data: dict, path: Path) -> M:
 def _spec_error(model: type[BaseModel], error: ValidationError, path: Path) -> SpecError:
     first = error.errors()[0]
     loc = [str(part) for part in first["loc"]]
-    key = ".".join(loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1])
         problem = f"unknown key; allowed here: {', '.join(allowed)}"
@@ -168,7 +264,14 @@ def _spec_error(model: type[BaseModel], error: ValidationError, path: Path) -> S
         shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
         problem = first["msg"].removeprefix("Value error, ") + shown
     more = len(error.errors()) - 1
-    return SpecError(str(path), key, problem + (f" (and {more} more problems)" if more else ""))
+    return _at(path, loc, problem + (f" (and {more} more problems)" if more else ""))
+
+
+def _at(path: Path, loc: list[str], problem: str) -> SpecError:
+    """An error at the key `loc` of `path` (the top level when empty), on the line the file
+    writes it when it does."""
+    line = yamlfile.line_of(path, loc) if loc else None
+    return SpecError(str(path), ".".join(loc) or "(top level)", problem, line=line)
 
 
 def _allowed_keys(model: type[BaseModel], loc: list[str]) -> list[str]:

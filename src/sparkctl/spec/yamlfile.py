@@ -4,14 +4,14 @@ ruamel's C parser recurses without a bound: ~30,000 nested `[` crash the process
 parsed by its pure-Python parser, where deep nesting is a RecursionError, and files over 1 MiB
 are refused. Aliases are cheap to write and expensive to expand (a 600-byte "billion laughs"
 took minutes to render): a document that would expand to more than `MAX_VALUES` values is
-refused. Every refusal is a `SpecError` naming the file. Used by the stack loader, the image
-policy file and desired.yaml.
+refused. Every refusal is a `SpecError` naming the file; `line_of` places a key's error on its
+line. Used by the stack loader, the image policy file and desired.yaml.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,35 @@ def read(path: Path) -> Any:
     except YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError(str(path), f"line {mark.line + 1}" if mark else "", f"invalid YAML: {problem}") from None
+        raise SpecError(str(path), "", f"invalid YAML: {problem}", line=mark.line + 1 if mark else None) from None
     except RecursionError:
         raise SpecError(str(path), "", f"nested too deeply (over {sys.getrecursionlimit() // 4} levels)") from None
     if expanded_size(data) > MAX_VALUES:
         raise SpecError(str(path), "", f"expands to over {MAX_VALUES} values through YAML aliases; "
                                        "write the values out instead")
     return data
+
+
+def line_of(path: Path, keys: Sequence[str]) -> int | None:
+    """The line where `path` writes the dotted key `keys` (list items by index), or the deepest
+    part of it the file writes; None when it does not write the first (a key from a base stack,
+    or the top level). Parses again, keeping positions: only when an error needs placing, and only
+    a file `read` took, so its size and aliases are bounded."""
+    from ruamel.yaml import YAML
+
+    try:
+        node = YAML(typ="rt", pure=True).load(path.read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001 - the error is reported without a line
+        return None
+    line = None
+    for key in keys:
+        if isinstance(node, Mapping) and key in node:
+            line, node = node.lc.key(key)[0] + 1, node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            line, node = node.lc.item(int(key))[0] + 1, node[int(key)]
+        else:
+            break
+    return line
 
 
 def expanded_size(data: Any) -> int:

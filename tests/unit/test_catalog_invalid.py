@@ -1,0 +1,155 @@
+"""One file in stacks/ (or patches/) that does not load is reported once, naming the file, the
+line and the key, and left out: the rest of the catalog loads, every command not about that
+stack works, and asking for it (or for a stack built on it) fails with the file's error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from sparkctl.errors import SpecError
+from sparkctl.settings import Settings
+from sparkctl.spec.load import load_catalog
+from sparkctl.spec.listing import rows
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = "name: good\nimage: {repository: vllm/vllm-openai, tag: v0.24.0}\nmodel: {repo: a/b}\nvllm: {port: 8123}\n"
+# (file name, text, what its error names: line, key, words)
+BROKEN = [
+    ("bad-key.yaml", "name: bad-key\nextends: good\nvllm:\n  max_model_len: lots\n",
+     4, "vllm.max_model_len", "valid integer"),
+    ("unknown-key.yaml", "name: unknown-key\nextends: good\n\nvlm: {port: 1}\n", 4, "vlm", "unknown key"),
+    ("bad-yaml.yaml", "name: bad-yaml\nvllm: [unclosed\n", 3, "", "invalid YAML"),
+    ("no-base.yaml", "name: no-base\nextends: nothing\n", 2, "extends", "no stack named 'nothing'"),
+    ("risky.yaml", "name: risky\nextends: good\nvllm: {extra_args: [--trust_remote_code]}\n", None, "(top level)",
+     "allow: [remote-code]"),
+]
+NAMES = {"bad-key.yaml": "bad-key", "unknown-key.yaml": "unknown-key", "bad-yaml.yaml": "bad-yaml",
+         "no-base.yaml": "no-base", "risky.yaml": "risky"}
+
+
+def catalog_dir(tmp_path: Path, files: dict[str, str]) -> Path:
+    stacks = tmp_path / "stacks"
+    stacks.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (stacks / name).write_text(text)
+    return stacks
+
+
+def where(line: int | None, key: str) -> str:
+    return ": ".join(filter(None, (f"line {line}" if line else "", key)))
+
+
+@pytest.mark.parametrize(("file", "text", "line", "key", "words"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_one_invalid_file_is_left_out_and_named(tmp_path: Path, file: str, text: str, line: int | None, key: str,
+                                                words: str) -> None:
+    stacks = catalog_dir(tmp_path, {"good.yaml": GOOD, file: text})
+    catalog = load_catalog(stacks)
+    assert [s.name for s in catalog.deployable()] == ["good"]
+    [invalid] = catalog.invalid
+    said = str(invalid.error)
+    assert said.startswith(f"{stacks / file}: {where(line, key)}: "), said
+    assert words in said and invalid.name == NAMES[file]
+    with pytest.raises(SpecError) as caught:
+        catalog.stack(NAMES[file])
+    assert str(caught.value) == said
+    assert catalog.stack("good").vllm.port == 8123
+
+
+@pytest.mark.parametrize(("file", "text"), [(b[0], b[1]) for b in BROKEN], ids=[b[0] for b in BROKEN])
+def test_a_stack_built_on_an_invalid_file_fails_naming_it(tmp_path: Path, file: str, text: str) -> None:
+    stacks = catalog_dir(tmp_path, {"good.yaml": GOOD, file: text,
+                                    "child.yaml": f"name: child\nextends: {NAMES[file]}\nvllm: {{port: 8124}}\n"})
+    catalog = load_catalog(stacks)
+    assert [s.name for s in catalog.deployable()] == ["good"]
+    with pytest.raises(SpecError) as caught:
+        catalog.stack("child")
+    said = str(caught.value)
+    assert said.startswith(f"{stacks / 'child.yaml'}: line 2: extends: base stack {NAMES[file]!r} is left out: "
+                           f"{stacks / file}: "), said
+
+
+def test_the_stacks_built_on_an_invalid_file_are_its_dependents(tmp_path: Path) -> None:
+    """Reported once, at the file to fix: a stack two levels up names it as its cause too."""
+    stacks = catalog_dir(tmp_path, {"good.yaml": GOOD, "root.yaml": "name: root\nextends: good\nvllm: {port: x}\n",
+                                    "mid.yaml": "name: mid\nextends: root\n", "top.yaml": "name: top\nextends: mid\n"})
+    catalog = load_catalog(stacks)
+    by_name = {i.name: i for i in catalog.invalid}
+    assert by_name["root"].cause is None and by_name["root"].dependents == ("mid", "top")
+    assert by_name["mid"].cause == by_name["top"].cause == stacks / "root.yaml"
+    with pytest.raises(SpecError, match=r"top\.yaml: line 2: extends: base stack 'mid' is left out: .*mid\.yaml: "
+                                        r"line 2: extends: base stack 'root' is left out: .*root\.yaml: line 3: "
+                                        r"vllm\.port"):
+        catalog.stack("top")
+
+
+def test_a_name_two_files_give_is_refused_not_guessed(tmp_path: Path) -> None:
+    stacks = catalog_dir(tmp_path, {"a.yaml": GOOD, "b.yaml": GOOD.replace("8123", "8125")})
+    catalog = load_catalog(stacks)
+    with pytest.raises(SpecError, match=r"b\.yaml: line 1: name: stack 'good' is already defined in .*a\.yaml"):
+        catalog.stack("good")
+
+
+def test_an_invalid_patch_set_leaves_out_the_stacks_that_use_it(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "patches", tmp_path / "patches")
+    (tmp_path / "patches" / "dspark-dflash.yaml").write_text("name: dspark-dflash\noverlays: 3\n")
+    shutil.copytree(ROOT / "stacks", tmp_path / "stacks")
+    catalog = load_catalog(tmp_path / "stacks", tmp_path / "patches")
+    assert "qwen36-nvfp4-stock" in catalog.stacks
+    with pytest.raises(SpecError, match=r"qwen36-dflash\.yaml: line \d+: patches: patch set 'dspark-dflash' is "
+                                        r"left out: .*dspark-dflash\.yaml: line 2: overlays: "):
+        catalog.stack("qwen36-dflash")
+
+
+def test_asking_for_an_unknown_stack_mentions_the_invalid_files(tmp_path: Path) -> None:
+    catalog = load_catalog(catalog_dir(tmp_path, {"good.yaml": GOOD, "bad-yaml.yaml": BROKEN[2][1]}))
+    with pytest.raises(SpecError, match=r"no such stack; known stacks: good; left out, invalid: bad-yaml\.yaml"):
+        catalog.stack("other")
+
+
+def test_stacks_list_shows_the_invalid_file(tmp_path: Path) -> None:
+    from sparkctl.policy.images import ImagePolicy
+
+    catalog = load_catalog(catalog_dir(tmp_path, {"good.yaml": GOOD, "bad-key.yaml": BROKEN[0][1]}))
+    listed = {row["stack"]: row for row in rows(catalog, ImagePolicy())}
+    assert listed["good"]["invalid"] is None
+    assert listed["bad-key"]["invalid"] == "bad-key.yaml: line 4: vllm.max_model_len: " + \
+        catalog.invalid[0].problem
+
+
+def test_the_daemon_logs_an_invalid_file_once(workspace: Path) -> None:
+    """The daemon's wiring reads the catalog each pass; the file is logged when it turns invalid."""
+    from sparkctl.wiring import Wiring
+
+    (workspace / "stacks" / "bad-key.yaml").write_text(BROKEN[0][1].replace("extends: good", "extends: qwen36-base"))
+    (workspace / "stacks" / "on-it.yaml").write_text("name: on-it\nextends: bad-key\n")
+    wiring = Wiring(Settings())
+    with capture_logs() as logs:
+        for _ in range(3):
+            assert "qwen36-dflash" in wiring.catalog().stacks
+    events = [e for e in logs if e["event"] == "stack_file_invalid"]
+    assert len(events) == 1 and events[0]["log_level"] == "warning"
+    assert events[0]["file"] == str(workspace / "stacks" / "bad-key.yaml")
+    assert (events[0]["line"], events[0]["key"], events[0]["stack"]) == (4, "vllm.max_model_len", "bad-key")
+    assert events[0]["dependents"] == ["on-it"]
+
+
+def test_stacks_list_and_other_stacks_work_with_a_warning(workspace: Path, cli) -> None:
+    bad = workspace / "stacks" / "mine.yaml"
+    bad.write_text("name: mine\nextends: qwen36-nvfp4-stock\nvllm:\n  max_model_len: lots\n")
+    (workspace / "stacks" / "on-mine.yaml").write_text("name: on-mine\nextends: mine\n")
+    code, out, err = cli("stacks", "list")
+    assert code == 0 and "qwen36-dflash" in out and "mine" in out and "on-mine" in out, err
+    assert err.count("warning: ") == 1 and f"warning: {bad}: line 4: vllm.max_model_len:" in err, err
+    assert "(stack 'mine' is left out, with on-mine built on it; the others load)" in " ".join(err.split()), err
+    code, out, err = cli("stacks", "show", "qwen36-dflash")
+    assert code == 0 and "spec-hash" in out and err.count("warning: ") == 1, err
+    code, out, err = cli("stacks", "show", "mine")
+    assert code == 1 and err.strip().splitlines()[-1].startswith(f"error: {bad}: line 4: vllm.max_model_len: "), err
+    code, out, err = cli("stacks", "validate")
+    assert code == 1 and err.strip().splitlines() == [
+        f"error: {bad}: line 4: vllm.max_model_len: Input should be a valid integer, unable to parse string as an "
+        "integer (got 'lots') (and 1 more invalid files: on-mine.yaml)"], err
