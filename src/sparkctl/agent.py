@@ -9,9 +9,13 @@ instance's own containers, so an agent never sees or touches another instance's.
 
 A placed stack is deployed by the same pipeline `sparkctl up` runs on one Spark, with this host's
 settings (its state dir, caches, stack files: the environment its node was started with) and its
-Docker; the one change is that the engine listens on the host's serving address, where the
-head's gateway reaches it. `prepare` fetches without starting, so the head can compare what every
-chosen host would run before any of them starts.
+Docker. Its engine listens on the host's loopback, as on one Spark; the agent relays it on the
+host's serving address to the head's gateway, which shows the fleet's relay credential
+(`gateway/relay.py`): nothing of an engine is reachable from another host without it, and vLLM's
+dev endpoints not at all. The relays live in the agent's process; a restarted agent relays again
+every engine its host runs (their containers carry the port, `LABEL_RELAY`). `prepare` fetches
+without starting, so the head can compare what every chosen host would run before any of them
+starts.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.errors import DockerError, SparkctlError
+from sparkctl.fleet.local import relay_key
+from sparkctl.fleet.membership import token_path
+from sparkctl.gateway.relay import Relays
 from sparkctl.policy.images import parse_ref
+from sparkctl.settings import Settings
 
 if TYPE_CHECKING:
     from sparkctl.deploy.pipeline import Deployer
@@ -36,11 +44,15 @@ class HostAgent:
     def __init__(self, *, host: str, docker_url: str | None, instance: str, address: str | None = None) -> None:
         self.host, self.docker_url, self.instance, self.address = host, docker_url, instance, address
         self.engine = DockerEngine(docker_url, instance=instance, timeout=60)
+        self.settings = Settings(docker_host=docker_url, instance=instance)
+        self.relays: Relays | None = None  # made on the first call (the key and Docker are read then)
 
     def call(self, method: str, *args: Any) -> Any:
         """What the head calls: `method(*args)`, with sparkctl's errors turned into plain ones that
         cross Ray whole (some of ours take several arguments and would not unpickle there)."""
         try:
+            if self.relays is None and self.address is not None:
+                self._relay_running()
             return getattr(self, method)(*args)
         except SparkctlError as e:
             raise RuntimeError(str(e)) from None
@@ -72,7 +84,10 @@ class HostAgent:
             raise SparkctlError(f"host {self.host} would run something else than agreed: "
                                 + "; ".join(f"{k} {mine} here, {v} agreed" for k, (v, mine) in differ.items()))
         result = deployer.up(stack)
-        return {"host": self.host, "url": result.url, "fingerprint": result.fingerprint, "changed": result.changed,
+        url = result.url
+        if self.address is not None and (ranks is None or not deployer.rank.headless):
+            url = self._relay(served.port, result.url)
+        return {"host": self.host, "url": url, "fingerprint": result.fingerprint, "changed": result.changed,
                 "timings": result.timings, "notes": deployer.reporter.notes}
 
     def containers(self) -> list[dict[str, Any]]:
@@ -106,6 +121,9 @@ class HostAgent:
 
     def remove(self, stack: str) -> dict[str, Any]:
         """Remove the stack's containers; returns once the host's Docker lists none of them."""
+        for container in self.engine.containers(stack):
+            if container.relay is not None and self.relays is not None:
+                self.relays.drop(self.address, container.relay)
         removed = [c.name for c in self.engine.containers(stack) if self.engine.remove(c.id)]
         deadline = time.monotonic() + CONFIRM_WITHIN
         while left := self.engine.containers(stack):
@@ -119,21 +137,35 @@ class HostAgent:
         """The pipeline on this host's settings and Docker, its catalog holding `name` as served
         here; refused when this host's stack file is not the one the head placed (`spec`)."""
         from sparkctl.deploy.progress import RecordingReporter
-        from sparkctl.settings import Settings
         from sparkctl.spec.render import spec_hash
         from sparkctl.wiring import Wiring
 
-        wiring = Wiring(Settings(docker_host=self.docker_url, instance=self.instance))
+        wiring = Wiring(self.settings)
         wiring.docker = self.engine  # type: ignore[misc] - this agent's own handle on the host's Docker
         catalog = wiring.catalog()
         stack = catalog.stack(name)
         if spec_hash(stack) != spec:
             raise SparkctlError(f"host {self.host}'s stack file for {name} ({catalog.files.get(name)}) differs from "
                                 f"the head's (spec {spec_hash(stack)} here, {spec} there): copy the head's file here")
-        served = served_on(stack, self.address)
+        served = placeable(stack)
         catalog = dataclasses.replace(catalog, stacks={**catalog.stacks, name: served})
         deployer = dataclasses.replace(wiring.deployer(RecordingReporter(), catalog=catalog), placed=True)
         return deployer, served
+
+    def _relay(self, port: int, engine: str) -> str:
+        """Relay the engine at `engine` (on loopback) on this host's serving address; its URL there."""
+        if self.relays is None:
+            self.relays = Relays(relay_key(token_path(self.settings)))
+        self.relays.ensure(self.address, port, engine)
+        return f"http://[{self.address}]:{port}" if ":" in self.address else f"http://{self.address}:{port}"
+
+    def _relay_running(self) -> None:
+        """Relay again every engine this host runs (a restarted agent's relays are gone)."""
+        for container in self.engine.containers():
+            if container.relay is not None and container.running:
+                self._relay(container.relay, f"http://127.0.0.1:{container.relay}")
+        if self.relays is None:
+            self.relays = Relays(relay_key(token_path(self.settings)))
 
     def _rank(self, data: dict[str, Any]) -> Rank:
         """The rank the head asked for, refused unless it names this host and this host's
@@ -160,17 +192,19 @@ class HostAgent:
             raise DockerError(f"{e} (on host {self.host})") from None
 
 
-def served_on(stack: Stack, address: str | None) -> Stack:
-    """The stack as it runs on a fleet host: its engine listening on the host's serving address
-    (the head's gateway reaches it there), not on loopback."""
+def placeable(stack: Stack) -> Stack:
+    """The stack, checked for a fleet host: a vllm stack whose engine listens on loopback (its
+    host's agent relays it to the head's gateway, with the fleet's credential)."""
     from sparkctl.spec.models import Kind
 
     if stack.kind is not Kind.VLLM or stack.vllm is None:
         raise SparkctlError(f"{stack.name} is a {stack.kind} stack: only vllm stacks are placed across a fleet "
                             "(run a compose project with `sparkctl up` on its Spark)")
-    if address is None:
-        return stack
-    return stack.model_copy(update={"vllm": stack.vllm.model_copy(update={"host": address})})
+    if any(risk == "all-interfaces" for risk, _ in stack.risks()):
+        raise SparkctlError(f"{stack.name}'s engine would listen beyond loopback (vllm.host {stack.vllm.host}): a "
+                            "placed engine listens on its host's loopback and is reached through the host's relay "
+                            "(with the fleet's credential); remove the host setting to place it")
+    return stack
 
 
 def _digest_for(ref: str, repo_digests: list[str]) -> str | None:

@@ -19,6 +19,7 @@ LABEL_MEMORY = "sparkctl.gpu-memory"  # the fraction reserved, for admission wit
 # daemon on the same host neither removes it as undesired nor routes it as a local stack.
 LABEL_PLACED = "sparkctl.placed"
 LABEL_RANK = "sparkctl.rank"  # a multi-node stack's rank (0 serves HTTP)
+LABEL_RELAY = "sparkctl.relay"  # a placed engine's port, which its host's agent relays (gateway/relay.py)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Container:
     spec_hash: str | None
     memory: float | None  # the unified-memory share it reserved
     placed: bool = False  # deployed by the fleet's agent (LABEL_PLACED), not by this host's daemon
+    relay: int | None = None  # the port its host's agent relays (LABEL_RELAY): a placed engine that serves HTTP
 
     @property
     def running(self) -> bool:
@@ -48,4 +50,5 @@ class Container:
                    instance=labels.get(instances.LABEL, instances.DEFAULT), labelled=instances.LABEL in labels,
                    state=raw.get("State", ""), created=float(raw.get("Created", 0)),
                    fingerprint=labels.get(LABEL_FINGERPRINT), spec_hash=labels.get(LABEL_SPEC_HASH),
-                   memory=float(memory) if memory else None, placed=LABEL_PLACED in labels)
+                   memory=float(memory) if memory else None, placed=LABEL_PLACED in labels,
+                   relay=int(labels[LABEL_RELAY]) if labels.get(LABEL_RELAY, "").isdigit() else None)

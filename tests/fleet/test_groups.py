@@ -25,6 +25,7 @@ import pytest
 from openai import OpenAI
 
 from tests.fleet.cluster import Cluster
+from tests.fleet.exposure import check_closed
 from tests.fleet.head import FAULTS, HeadDaemon, Load, headed, inject
 from tests.fleet.network import LINK
 
@@ -98,6 +99,10 @@ def test_each_rank_runs_on_its_own_host_with_that_hosts_network(head) -> None:
         assert command[command.index("--node-rank") + 1] == str(index)
         assert command[command.index("--master-addr") + 1] == cluster.hosts[hosts[0]].address
         assert ("--headless" in command) == (index > 0)
+        assert command[command.index("--host") + 1] == "127.0.0.1"  # every rank's HTTP, if any, on loopback
+    url = cluster.book()["duo"]["replicas"][0]["url"]  # rank 0, relayed on its host's serving address
+    assert url.startswith(f"http://{cluster.hosts[hosts[0]].address}:")
+    check_closed(cluster, url, cluster.hosts["a"])  # from the head, which runs no rank: a third machine
 
 
 @pytest.mark.parametrize("fault", FAULTS)

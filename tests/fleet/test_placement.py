@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.deploy.health import http_status
 from sparkctl.sim.registry import derive
 from sparkctl.state.store import Store
 from tests.fleet.cluster import IMAGE, Cluster, deployable
 from tests.fleet.cluster import cluster as start_cluster
+from tests.fleet.exposure import check_closed
 from tests.fleet.hosts import Hosts
 
 PORT = 27900
@@ -54,7 +54,8 @@ def test_stacks_are_placed_across_hosts_by_memory_and_serve_there(placed: Cluste
     for stack, hosts in where.items():
         (replica,) = placed.book()[stack]["replicas"]
         assert replica["url"].startswith(f"http://{placed.hosts[hosts[0]].address}:")
-        assert http_status(replica["url"] + "/health") == 200  # reached from outside the host, as the gateway does
+        outsider = next(h for h in placed.hosts if h.name not in hosts)  # another machine on the LAN
+        check_closed(placed, replica["url"], outsider)  # the relay, with the credential only, no dev routes
         containers = placed.hosts[hosts[0]].docker("ps", "-q", "--filter", f"label=sparkctl.stack={stack}").split()
         assert len(containers) == 1, (stack, hosts)
 

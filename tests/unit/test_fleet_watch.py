@@ -23,7 +23,7 @@ from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.planner import Policy
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet.deploy import Recovered
-from sparkctl.fleet import triage
+from sparkctl.fleet import local, membership, triage
 from sparkctl.fleet.placement import Placed, Replica, write_book
 from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, AgentAnswer, Node, NodeState
 from sparkctl.settings import Settings
@@ -106,6 +106,7 @@ def watched(tmp_path: Path) -> tuple[FleetWatch, Recorder, EventBus]:
     (tmp_path / "fleet.yaml").write_text(FLEET)
     recorder, bus = Recorder(settings, load_fleet(tmp_path / "fleet.yaml")), EventBus()
     write_book(settings.fleet_dir, {"gemma": GEMMA})
+    local.ensure_token(membership.token_path(settings))  # the fleet's token: placed engines' relays ask for it
     watch = FleetWatch(recorder, control=lambda: recorder, refresh=lambda: recorder.calls.append(("refresh",)),
                        bus=bus, wait=30.0, within=12.0, background=lambda work: work(), clock=lambda: NOW)
     watch.nodes = table()
@@ -179,7 +180,7 @@ def test_a_group_that_fails_its_probe_is_held_out_and_recreated_until_a_crash_lo
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
     write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
     answers = {"why": "status 500"}
-    monkeypatch.setattr(fleetwatch, "probe", lambda url, model: answers["why"])
+    monkeypatch.setattr(fleetwatch, "probe", lambda url, model, auth: answers["why"])
     for _ in range(4):
         watch._probe(DUO)
     url = "http://10.0.0.2:8901"
@@ -197,7 +198,7 @@ def test_a_group_recovered_meanwhile_is_not_recreated_again(watched, monkeypatch
     write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
     moved = dataclasses.replace(DUO, ranks=("a", "c"))
 
-    def failing(url: str, model: str) -> str:
+    def failing(url: str, model: str, auth: str) -> str:
         write_book(watch.fleetwide.settings.fleet_dir, {"duo": moved})  # its host died: the watch re-placed it
         return "no answer within 3 s"
 
@@ -221,7 +222,7 @@ def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
     alive = dict(B_DOWN)
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url: alive[url])
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: alive[url])
     recorder.listing = {"b": listed("b", "exited")}
     with capture_logs() as logs:
         for _ in range(4):
@@ -244,7 +245,7 @@ def test_a_failing_replica_whose_agent_is_silent_gets_nothing_until_rays_verdict
     agent cannot answer, so nothing is restarted there, however many passes run meanwhile; Ray's
     verdict then moves the stack elsewhere, and the dead host is not even asked any more."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
     recorder.listing = {"b": silence}
     with capture_logs() as logs:
         for _ in range(3):  # Ray still lists b alive
@@ -265,7 +266,7 @@ def test_a_host_whose_agent_answers_again_is_decided_on_from_its_answer(
     """Ray kept b alive (a slow agent, a link back up): once its agent answers that the container
     exited, the replica is started again there, and a later silence is logged anew."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
     recorder.listing = {"b": SILENT}
     with capture_logs() as logs:
         watch.check_replicas([GEMMA])
@@ -284,7 +285,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
     """The agent's answer comes after Ray declared its node dead (or after the host rejoined as a
     new node): it speaks for a host the node watch now owns, so no restart follows it."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
     recorder.listing = {"b": listed("b", "exited")}
     rejoined = [node("a"), node("b", NodeState.DEAD), node("b", node_id="bbbbnew1"), node("c")]
     now = table(dead="b") if meanwhile == "declared_dead" else rejoined
@@ -295,7 +296,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
 
 def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url: False)
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: False)
     watch.down.add("b")
     watch.nodes = table(dead="b")
     recorder.listing = {"a": listed("a", "running")}
@@ -305,7 +306,7 @@ def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytes
 
 def test_a_replica_moved_while_its_agent_was_asked_is_not_restarted(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
     recorder.listing = {"b": listed("b", "exited")}
     recorder.while_asked = lambda: write_book(watch.fleetwide.settings.fleet_dir, {})  # `fleet down gemma`
     watch.check_replicas([GEMMA])
@@ -388,7 +389,7 @@ def test_a_group_being_recreated_stays_out_of_routing_though_it_answers_again(
     declared dead): the recreation holds rank 0 out, and a passing probe does not put it back."""
     watch, recorder, _ = watched
     write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
-    monkeypatch.setattr(fleetwatch, "probe", lambda url, model: None)
+    monkeypatch.setattr(fleetwatch, "probe", lambda url, model, auth: None)
     inside = []
 
     def recover(placed, *, wait, within):

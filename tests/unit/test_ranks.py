@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sparkctl.agent import HostAgent
-from sparkctl.container import LABEL_RANK
+from sparkctl.agent import HostAgent, placeable
+from sparkctl.container import LABEL_RANK, LABEL_RELAY
 from sparkctl.errors import SparkctlError, SpecError
 from sparkctl.fleet.deploy import group_ranks, rank_on
 from sparkctl.fleet.local import check_on_interface
@@ -388,10 +388,22 @@ def test_the_interface_that_holds_the_address_passes() -> None:
     check_on_interface("lo", "127.0.0.1", "a")
 
 
-def test_a_rank_listens_on_its_hosts_serving_address(group_workspace: Path, cli) -> None:
-    code, out, err = cli("stacks", "render", "group", "--rank", "1")
-    assert code == 0, err
-    assert value(shlex.split(out), "--host") == "192.168.100.11"  # where the head's gateway reaches it
+def test_rank_0_listens_on_loopback_and_is_relayed_the_other_ranks_serve_no_http(group_workspace: Path, cli) -> None:
+    """A placed engine never listens beyond its host's loopback: its host's agent relays rank 0's
+    port (the label) to the head's gateway; headless ranks have nothing to relay."""
+    for rank, relayed in (("0", True), ("1", False)):
+        code, out, err = cli("stacks", "render", "group", "--rank", rank, "--format", "json")
+        assert code == 0, err
+        plan = json.loads(out)
+        assert value(plan["command"], "--host") == "127.0.0.1"
+        assert (plan["labels"].get(LABEL_RELAY) == value(plan["command"], "--port")) is relayed
+
+
+def test_a_stack_that_would_listen_beyond_loopback_is_not_placed() -> None:
+    wide = Stack.model_validate(MINIMAL | {"vllm": MINIMAL["vllm"] | {"host": "0.0.0.0"}, "allow": ["all-interfaces"]})
+    with pytest.raises(SparkctlError, match="listen beyond loopback"):
+        placeable(wide)
+    assert placeable(Stack.model_validate(MINIMAL)).vllm.host == "127.0.0.1"
 
 
 def test_a_group_does_not_start_on_one_spark(group_workspace: Path, cli) -> None:

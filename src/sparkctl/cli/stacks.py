@@ -96,7 +96,7 @@ def render_(
     fleet file's hosts in order."""
     from ruamel.yaml import YAML
 
-    from sparkctl.agent import served_on
+    from sparkctl.agent import placeable
     from sparkctl.spec.models import Kind
     from sparkctl.spec.render import Sources, render
 
@@ -112,8 +112,8 @@ def render_(
         compile_cache_dir=str(rt.settings.state_dir / "compile-cache" / stack.name),
     )
     chosen = _rank(rt, stack, rank)
-    if chosen is not None:  # as the host's agent runs it: listening on the host's serving address
-        stack = served_on(stack, chosen.host.address)
+    if chosen is not None:  # as the host's agent runs it: on loopback, relayed on the host's serving address
+        stack = placeable(stack)
     plan = render(stack, sources, instance=rt.settings.instance, rank=chosen, placed=chosen is not None)
     if any("<" in m.source or "<" in m.target for m in plan.mounts):
         typer.echo(f"note: the paths in <...> are known once the image is: `sparkctl patch check {name}` "

@@ -63,7 +63,8 @@ class Daemon:
         self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
                                      settled=lambda: self.loops.kick())
         self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired,
-                             placed=lambda: placement.read_book(settings.fleet_dir))
+                             placed=lambda: placement.read_book(settings.fleet_dir),
+                             engine_auth=lambda: membership.relay_auth(settings))
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=settings.instance, resync=settings.resync_interval, after_pass=self._after_pass)
         self.operations = Operations(settings, self.machine, self.reconciler, self.routes, self.bus,

@@ -40,7 +40,7 @@ import structlog
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Policy, backoff
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet import agents, placement, triage
+from sparkctl.fleet import agents, membership, placement, triage
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.proxy import LoopControl
 from sparkctl.node import LABEL_ADDRESS, AgentAnswer, Node
@@ -78,6 +78,11 @@ class FleetWatch:
         self._watch = None
         self._threads = [threading.Thread(target=self._run, name="fleet-watch", daemon=True),
                          threading.Thread(target=self._probe_groups, name="fleet-groups", daemon=True)]
+
+    def auth(self) -> str:
+        """The credential placed engines' relays ask for (read from the fleet's token each time:
+        `fleet init` may write it after the daemon started)."""
+        return membership.relay_auth(self.fleetwide.settings)
 
     def start(self) -> None:
         for thread in self._threads:
@@ -201,7 +206,7 @@ class FleetWatch:
         failing = []
         for placed in (p for p in stacks if not self._recovering_now(p.stack)):
             for replica in placed.replicas:
-                if replica.host in self.down or healthy(replica.url):
+                if replica.host in self.down or healthy(replica.url, self.auth()):
                     self.given_up.discard(f"{placed.stack}@{replica.host}")
                 else:
                     failing.append((placed, replica))
@@ -271,7 +276,7 @@ class FleetWatch:
     def _probe(self, placed: placement.Placed) -> None:
         url = placed.replicas[0].url
         failed_at = time.time()
-        why = probe(url, self.served_name(placed.stack))
+        why = probe(url, self.served_name(placed.stack), self.auth())
         control = self.control()
         if why is None:
             if self._recovering_now(placed.stack):  # a recreation runs: it puts the group back when done
@@ -293,7 +298,7 @@ class FleetWatch:
         current = placement.read_book(self.fleetwide.settings.fleet_dir).get(placed.stack)
         if current != placed:  # recovered meanwhile (its host died, say), or taken down: nothing to redo
             return
-        if probe(url, self.served_name(placed.stack)) is None:  # it came back by itself
+        if probe(url, self.served_name(placed.stack), self.auth()) is None:  # it came back by itself
             self._probe(placed)
             return
         self._recover_later(placed)
@@ -331,10 +336,12 @@ class FleetWatch:
         return next((n.labels.get(LABEL_ADDRESS) for n in nodes if n.host == host), None)
 
 
-def probe(url: str, model: str) -> str | None:
-    """A 1-token completion at `url` within PROBE_TIMEOUT: None when it answered 200, else why not."""
+def probe(url: str, model: str, auth: str) -> str | None:
+    """A 1-token completion at `url` within PROBE_TIMEOUT: None when it answered 200, else why not.
+    `auth`: the fleet's relay credential (`membership.relay_auth`)."""
     body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}).encode()
-    request = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    request = urllib.request.Request(url + "/v1/chat/completions", body,
+                                     {"Content-Type": "application/json", "Authorization": auth})
     try:
         with DIRECT.open(request, timeout=PROBE_TIMEOUT) as answer:
             return None if answer.status == 200 else f"status {answer.status}"
@@ -344,10 +351,11 @@ def probe(url: str, model: str) -> str | None:
         return f"no answer within {PROBE_TIMEOUT:g} s" if isinstance(e, TimeoutError) else f"unreachable ({e})"
 
 
-def healthy(url: str) -> bool:
+def healthy(url: str, auth: str) -> bool:
     """Whether the engine at `url` answers /health with 200 within PROBE_TIMEOUT."""
     try:
-        with DIRECT.open(url + "/health", timeout=PROBE_TIMEOUT) as answer:
+        with DIRECT.open(urllib.request.Request(url + "/health", headers={"Authorization": auth}),
+                         timeout=PROBE_TIMEOUT) as answer:
             return answer.status == 200
     except OSError:  # refused, reset, timed out, or an HTTP error status
         return False

@@ -57,10 +57,11 @@ ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "ttft_sum": "vll
                    "ttft_count": "vllm:time_to_first_token_seconds_count"}
 
 
-def engine_counters(url: str) -> dict[str, float] | None:
+def engine_counters(url: str, headers: list[tuple[str, str]] | None = None) -> dict[str, float] | None:
     """An engine's /metrics counters (None: it did not answer within a second)."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=1) as page:
+        with urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=dict(headers or [])),
+                                    timeout=1) as page:
             return metrics.parse(page.read().decode(errors="replace"))
     except (OSError, ValueError):
         return None
@@ -90,6 +91,7 @@ class Routes:
     catalog: Callable[[], Catalog]
     desired: Callable[[], Desired]
     placed: Callable[[], dict[str, Placed]] = dict
+    engine_auth: Callable[[], str] = lambda: ""  # what placed engines' relays ask for (`membership.relay_auth`)
     table: RouteTable = field(default_factory=RouteTable)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # a rebuild from older reads must not land last
 
@@ -104,7 +106,8 @@ class Routes:
             for name, entry in placement.serving(placed).items():
                 if name in stacks and entry.replicas:
                     first, *others = (r.url for r in entry.replicas)
-                    stacks[name] = dataclasses.replace(stacks[name], url=first, replicas=tuple(others), placed=True)
+                    stacks[name] = dataclasses.replace(stacks[name], url=first, replicas=tuple(others), placed=True,
+                                                       auth=self.engine_auth())
                     running.add(name)
             self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running,
                                      parked=set(desired.parked) | {n for n, e in placed.items() if e.parked},
@@ -476,7 +479,7 @@ class Operations:
         sum and count): the dashboard turns two readings into tokens/s and TTFT."""
         found = {}
         for stack, upstream in self.routes.table.upstreams.items():
-            if (counters := engine_counters(upstream.url)) is not None:
+            if (counters := engine_counters(upstream.url, upstream.headers)) is not None:
                 found[stack] = {key: counters.get(name, 0.0) for key, name in ENGINE_COUNTERS.items()}
         return {"at": time.time(), "engines": found}
 

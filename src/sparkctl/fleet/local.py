@@ -9,6 +9,8 @@ start itself goes through the `FleetBackend`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -123,6 +125,13 @@ def install_token(source: Path, path: Path) -> None:
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(token)
+
+
+def relay_key(path: Path) -> str:
+    """The credential the head's gateway shows each host's engine relays (`gateway/relay.py`):
+    derived from the fleet's Ray token, which every host of the fleet holds (0600)."""
+    check_token(path)
+    return hmac.new(path.read_text().strip().encode(), b"sparkctl engine relay", hashlib.sha256).hexdigest()
 
 
 def check_token(path: Path) -> None:

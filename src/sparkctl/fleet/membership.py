@@ -84,3 +84,8 @@ def endpoint(text: str) -> str:
 
 def token_path(settings: Settings) -> Path:
     return settings.fleet_dir / local.TOKEN_FILE
+
+
+def relay_auth(settings: Settings) -> str:
+    """The `Authorization` value for an engine placed on a fleet host (its host's relay asks for it)."""
+    return f"Bearer {local.relay_key(token_path(settings))}"

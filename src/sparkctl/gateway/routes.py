@@ -25,6 +25,13 @@ class Upstream:
     # More engines serving the same stack (replicas, e.g. http://10.213.7.3:8110 on another host).
     replicas: tuple[str, ...] = ()
     placed: bool = False  # placed across a fleet: held, not failed, while no replica answers
+    # The `Authorization` its engines ask for: a placed stack's hosts relay them (`relay.py`).
+    auth: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """What each request to one of its engines carries beyond its body's type."""
+        return [("Authorization", self.auth)] if self.auth else []
 
     @property
     def urls(self) -> tuple[str, ...]:

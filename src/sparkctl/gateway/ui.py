@@ -27,11 +27,11 @@ from http.cookies import CookieError, SimpleCookie
 from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
-from sparkctl.gateway.exchange import HOP_HEADERS
 from sparkctl.gateway.login import SESSION_TTL, Logins
+from sparkctl.gateway.passthrough import Passed
 from sparkctl.gateway.request import Request
 from sparkctl.gateway.server import Connection, error
-from sparkctl.gateway.upstream import Call, EnginePool, Relay, UpstreamError
+from sparkctl.gateway.upstream import EnginePool, UpstreamError
 
 PREFIX = "/ui"
 COOKIE = "sparkctl_session"
@@ -118,37 +118,11 @@ class Dashboard:
         return cookie.value if cookie is not None and self.logins.valid(cookie.value) else None
 
     def forward(self, request: Request, conn: Connection, target: str) -> None:
-        passed = conn.exchange = Passed(conn)
+        passed = conn.exchange = Passed(conn, _unanswered, [("Cache-Control", "no-store")])
         headers = [("Content-Type", "application/json")] if request.body else []
         headers += [("Accept", a)] if (a := request.headers.get("accept")) else []
         query = f"?{request.query}" if request.query else ""
         passed.call = self.pool.send(self.api, request.method, target + query, request.body, passed, headers)
-
-
-class Passed(Relay):
-    """The API's answer passed on to the browser as it arrives; a browser that leaves ends the call."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn, self.started = conn, False
-        self.call: Call | None = None
-
-    def head(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:
-        self.started = True
-        kept = [(k, v) for k, v in headers if k.lower() not in HOP_HEADERS]
-        self.conn.start(status, [*kept, ("Cache-Control", "no-store")], length)
-
-    def body(self, piece: bytes, last: bool) -> None:
-        self.conn.send(piece, last)
-
-    def failed(self, e: UpstreamError) -> None:
-        if self.started:
-            self.conn.abort()
-        else:
-            error(self.conn, 502, f"the daemon's API did not answer ({e})", "daemon_unavailable")
-
-    def cancel(self) -> None:
-        if self.call is not None:
-            self.call.cancel()
 
 
 def _netloc(origin: str) -> str | None:
@@ -157,3 +131,7 @@ def _netloc(origin: str) -> str | None:
         return urlsplit(origin).netloc.lower()
     except ValueError:
         return None
+
+
+def _unanswered(conn: Connection, e: UpstreamError) -> None:
+    error(conn, 502, f"the daemon's API did not answer ({e})", "daemon_unavailable")

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sparkctl import instance as instances
-from sparkctl.container import LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_PLACED, LABEL_RANK, LABEL_SPEC_HASH, LABEL_STACK
+from sparkctl.container import (LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_PLACED, LABEL_RANK, LABEL_RELAY,
+                                LABEL_SPEC_HASH, LABEL_STACK)
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.spec.ranks import NETWORK_ENV, Rank, rank_args, rank_env
 
@@ -138,6 +139,8 @@ def render(
         labels[LABEL_FINGERPRINT] = fingerprint
     if placed:
         labels[LABEL_PLACED] = "fleet"
+        if rank is None or not rank.headless:  # its host's agent relays it to the head's gateway
+            labels[LABEL_RELAY] = str(stack.port)
     args = vllm_args(stack, sources.draft_subpath, sleep)
     env = {**(env or {}), **_sleep_env(stack, sleep), **stack.container.env}
     if rank is not None:
