@@ -6,21 +6,33 @@ VENV := .venv
 PYTHON ?= python3
 export SPARKCTL_BUILD_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/sparkctl-build,$(HOME)/.cache/sparkctl-build)
 
-.PHONY: test unit integration e2e setup images venv perf demo clean
+.PHONY: test check unit integration fleet e2e setup images venv perf demo screenshots clean
 
-test: setup  ## every test tier, on the real engine, and each benchmark once in smoke mode
+test: setup  ## every tier, on the real engine, and each benchmark once in smoke mode; each tier's time at the end
 	@bash scripts/perf-setup.sh
 	@bash scripts/axe-setup.sh
-	$(VENV)/bin/pytest tests --durations=40
+	bash scripts/tiers.sh check integration fleet e2e smoke
+
+check: venv  ## lint, the import contracts, unit and sim tests: no Docker, no root
+	$(VENV)/bin/ruff check src tests
+	bash scripts/tiers.sh check
 
 unit: venv  ## pure tests only, no Docker
 	$(VENV)/bin/pytest tests/unit
 
-integration: setup
-	$(VENV)/bin/pytest tests/integration tests/sim
+integration: setup  ## the real Docker engine, registry, compose, daemon and browser
+	@bash scripts/axe-setup.sh
+	bash scripts/tiers.sh integration
 
-e2e: setup
-	$(VENV)/bin/pytest tests/e2e
+fleet: setup  ## Sparks as network namespaces: Ray, agents, placement, failover, multi-node groups
+	bash scripts/tiers.sh fleet
+
+e2e: setup  ## one engine contract against the sim and real vLLM (CPU)
+	bash scripts/tiers.sh e2e
+
+screenshots: setup  ## refresh docs/screenshots/ from the dashboard's browser test
+	@bash scripts/axe-setup.sh
+	SPARKCTL_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(VENV)/bin/pytest tests/integration/test_dashboard.py
 
 setup: venv
 	bash scripts/host-setup.sh

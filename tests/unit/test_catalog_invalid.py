@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 
 from sparkctl.errors import SpecError
 from sparkctl.settings import Settings
-from sparkctl.spec.load import load_catalog
 from sparkctl.spec.listing import rows
+from sparkctl.spec.load import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "name: good\nimage: {repository: vllm/vllm-openai, tag: v0.24.0}\nmodel: {repo: a/b}\nvllm: {port: 8123}\n"

@@ -18,9 +18,9 @@ import pytest
 from sparkctl import wire
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
+from sparkctl.gateway.login import Logins, login_code
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable
-from sparkctl.gateway.login import Logins, login_code
 from sparkctl.gateway.ui import Dashboard
 from tests.conftest import Running, ServedApi
 

@@ -22,8 +22,8 @@ from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.planner import Policy
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet.deploy import Recovered
 from sparkctl.fleet import local, membership, triage
+from sparkctl.fleet.deploy import Recovered
 from sparkctl.fleet.placement import Placed, Replica, write_book
 from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, AgentAnswer, Node, NodeState
 from sparkctl.settings import Settings

@@ -15,8 +15,15 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sparkctl import instance as instances
-from sparkctl.container import (LABEL_FINGERPRINT, LABEL_MEMORY, LABEL_PLACED, LABEL_RANK, LABEL_RELAY,
-                                LABEL_SPEC_HASH, LABEL_STACK)
+from sparkctl.container import (
+    LABEL_FINGERPRINT,
+    LABEL_MEMORY,
+    LABEL_PLACED,
+    LABEL_RANK,
+    LABEL_RELAY,
+    LABEL_SPEC_HASH,
+    LABEL_STACK,
+)
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.spec.ranks import NETWORK_ENV, Rank, rank_args, rank_env
 
