@@ -1,6 +1,7 @@
 """Replicas of a stack behind the gateway: least in-flight picking, a cap per replica, ejection of
-an engine that refuses or resets before answering (with a retry on another replica), ejection of
-a whole host, and the hold while a stack has no replica in routing. The picking is pure; the
+an engine that refuses or resets before answering or answers 503 asleep (with a retry on another
+replica, and the engine back once it serves again), ejection of a whole host, and the hold while
+a stack has no replica in routing. The picking is pure; the
 gateway cases run against scripted engines on real loopback sockets."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from sparkctl.gateway.http1 import chunk
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.replicas import Replicas, host_of
 from sparkctl.gateway.routes import RouteTable, Upstream
@@ -146,16 +148,24 @@ def test_a_waiter_that_leaves_passes_its_slot_on() -> None:
 
 
 # --- the gateway, against scripted engines on loopback ----------------------------------------------
+ASLEEP = {"error": {"message": "The engine is sleeping; POST /wake_up to serve requests again.",
+                    "type": "ServiceUnavailableError", "param": None, "code": 503}}  # the sim's, while asleep
+
+
 class Engines:
-    """Loopback engines on the gateway's loop: `answer` ones reply with their name, `reset` ones
-    close every connection before answering (as a killed engine's socket does)."""
+    """Loopback engines on the gateway's loop: `answer` ones reply with their name (or, while
+    `asleep`, 503 as a sleeping engine does), `reset` ones close every connection before answering
+    (as a killed engine's socket does), `silent` ones start an SSE stream, send one event and then
+    nothing more, `mute` ones read the request and never answer."""
 
     def __init__(self, running: Running) -> None:
         self.running, self.servers, self.hits = running, [], {}
+        self.asleep: set[int] = set()  # ports of `answer` engines put to sleep
+        self.kinds = {"answer": self._answer, "reset": self._reset, "silent": self._silent, "mute": self._mute}
 
     def start(self, kind: str) -> str:
         async def serve() -> str:
-            server = await asyncio.start_server(self._answer if kind == "answer" else self._reset, "127.0.0.1", 0)
+            server = await asyncio.start_server(self.kinds[kind], "127.0.0.1", 0)
             self.servers.append(server)
             return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
@@ -170,14 +180,32 @@ class Engines:
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
             self.hits[port] = self.hits.get(port, 0) + 1
-            body = json.dumps({"engine": port}).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(body), body))
+            status, body = ("503 Service Unavailable", ASLEEP) if port in self.asleep else ("200 OK", {"engine": port})
+            raw = json.dumps(body).encode()
+            writer.write(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (status.encode(), len(raw), raw))
 
     async def _reset(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         port = writer.get_extra_info("sockname")[1]
         self.hits[port] = self.hits.get(port, 0) + 1
         writer.transport.abort()
+
+    async def _silent(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._mute(reader, writer, then=b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                             b"Transfer-Encoding: chunked\r\n\r\n" + chunk(b'data: {"n": 1}\n\n'))
+
+    async def _mute(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, then: bytes = b"") -> None:
+        """Read the request, write `then`, and wait (sending nothing) until the gateway closes."""
+        port = writer.get_extra_info("sockname")[1]
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]))
+            self.hits[port] = self.hits.get(port, 0) + 1
+            writer.write(then)
+            await reader.read()  # until the gateway closes its end
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
 
     def stop(self) -> None:
         for server in self.servers:
@@ -195,7 +223,7 @@ def world() -> Iterator[tuple[Running, Engines, dict]]:
 
 
 def ask(running: Running, model: str = "gemma") -> tuple[int, dict, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=20)
+    conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
     conn.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": "x"}),
                  {"Content-Type": "application/json"})
     response = conn.getresponse()
@@ -216,6 +244,50 @@ def test_an_engine_that_resets_before_answering_is_ejected_and_the_request_goes_
     assert [(s, b["engine"]) for s, _, b in answers] == [(200, port(good))] * 4
     assert engines.hits[port(broken)] == 1  # tried once, then out of routing
     assert list(on_loop(running, lambda: running.gateway.replicas.ejected()["engines"])) == [broken]
+
+
+def test_an_engine_asleep_is_ejected_its_requests_go_to_another_and_it_is_back_once_awake(world) -> None:
+    """An engine put to sleep without the daemon's word answers 503: it leaves routing as if it had
+    refused, no client sees the 503, and once its ejection is over it gets requests again."""
+    running, engines, tables = world
+    clock = Clock()  # the ejection ends when the test says so
+    on_loop(running, lambda: setattr(running.gateway.replicas, "clock", clock))
+    sleeper, good = engines.start("answer"), engines.start("answer")
+    engines.asleep.add(port(sleeper))
+    tables["now"] = RouteTable({"gemma": replicated(sleeper, good)})
+    assert [(s, b["engine"]) for s, _, b in (ask(running) for _ in range(4))] == [(200, port(good))] * 4
+    assert engines.hits[port(sleeper)] == 1  # tried once, then out of routing
+    assert list(on_loop(running, lambda: running.gateway.replicas.ejected()["engines"])) == [sleeper]
+    engines.asleep.clear()
+    clock.now += running.gateway.replicas.eject_s
+    assert {b["engine"] for s, _, b in (ask(running) for _ in range(4))} == {port(sleeper), port(good)}
+
+
+def test_a_placed_stack_whose_only_engine_is_asleep_holds_its_requests_until_it_serves_again(world) -> None:
+    running, engines, tables = world
+    on_loop(running, lambda: setattr(running.gateway.replicas, "eject_s", 1.0))  # PLACED_RETRIES of them: 7 s
+    url = engines.start("answer")
+    engines.asleep.add(port(url))
+    tables["now"] = RouteTable({"gemma": Upstream("gemma", url, "tiny", placed=True)})
+    answers: list[tuple[int, dict, dict]] = []
+    client = threading.Thread(target=lambda: answers.append(ask(running)))
+    client.start()
+    wait_for(lambda: on_loop(running, lambda: len(h.waiting) if (h := running.gateway.outages.get("gemma")) else 0)
+             == 1, timeout=20)
+    assert not answers  # held, not answered 503
+    engines.asleep.clear()  # woken by whoever put it to sleep
+    client.join(20)
+    assert [(status, body["engine"]) for status, _, body in answers] == [(200, port(url))]
+
+
+def test_a_lone_engine_on_this_spark_that_is_asleep_answers_its_own_503(world) -> None:
+    """Nothing else could serve it and nothing re-places it: the engine's answer goes through."""
+    running, engines, tables = world
+    url = engines.start("answer")
+    engines.asleep.add(port(url))
+    tables["now"] = RouteTable({"gemma": Upstream("gemma", url, "tiny")})
+    assert ask(running)[::2] == (503, ASLEEP)
+    assert on_loop(running, lambda: running.gateway.replicas.ejected()) == {"hosts": [], "engines": {}}
 
 
 def test_a_lone_engine_that_resets_is_a_502_as_before(world) -> None:

@@ -6,8 +6,8 @@ the engine's answer to the client as it arrives, and as the client connection's 
 (`server.py`) it passes a client that goes away, or stops reading, on to the engine's call. The
 `Gateway` creates one per proxied request, routes and forwards it; the exchange counts its
 answer's status in the `Ledger` and tells the gateway, once, when it is over. An engine that fails
-before any byte of its answer is offered back to the gateway first (`retry`), which may send the
-request to another replica of the stack.
+before any byte of its answer, or answers 503 (asleep, or not serving now), is offered back to the
+gateway first (`retry`), which may eject it and send the request to another replica of the stack.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class Proxied(Relay):
     """The upstream call's sink and the client connection's exchange, for one request."""
 
     def __init__(self, conn: Connection, path: str, payload: dict, *, ledger: Ledger,
-                 done: Callable[[Proxied], None], retry: Callable[[Proxied], bool] = lambda _: False,
-                 size: int = 0) -> None:
+                 done: Callable[[Proxied], None],
+                 retry: Callable[[Proxied, UpstreamError], bool] = lambda *_: False, size: int = 0) -> None:
         self.conn, self.path, self.payload, self.size = conn, path, payload, size  # size: the body's bytes
         self.ledger, self.done, self.retry = ledger, done, retry
         self.model: str = payload["model"]  # as the client named it
@@ -44,6 +44,9 @@ class Proxied(Relay):
 
     # --- the upstream call's sink --------------------------------------------------------------
     def head(self, status: int, headers: list[tuple[str, str]], length: int | None) -> None:
+        if status == 503 and self._elsewhere(UpstreamError("the engine answered 503 (asleep, or not serving now)",
+                                                           unanswered=True)):
+            return
         self.ledger.answered(self.upstream.stack, status)
         self.started = True
         kept = [(k, v) for k, v in headers if k.lower() not in HOP_HEADERS]
@@ -55,7 +58,7 @@ class Proxied(Relay):
         self.conn.send(piece, last)
 
     def failed(self, e: UpstreamError) -> None:
-        if not self.started and e.unanswered and self.retry(self):
+        if self._elsewhere(e):
             return  # on its way to another replica
         self._finish()
         if self.started:  # cut mid-stream: the client's connection closes without the response's end
@@ -64,6 +67,16 @@ class Proxied(Relay):
             stack = self.upstream.stack
             self.ledger.answered(stack, 502)
             error(self.conn, 502, f"stack {stack} did not answer ({e}); see `sparkctl status`", "upstream_unavailable")
+
+    def _elsewhere(self, e: UpstreamError) -> bool:
+        """Offer the failed engine back to the gateway; True if the request went to another replica
+        (the engine's call, if still open, is closed: nothing more of it is wanted)."""
+        call = self.call
+        if not self.retry(self, e):
+            return False
+        if call is not None:
+            call.cancel()
+        return True
 
     # --- the client connection's exchange --------------------------------------------------------
     def cancel(self) -> None:

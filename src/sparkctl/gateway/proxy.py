@@ -7,11 +7,12 @@ nothing queued in between. A client that goes away cancels its upstream request.
 request gets its stack's request defaults where the client left them out (`defaults.py`), and goes
 to the replica of its stack with the fewest requests in flight (`replicas.py`), which also queues
 it while every replica is at the stack's concurrency cap (a cap per engine). An engine that
-refuses or resets a connection before answering is ejected and the request goes to another
-replica of the stack (a lone engine's failure is answered 502, but for a stack placed across a
-fleet, which the daemon re-places when its host dies); `eject_host` takes a host's
-replicas out of routing at once, moving their unanswered requests. While a stack has no replica
-in routing, its requests are held (`hold.py`) until one returns or the hold times out. During a switch
+refuses or resets a connection before answering, or answers 503 (asleep without the daemon's
+word, or not serving), is ejected and the request goes to another replica of the stack (a lone
+engine's failure is passed on, but for a stack placed across a fleet, which the daemon re-places
+when its host dies); an ejected engine gets requests again after `EJECT_S`. `eject_host` takes a
+host's replicas out of routing at once, moving their unanswered requests. While a stack has no
+replica in routing, its requests are held (`hold.py`) until one returns or the hold times out. During a switch
 an alias can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
 a request that names a parked stack is held the same way while the daemon wakes it (`Waker`);
 and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. A request to
@@ -49,7 +50,7 @@ from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.server import Connection, error, serve
 from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.ui import Dashboard
-from sparkctl.gateway.upstream import EnginePool
+from sparkctl.gateway.upstream import EnginePool, UpstreamError
 from sparkctl.policy import routing
 from sparkctl.policy.routing import Rule
 
@@ -277,14 +278,17 @@ class Gateway:
         exchange.upstream, exchange.forwarded, exchange.call = None, False, None
         self._route(exchange)
 
-    def _retry(self, exchange: Proxied) -> bool:
-        """The engine failed before any byte of its answer: eject it and send the request to another
-        replica, at most once per replica; False (answer 502) for a lone engine on this Spark. A
-        stack placed across the fleet is held instead while none of its replicas is left (its host
-        may be dying: the daemon re-places it), through a few ejections before the 502."""
+    def _retry(self, exchange: Proxied, e: UpstreamError) -> bool:
+        """The engine served none of the request (`unanswered`: it refused, reset or closed before
+        answering, or answered 503): eject it and send the request to another replica, at most
+        once per replica; False (the failure, or the engine's 503, goes to the client) for a lone
+        engine on this Spark, which is never ejected. A stack placed across the fleet is held
+        instead while none of its replicas is left (its host may be dying: the daemon re-places
+        it), through a few ejections first."""
         upstream, url = exchange.upstream, exchange.replica
         tries = len(upstream.urls) + (PLACED_RETRIES if upstream.placed else 0)
-        if url is None or (len(upstream.urls) < 2 and not upstream.placed) or exchange.tries >= tries:
+        if url is None or (len(upstream.urls) < 2 and not upstream.placed) or exchange.started or \
+                not e.unanswered or exchange.tries >= tries:
             return False
         exchange.tries += 1
         self.replicas.eject(url)
@@ -336,7 +340,8 @@ class Gateway:
         self.ledger.forwarded(exchange.upstream.stack)
         exchange.forwarded, exchange.replica = True, url
         self.on_engine.setdefault(url, set()).add(exchange)
-        exchange.call = self.upstreams.post(url, exchange.path, json.dumps(exchange.payload).encode(), exchange)
+        exchange.call = self.upstreams.post(url, exchange.path, json.dumps(exchange.payload).encode(), exchange,
+                                            exchange.upstream.headers)
         if exchange.conn.paused:
             exchange.call.pause()
 

@@ -113,9 +113,9 @@ class EnginePool:
         self.idle: dict[Address, list[EngineConnection]] = {}
         self.addresses: dict[str, Address] = {}
 
-    def post(self, url: str, path: str, body: bytes, sink: Sink) -> Call:
+    def post(self, url: str, path: str, body: bytes, sink: Sink, headers: Sequence[tuple[str, str]] = ()) -> Call:
         """Send `body` as JSON to `url` + `path`; the answer goes to `sink`. Needs a running loop."""
-        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json")])
+        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json"), *headers])
 
     def send(self, url: str, method: str, target: str, body: bytes, sink: Sink,
              headers: Sequence[tuple[str, str]] = ()) -> Call:
