@@ -25,6 +25,7 @@ from sparkctl.sim.tinymodel import cached_model
 from tests.fleet.cluster import Cluster, cluster, deployable
 from tests.fleet.hosts import Hosts
 from tests.fleet.images import load as load_image
+from tests.teardown import stop
 
 
 class HeadDaemon:
@@ -67,12 +68,7 @@ class HeadDaemon:
         return found
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc, 30)
 
 
 class Load:

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -139,8 +138,8 @@ class Hosts:
             raise ValueError(f"between 1 and {len(NAMES)} hosts, not {count}")
         self.count = count
         self.seeds = seeds or {}  # host name -> an image's seed for its data root (tests/fleet/images.py)
-        self.run_id = uuid.uuid4().hex[:6]
-        self.tag = f"{network.TAG_PREFIX}{self.run_id}"
+        self.tag = network.run_tag()
+        self.run_id = self.tag.removeprefix(network.TAG_PREFIX)
         self.root = Path(tempfile.gettempdir()) / self.tag  # short: unix socket paths stay < 108 bytes
         self.hosts: list[Host] = []
         self.timings: dict[str, float] = {}

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkctl.sim.registry import Registry
+from tests.teardown import stop
 
 if TYPE_CHECKING:
     from tests.fleet.hosts import Host
@@ -51,9 +52,8 @@ class BridgeRegistry(Registry):
         self._wait_on(self.bridge_host, self.bridge_proc)
 
     def stop(self) -> None:
-        self.bridge_proc.terminate()
-        self.bridge_proc.wait(timeout=10)
-        super().stop()
+        stop(self.bridge_proc, 10)
+        stop(self.proc, 10)
 
     def _wait_on(self, host: str, proc: subprocess.Popen) -> None:
         address, port = host.rsplit(":", 1)

@@ -1,6 +1,7 @@
 """The fleet tests' wire: one Linux bridge in the root namespace and one network namespace per
 "host", joined to it by a veth pair, all named after a per-run tag so that parallel runs and an
-owner's own namespaces are never touched.
+owner's own namespaces are never touched. A tag begins with the test run's id (tests.teardown),
+so the end of a pytest session finds and sweeps whatever any of its tests or benchmarks left.
 
 Used by tests/fleet/hosts.py. Plain L2 on a private /24 that no existing route covers: the bridge
 holds .1 (so the root namespace reaches the hosts), each host one address on its `cx7` end (named
@@ -16,10 +17,13 @@ import os
 import random
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
+from tests.teardown import run_id
+
 NETNS_DIR = Path("/var/run/netns")
-TAG_PREFIX = "spk"  # every object is named spk<run id>...; sweep() matches that exact tag only
+TAG_PREFIX = "spk"  # every object is named spk<run id><4 hex>...; sweep() matches that exact tag only
 LINK = "cx7"  # the host's end of its veth, inside its namespace
 
 
@@ -59,6 +63,17 @@ class Network:
     def set_link(self, name: str, *, up: bool) -> None:
         """Unplug (or plug back) a host's cable: its address stops answering, as a dead Spark's."""
         _ip("link", "set", f"{self.tag}{name}", "up" if up else "down")
+
+
+def run_tag() -> str:
+    """A fresh tag in this run: TAG_PREFIX, the run's id, 4 hex of its own (11 characters: a link
+    named after it, plus a host's letter or `br`, stays within Linux's 15)."""
+    return f"{run_prefix()}{uuid.uuid4().hex[:4]}"
+
+
+def run_prefix() -> str:
+    """What every tag of this run begins with."""
+    return f"{TAG_PREFIX}{run_id()}"
 
 
 def pids(netns: str) -> list[int]:

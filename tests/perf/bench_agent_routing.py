@@ -48,6 +48,7 @@ from sparkctl.gateway import tokens  # noqa: E402
 from sparkctl.sim.profiles import PROFILES  # noqa: E402
 from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import Running, free_port  # noqa: E402
+from tests.teardown import stop  # noqa: E402
 
 SCALE = 0.01
 THRESHOLD = 8192
@@ -151,9 +152,9 @@ def main() -> None:
                     results[label] = on_spark(running.url, urls, target, fill)
             finally:
                 running.stop()
-                twin.kill()
+                stop(twin, 10)
     finally:
-        dflash.kill()
+        stop(dflash, 10)
     for label, calls in results.items():
         waits = [spark for _, spark, _ in calls]
         overhead = sum(overhead for *_, overhead in calls)

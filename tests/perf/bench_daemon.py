@@ -21,10 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import SPARKCTL, load, runs, sparkctl, spread, world  # noqa: E402
 
 from sparkctl.instance import container_name  # noqa: E402
+from tests.teardown import stop  # noqa: E402
 
 KILLS, IDLE_S, IDLE_WINDOWS = runs(20, smoke=2), runs(30, smoke=3), runs(5)
 THREE = ("bench-a", "bench-b", "bench-c")
@@ -122,8 +124,7 @@ def main() -> None:
             status = timed(env, runs(20), "status")
             listed = timed(env, runs(20), "stacks", "list")
         finally:
-            daemon.terminate()
-            daemon.wait(timeout=30)
+            stop(daemon, 30)
         listed_alone = timed(env, runs(20), "stacks", "list")
     print(f"crash detection -> restart started (`docker kill`s): {spread(delays)}; goal <= 1.000 s")
     print(f"daemon idle with 3 stacks running (windows of {IDLE_S} s): CPU {spread(cpu, unit='%', digits=2)}, "

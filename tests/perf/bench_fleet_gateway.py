@@ -18,12 +18,12 @@ Needs root (it creates a namespace and a bridge, removed at the end). Run with `
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -35,6 +35,7 @@ from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.fleet import network  # noqa: E402
 from tests.fleet.hosts import check_machine, sweep  # noqa: E402
+from tests.teardown import stop  # noqa: E402
 
 ROUNDS = runs(5)
 REQUESTS = {1: 2, 16: 1} if SMOKE else {1: 6, 16: 2}  # concurrency -> requests per client per round
@@ -45,7 +46,8 @@ Row = tuple[float, float]
 def main() -> None:
     print(load())
     check_machine()
-    tag = f"{network.TAG_PREFIX}{uuid.uuid4().hex[:6]}"
+    tag = network.run_tag()
+    atexit.register(sweep, tag)  # if the process ends before the finally below (idempotent)
     root = Path(tempfile.mkdtemp(prefix="sparkctl-fleet-gw-"))
     procs = []
     try:
@@ -75,9 +77,8 @@ def main() -> None:
                     results[name] += asyncio.run(level(*targets[name], concurrency, requests))
             report(concurrency, results)
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+        for proc in procs:  # never raises: a process slow to exit is killed, and the sweep always runs
+            stop(proc, 10)
         sweep(tag)
         shutil.rmtree(root, ignore_errors=True)
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sparkctl.deploy.health import http_status  # noqa: E402
 from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
+from tests.teardown import stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import SMOKE, load, runs  # noqa: E402
@@ -219,8 +220,7 @@ def main() -> None:
                 report(concurrency, bursts, burst=True)
     finally:
         for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+            stop(proc, 10)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -28,6 +28,7 @@ from bench_gateway import NGINX_CONF, start  # noqa: E402
 from world import load, runs  # noqa: E402
 
 from tests.conftest import free_port  # noqa: E402
+from tests.teardown import stop  # noqa: E402
 
 REQUESTS, WARM, ROUNDS = runs(1000, smoke=50), runs(50, smoke=5), runs(3)
 PIECE = b'data: {"choices":[{"text":"x","index":0}]}\n\n'
@@ -104,8 +105,7 @@ def main() -> None:
         report(times)
     finally:
         for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+            stop(proc, 10)
         shutil.rmtree(root, ignore_errors=True)
 
 

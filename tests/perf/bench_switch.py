@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import SPARKCTL, load, runs, spread, world  # noqa: E402
 
 from sparkctl.cli.client import DaemonClient  # noqa: E402
+from tests import teardown  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
 SWITCHES = runs(10, smoke=2)
@@ -91,8 +92,7 @@ def main() -> None:
             stop.set()
             loop.join()
         finally:
-            daemon.terminate()
-            daemon.wait(30)
+            teardown.stop(daemon, 30)
     cost, waited, engine, steps = ([c[i] for c in costs] for i in range(4))
     print(f"switch cost (hold/swap) beyond the engine's own start: {spread(cost)}; goal <= {GOAL} s: "
           f"{'ok' if statistics.median(cost) <= GOAL else 'MISSED'}")

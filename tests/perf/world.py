@@ -2,15 +2,18 @@
 Hub with the fixture repos, and sparkctl settings pointing at both (in a temp dir). Also how
 every benchmark reports a figure (median, min and max over its runs) and the machine's load,
 and the smoke mode `make test` runs them in (SPARKCTL_PERF_SMOKE=1: one run, small sizes; the
-figures are printed, not judged)."""
+figures are printed, not judged). A benchmark ends on SIGTERM as on an exception: its `finally`
+blocks and atexit sweeps run."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,8 +26,12 @@ from sparkctl.sim.repos import seed_repos
 from sparkctl.sim.tinymodel import cached_model
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.teardown import stop  # noqa: E402
+
 SPARKCTL = str(ROOT / ".venv" / "bin" / "sparkctl")
 SMOKE = os.environ.get("SPARKCTL_PERF_SMOKE") == "1"
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def runs(full: int, smoke: int = 1) -> int:
@@ -68,7 +75,7 @@ def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
                 yield env, hub.hub
             finally:
                 sandbox.remove(instance["SPARKCTL_INSTANCE"])
-                registry.stop()
+                stop(registry.proc, 10)
 
 
 @contextlib.contextmanager
@@ -85,8 +92,7 @@ def daemon(env: dict[str, str]) -> Iterator[subprocess.Popen]:
             time.sleep(0.05)
         yield proc
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc, 30)
 
 
 def sparkctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ import pytest
 from sparkctl.deploy.health import http_status
 from sparkctl.sim.tinymodel import write_model
 from tests.conftest import free_port
+from tests.teardown import stop
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +46,8 @@ class SimProcess:
             time.sleep(0.02)
 
     def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        """Killed at once: an engine dying mid-stream is what some tests are about."""
+        stop(self.proc, 0)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.request import MAX_FIELDS, MAX_HEAD, SLICE, Request
 from sparkctl.gateway.server import Connection
 from tests.conftest import ROOT, wait_for
+from tests.teardown import stop
 from tests.unit.wire import Transport
 
 MiB = 1 << 20
@@ -81,11 +82,7 @@ def served() -> Iterator[Served]:
         yield Served(proc)
     finally:
         proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc, 10)
 
 
 def test_bodies_in_tiny_chunks_hold_what_the_budget_counts_and_free_it_on_close(served: Served) -> None:
