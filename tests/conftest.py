@@ -2,7 +2,9 @@
 components (Docker engine, a registry on loopback, engine containers).
 
 Under CI (`CI` set) a missing engine or image is a failure; elsewhere its tests skip with one
-line. Everything a test creates carries `sparkctl.test-run=<id>` and is removed afterwards."""
+line. Everything a test creates carries `sparkctl.test-run=<id>` and is removed afterwards. The
+session ends with two checks that fail it: nothing of the run is left (tests/leftovers.py: swept,
+then reported) and no neighbour container changed (tests/neighbours.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import pytest
 from sparkctl.deploy.health import http_status
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.sim import sandbox
+from tests import leftovers, neighbours, teardown
+from tests.neighbours import TEST_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +35,36 @@ ROOT = Path(__file__).resolve().parents[1]
 # coherence question. The one test of `auto` sets its own value.
 os.environ["SPARKCTL_BENCH_CORPUS"] = "loopback"
 os.environ["SPARKCTL_BENCH_SKIP_COHERENCE"] = "1"
+NEIGHBOURS = pytest.StashKey["neighbours.Watch | None"]()
+PROBLEMS = pytest.StashKey[list[str]]()
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    teardown.run_id()  # in the environment from here on: every process the run starts carries it
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Record the engine's neighbours, once per run (not in xdist workers)."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[NEIGHBOURS] = neighbours.Watch.start()
+
+
+@pytest.hookimpl(trylast=True)  # after the runner's own, which tears the session's fixtures down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the session if it left anything of its own (swept now) or changed a neighbour."""
+    if hasattr(session.config, "workerinput"):
+        return
+    watch = session.config.stash.get(NEIGHBOURS, None)
+    problems = leftovers.check(teardown.run_id()) + [f"neighbour changed: {line}" for line in
+                                                     (watch.changes() if watch else [])]
+    session.config.stash[PROBLEMS] = problems
+    if problems and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    for line in config.stash.get(PROBLEMS, []):
+        terminalreporter.write_line(f"FAILED session check: {line}", red=True, bold=True)
 
 
 def wait_for(check, timeout: float = 30, what: str = "", logs=lambda: "") -> None:
@@ -78,7 +111,6 @@ def cli(capsys: pytest.CaptureFixture[str]):
 
 
 BASE_IMAGE = "sparkctl-test/base:bookworm"
-TEST_LABEL = "sparkctl.test-run"
 
 
 def _missing(what: str) -> None:
@@ -127,7 +159,7 @@ def _serve_registry(tmp_path_factory, name: str) -> Iterator:
 
     reg = Registry(tmp_path_factory.mktemp(name))
     yield reg
-    reg.stop()
+    teardown.stop(reg.proc, 10)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ import pytest
 from sparkctl.cli.client import DaemonClient
 from sparkctl.errors import SparkctlError
 from sparkctl.state.store import Store
+from tests import teardown
 from tests.conftest import TEST_LABEL, instance, name
 from tests.integration.conftest import SMALL, containers, wait_for
 
@@ -204,7 +205,8 @@ def test_dockerd_restart_is_survived_and_stacks_come_back(start_daemon, cli, eng
     os.kill(pid, signal.SIGTERM)  # that one process: other dockerds (the fleet tests' hosts, an owner's) live on
     wait_for(lambda: not _alive(pid), timeout=60, what="dockerd to exit")
     root = Path(__file__).resolve().parents[2]
-    subprocess.run(["bash", str(root / "scripts" / "host-setup.sh")], check=True, capture_output=True)
+    subprocess.run(["bash", str(root / "scripts" / "host-setup.sh")], check=True, capture_output=True,
+                   env=teardown.unmarked())  # the engine it starts outlives the run: not swept as a leftover
     wait_for(lambda: engine.state(name("qwen36-dflash"))[0] == "running", timeout=60, what="restart",
              logs=daemon.logs)
     wait_for(lambda: daemon.client.get("/v1/status")["stacks"][0]["phase"] == "running", what="healthy",
