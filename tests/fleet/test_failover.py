@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet.cluster import Cluster
+from tests.fleet.exposure import send
 from tests.fleet.head import HeadDaemon, Load, headed
 from tests.fleet.hosts import Hosts
 
@@ -55,6 +56,27 @@ def test_a_dead_engine_on_a_live_host_is_started_again_while_its_twin_serves(hea
     assert load.failed == {"pair": []}, load.failed
     assert host.docker("ps", "-q", "--filter", "label=sparkctl.stack=pair").split()  # running there again
     assert len(set(cluster.hosts_of("pair"))) == 2
+
+
+def test_a_replica_put_to_sleep_on_its_host_is_routed_around_until_it_wakes(head) -> None:
+    """A process on a replica's own host puts its engine to sleep (vLLM's dev endpoint, reachable on
+    that host's loopback only), without the daemon's word: the gateway treats it as an engine that
+    failed its probe and routes around it, so no client request fails; woken, it serves again."""
+    cluster, daemon = head
+    host = cluster.hosts[cluster.hosts_of("pair")[-1]]
+    engine = f"http://127.0.0.1:{STACKS['pair'][1]}"
+    load = Load(daemon.url, ["pair"])
+    try:
+        daemon.until(lambda: load.ok["pair"] >= 5, 30)
+        assert send(host, "POST", engine + "/sleep?level=1") == "200"
+        served = load.ok["pair"]
+        daemon.until(lambda: load.ok["pair"] >= served + 20, 60)
+        assert send(host, "POST", engine + "/wake_up") == "200"
+        served = load.ok["pair"]
+        daemon.until(lambda: load.ok["pair"] >= served + 10, 60)
+    finally:
+        load.stop()
+    assert load.failed == {"pair": []}, load.failed
 
 
 def test_a_dead_host_leaves_routing_its_stack_moves_and_it_comes_back_swept(head) -> None:
