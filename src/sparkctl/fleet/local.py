@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import socket
 import stat
 import subprocess
@@ -25,6 +24,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.node import LABEL_ADDRESS, LABEL_INTERFACE, LABEL_VALUE, NodeLaunch, NodeRecord
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet, Host, RayNode, Serving
+from sparkctl.state import secret
 
 TOKEN_FILE = "ray-token"
 RECORD_FILE = "node.json"
@@ -107,13 +107,8 @@ def launch_for(host: Host, *, head: str | None, settings: Settings) -> NodeLaunc
 # -- the token -------------------------------------------------------------------------------------
 def ensure_token(path: Path) -> None:
     """A fresh token for a new fleet, unless this Spark already has one (then it is kept)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return check_token(path)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32))
+    if not secret.make(path):
+        check_token(path)
 
 
 def install_token(source: Path, path: Path) -> None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import time
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError
+from sparkctl.state import secret
 
 KEY_FILE = "dashboard.key"
 CODE_TTL = 300.0  # seconds a login URL stays good
@@ -28,13 +28,7 @@ SESSION_TTL = 30 * 86400.0  # seconds a browser stays logged in
 
 def ensure_key(path: Path) -> bytes:
     """The key at `path`, made (0600) if there is none yet."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return read_key(path)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32))
+    secret.make(path)
     return read_key(path)
 
 
