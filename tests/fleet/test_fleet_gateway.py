@@ -2,7 +2,9 @@
 through the test bridge. Under a bounded load loop of the official openai client, killing one
 replica's engine fails no request (an engine that refuses before answering is ejected and the
 request goes to another replica), and `eject_host` stops all traffic to a host at once. A stack
-whose only host is ejected holds its requests until the host is restored, then serves them.
+whose only host is ejected holds its requests until the host is restored, then serves them. A
+stream in flight to a host whose link is cut ends with an error once the host is ejected, while
+new requests go to the other replica.
 
 Slow-ish (engines in the hosts' own dockerds, about 10 s in all): what the unit tests of
 tests/unit/test_replicas.py cannot show is real engines dying on another host's address."""
@@ -21,6 +23,7 @@ import pytest
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running, wait_for
+from tests.fleet.conftest import SIM_ENV
 
 REQUESTS, CLIENTS = 90, 4
 
@@ -131,3 +134,46 @@ def test_a_single_replica_stack_whose_host_is_ejected_holds_then_serves(fleet, s
     assert loop.failures == [] and loop.done == REQUESTS and served(engine.url) == REQUESTS
 
 
+def test_a_stream_to_a_host_whose_link_is_cut_ends_once_it_is_ejected(fleet, start_on, gateway, monkeypatch) -> None:
+    """The cut link sends nothing back, not even a reset: only the eject can end the stream before
+    the gateway's stall bound (120 s). The engines run at a Spark's speed, so the stream is long."""
+    running, tables = gateway
+    monkeypatch.setitem(SIM_ENV, "SPARKCTL_SIM_TIME_SCALE", "1")
+    monkeypatch.setitem(SIM_ENV, "SPARKCTL_SIM_LOAD_SCALE", "0.01")
+    b, c = fleet["b"], fleet["c"]
+    engines = {h.name: start_on(h, name="gw-cut", port=8123) for h in (b, c)}
+    for engine in engines.values():
+        engine.wait_ready()
+    tables["now"] = RouteTable({"placed": Upstream("placed", engines["b"].url, "tiny", replicas=(engines["c"].url,),
+                                                   placed=True)}, aliases={"primary": "placed"})
+    client = openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    first, ended, outcome = threading.Event(), threading.Event(), []
+
+    def stream() -> None:  # the first request of a fresh gateway goes to the first replica: b's
+        try:
+            for _ in client.chat.completions.create(model="primary", max_tokens=1800, stream=True,
+                                                    messages=[{"role": "user", "content": "x"}],
+                                                    extra_body={"ignore_eos": True}):
+                first.set()
+            outcome.append("ended cleanly")
+        except Exception as e:  # noqa: BLE001 - how it ended is the point
+            outcome.append(e)
+        finally:
+            first.set()
+            ended.set()
+
+    threading.Thread(target=stream, daemon=True).start()
+    try:
+        assert first.wait(60) and not ended.is_set(), outcome
+        fleet.network.set_link("b", up=False)
+        on_loop(running, lambda: running.gateway.eject_host(b.address))
+        assert ended.wait(10), "the stream outlived its host's eject"
+        assert isinstance(outcome[0], openai.APIError) and f"host {b.address} left routing" in str(outcome[0])
+        on_c = served(engines["c"].url)
+        for _ in range(3):
+            reply = client.chat.completions.create(model="primary", max_tokens=4,
+                                                   messages=[{"role": "user", "content": "x"}])
+            assert reply.choices[0].message.content
+        assert served(engines["c"].url) == on_c + 3
+    finally:
+        fleet.network.set_link("b", up=True)

@@ -278,3 +278,33 @@ def test_a_large_stream_to_a_client_that_stalls_pauses_the_engine_and_arrives_wh
         assert len(reading) == len(stalls) >= 3 and not any(reading)
 
     serve(script, test)
+
+
+def test_a_stall_bound_ends_a_silent_stream_but_not_one_its_caller_keeps_paused() -> None:
+    """`stall` counts the engine's silence, not the caller's: while the caller keeps reading paused
+    (its client is slow) far past the bound, the stream lives on; a silent engine fails the call."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        await read_request(reader)
+        writer.write(head + chunked([b"first ", b"second"], False, False))
+        await read_request(reader)  # the next request, on the kept-alive connection
+        writer.write(head + b"6\r\nfirst \r\n")
+        await reader.read()  # then silent, until the gateway closes
+
+    def hold_back(sink: Collect) -> None:  # the caller stops reading after the first piece, for 4 bounds
+        if len(sink.pieces) == 1:
+            sink.call.pause()
+            asyncio.get_running_loop().call_later(0.4, sink.call.resume)
+
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
+        paused = Collect(on_piece=hold_back)
+        paused.call = upstreams.post(url, "/", b"{}", paused, stall=0.1)
+        assert await paused.result() == (200, b"first second")
+        silent = Collect()
+        silent.call = upstreams.post(url, "/", b"{}", silent, stall=0.1)
+        with pytest.raises(UpstreamError, match="sent nothing for 0.1 s") as failure:
+            await silent.result()
+        assert failure.value.stalled and not failure.value.unanswered and silent.pieces == [b"first "]
+        assert not upstreams.idle.get(silent.call.address)  # its connection was closed, not pooled
+
+    assert len(serve(script, test)) == 1

@@ -6,13 +6,18 @@ the engine's answer to the client as it arrives, and as the client connection's 
 (`server.py`) it passes a client that goes away, or stops reading, on to the engine's call. The
 `Gateway` creates one per proxied request, routes and forwards it; the exchange counts its
 answer's status in the `Ledger` and tells the gateway, once, when it is over. An engine that fails
-before any byte of its answer, or answers 503 (asleep, or not serving now), is offered back to the
-gateway first (`retry`), which may eject it and send the request to another replica of the stack.
+(before any byte of its answer, by answering 503, or by falling silent) is offered back to the
+gateway first (`retry`), which may eject it and, while nothing of the answer was passed on, send
+the request to another replica of the stack. An answer under way that breaks off, or that the
+gateway ends (`cut`: its engine left routing), closes the client's connection without the
+response's end, so the client knows it is incomplete and can retry; an SSE stream first gets an
+error event in sparkctl's envelope.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Coroutine
 
 from sparkctl.gateway.ledger import Ledger
@@ -37,7 +42,7 @@ class Proxied(Relay):
         self.tries = 0  # times sent to another replica after one failed
         self.task: asyncio.Task[None] | None = None  # while it waits at a hold or a cap
         self.call: Call | None = None  # once forwarded
-        self.forwarded = self.started = self.over = False
+        self.forwarded = self.started = self.over = self.sse = False
 
     def wait(self, step: Coroutine[None, None, None]) -> None:
         self.task = self.conn.task(step)
@@ -50,6 +55,8 @@ class Proxied(Relay):
         self.ledger.answered(self.upstream.stack, status)
         self.started = True
         kept = [(k, v) for k, v in headers if k.lower() not in HOP_HEADERS]
+        self.sse = length is None and any(k.lower() == "content-type" and v.startswith("text/event-stream")
+                                          for k, v in kept)
         self.conn.start(status, [*kept, ("X-Sparkctl-Stack", self.upstream.stack)], length)
 
     def body(self, piece: bytes, last: bool) -> None:
@@ -61,12 +68,21 @@ class Proxied(Relay):
         if self._elsewhere(e):
             return  # on its way to another replica
         self._finish()
-        if self.started:  # cut mid-stream: the client's connection closes without the response's end
-            self.conn.abort()
+        if self.started:  # cut mid-answer
+            self._break_off(str(e))
         else:
             stack = self.upstream.stack
             self.ledger.answered(stack, 502)
             error(self.conn, 502, f"stack {stack} did not answer ({e}); see `sparkctl status`", "upstream_unavailable")
+
+    # --- the gateway's side --------------------------------------------------------------------
+    def cut(self, why: str) -> None:
+        """End an answer under way from an engine that left routing (its host is dead): the
+        engine's connection closes, and the client's without the response's end."""
+        if self.call is not None:
+            self.call.cancel()
+        self._finish()
+        self._break_off(why)
 
     def _elsewhere(self, e: UpstreamError) -> bool:
         """Offer the failed engine back to the gateway; True if the request went to another replica
@@ -77,6 +93,16 @@ class Proxied(Relay):
         if call is not None:
             call.cancel()
         return True
+
+    def _break_off(self, why: str) -> None:
+        """Close the client's connection without the response's end (the client sees an incomplete
+        answer and may retry); an SSE stream first gets an error event, as the gateway's errors."""
+        if self.sse:
+            message = f"stack {self.upstream.stack}'s engine stopped mid-answer ({why}); retry the request"
+            event = {"error": {"message": message, "type": "upstream_unavailable", "param": None,
+                               "code": "upstream_unavailable", "source": "sparkctl"}}
+            self.conn.send(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n", False)
+        self.conn.abort()
 
     # --- the client connection's exchange --------------------------------------------------------
     def cancel(self) -> None:

@@ -10,9 +10,12 @@ it while every replica is at the stack's concurrency cap (a cap per engine). An 
 refuses or resets a connection before answering, or answers 503 (asleep without the daemon's
 word, or not serving), is ejected and the request goes to another replica of the stack (a lone
 engine's failure is passed on, but for a stack placed across a fleet, which the daemon re-places
-when its host dies); an ejected engine gets requests again after `EJECT_S`. `eject_host` takes a
-host's replicas out of routing at once, moving their unanswered requests. While a stack has no
-replica in routing, its requests are held (`hold.py`) until one returns or the hold times out. During a switch
+when its host dies); an ejected engine gets requests again after `EJECT_S`. A stream whose engine
+sends nothing for `stall` seconds is ended and its engine ejected. `eject_host` takes a host's
+replicas out of routing at once, moving their unanswered requests and ending the answers under
+way there (the client sees an incomplete response it can retry, an SSE stream an error event
+first). While a stack has no replica in routing, its requests are held (`hold.py`) until one
+returns or the hold times out. During a switch
 an alias can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
 a request that names a parked stack is held the same way while the daemon wakes it (`Waker`);
 and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. A request to
@@ -61,6 +64,9 @@ PROXIED = ("/v1/chat/completions", "/v1/completions")
 # engine for EJECT_S, so this covers a host's death until the fleet's control plane declares it.
 PLACED_RETRIES = 6
 INLINE_COUNT = 32 * 1024  # request bytes counted on the event loop; longer prompts in a thread
+# Seconds a stream's engine may send nothing (not even its first token) before the stream is ended
+# and the engine ejected: a hung engine, or one behind a cut link, which TCP takes ~15 min to notice.
+STALL = 120.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class Waker:
 class Gateway:
     def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None,
                  hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None,
-                 hold_queue: int = 1024, hold_timeout: float = 300.0) -> None:
+                 hold_queue: int = 1024, hold_timeout: float = 300.0, stall: float = STALL) -> None:
         self.routes = routes
         self.api_keys = [k.encode() for k in api_keys or []]
         # The names clients may reach it by (DNS-rebinding protection for a loopback service); None: any.
@@ -86,7 +92,7 @@ class Gateway:
         self.replicas = Replicas(on_return=self.routes_changed)
         self.on_engine: dict[str, set[Proxied]] = {}  # engine URL -> requests forwarded to it, not yet over
         self.outages: dict[str, Hold] = {}  # stack -> its hold while none of its replicas is in routing
-        self.hold_queue, self.hold_timeout = hold_queue, hold_timeout
+        self.hold_queue, self.hold_timeout, self.stall = hold_queue, hold_timeout, stall
         self.ledger = Ledger()
         self.upstreams = EnginePool()  # keep-alive connections to the engines
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches (or a parked name's, while it wakes)
@@ -157,26 +163,30 @@ class Gateway:
 
     # --- replicas in and out of routing (called on the gateway's loop) ---------------------------
     def eject_host(self, address: str) -> None:
-        """Take every replica on the host at `address` out of routing (its host is dead), and move
-        the requests forwarded there that have no answer yet to other replicas, or hold them."""
+        """Take every replica on the host at `address` out of routing (its host is dead), move the
+        requests forwarded there that have no answer yet to other replicas (or hold them), and end
+        the answers under way there: nothing more of them will come."""
         self.replicas.eject_host(address)
-        self._move_unanswered([u for u in self.on_engine if host_of(u) == address])
+        self._evacuate([u for u in self.on_engine if host_of(u) == address], f"host {address} left routing")
 
     def eject_engine(self, url: str) -> None:
         """Take one engine out of routing until `restore_engine` (a multi-node group that failed
-        its probe), moving its unanswered requests as `eject_host` does."""
+        its probe, to be recreated whole), moving or ending its requests as `eject_host` does."""
         self.replicas.hold_out(url)
-        self._move_unanswered([url])
+        self._evacuate([url], "its engine failed its probe")
 
     def restore_engine(self, url: str) -> None:
         self.replicas.restore(url)
 
-    def _move_unanswered(self, urls: list[str]) -> None:
+    def _evacuate(self, urls: list[str], why: str) -> None:
         for url in [u for u in urls if u in self.on_engine]:
-            for exchange in [e for e in self.on_engine[url] if not e.started]:
-                exchange.call.cancel()
-                self._leave(exchange)
-                self._reroute(exchange)
+            for exchange in list(self.on_engine[url]):
+                if exchange.started:
+                    exchange.cut(why)
+                else:
+                    exchange.call.cancel()
+                    self._leave(exchange)
+                    self._reroute(exchange)
 
     def restore_host(self, address: str) -> None:
         """The host's replicas are back in routing; requests held for them go."""
@@ -279,16 +289,19 @@ class Gateway:
         self._route(exchange)
 
     def _retry(self, exchange: Proxied, e: UpstreamError) -> bool:
-        """The engine served none of the request (`unanswered`: it refused, reset or closed before
-        answering, or answered 503): eject it and send the request to another replica, at most
-        once per replica; False (the failure, or the engine's 503, goes to the client) for a lone
-        engine on this Spark, which is never ejected. A stack placed across the fleet is held
-        instead while none of its replicas is left (its host may be dying: the daemon re-places
-        it), through a few ejections first."""
+        """The engine failed the request: it refused, reset or closed before answering, answered
+        503 (`unanswered`: it served none of it), or fell silent (`stalled`). Eject it, and send an
+        unanswered request to another replica, at most once per replica; False (the failure, or
+        the engine's 503, goes to the client) for a lone engine on this Spark, which is never
+        ejected. A stack placed across the fleet is held instead while none of its replicas is
+        left (its host may be dying: the daemon re-places it), through a few ejections first."""
         upstream, url = exchange.upstream, exchange.replica
+        if url is None or (len(upstream.urls) < 2 and not upstream.placed) or not (e.unanswered or e.stalled):
+            return False
         tries = len(upstream.urls) + (PLACED_RETRIES if upstream.placed else 0)
-        if url is None or (len(upstream.urls) < 2 and not upstream.placed) or exchange.started or \
-                not e.unanswered or exchange.tries >= tries:
+        if exchange.started or not e.unanswered or exchange.tries >= tries:
+            if e.stalled:
+                self.replicas.eject(url)
             return False
         exchange.tries += 1
         self.replicas.eject(url)
@@ -340,8 +353,9 @@ class Gateway:
         self.ledger.forwarded(exchange.upstream.stack)
         exchange.forwarded, exchange.replica = True, url
         self.on_engine.setdefault(url, set()).add(exchange)
+        stall = self.stall if exchange.payload.get("stream") else None  # a whole answer may take any time
         exchange.call = self.upstreams.post(url, exchange.path, json.dumps(exchange.payload).encode(), exchange,
-                                            exchange.upstream.headers)
+                                            exchange.upstream.headers, stall=stall)
         if exchange.conn.paused:
             exchange.call.pause()
 

@@ -12,6 +12,11 @@ closes it, which is also how a client's disconnect reaches the engine. Idle conn
 dropped before the engine's own keep-alive timeout could (uvicorn's is 5 s), and a request that
 finds its reused connection closed under it, before any byte of the answer, is sent again once
 on a fresh one. Flow control is the caller's: `Call.pause` stops reading from the engine.
+
+Nothing waits on an engine for good: connecting is bounded (`connect_timeout`), and a call given a
+`stall` bound (the gateway's streams) fails once its engine has sent nothing for that long, from
+the request's write or its last byte, not counting time its caller kept reading paused: a
+stream from an engine on a host whose link is cut would otherwise hang until TCP gives up.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ from sparkctl.gateway.http1 import Dechunker, Malformed, fields, split_head
 
 
 class UpstreamError(Exception):
-    """The engine could not be reached or broke off its answer. `unanswered`: no byte of an answer
-    came (refused, reset or closed before answering), so the request may go to another replica."""
+    """The engine could not be reached or broke off its answer. `unanswered`: the engine served no
+    part of the request (refused, reset or closed before answering), so it may go to another
+    replica. `stalled`: the engine sent nothing for the call's `stall` bound."""
 
-    def __init__(self, message: str, *, unanswered: bool = False) -> None:
+    def __init__(self, message: str, *, unanswered: bool = False, stalled: bool = False) -> None:
         super().__init__(message)
-        self.unanswered = unanswered
+        self.unanswered, self.stalled = unanswered, stalled
 
 
 class Sink(Protocol):
@@ -53,8 +59,10 @@ Address = tuple[str, int] | str  # host and port, or a unix socket's path
 class Call:
     """One request to an engine, from sending until its answer ends, fails or is cancelled."""
 
-    def __init__(self, pool: EnginePool, address: Address, message: bytes, sink: Sink) -> None:
+    def __init__(self, pool: EnginePool, address: Address, message: bytes, sink: Sink, *,
+                 stall: float | None = None) -> None:
         self.pool, self.address, self.message, self.sink = pool, address, message, sink
+        self.stall = stall  # s the engine may send nothing before the call fails; None: unbounded
         self.conn: EngineConnection | None = None
         self.task: asyncio.Task[None] | None = None  # making a fresh connection, when one was needed
         self.paused = self.retried = False
@@ -113,19 +121,21 @@ class EnginePool:
         self.idle: dict[Address, list[EngineConnection]] = {}
         self.addresses: dict[str, Address] = {}
 
-    def post(self, url: str, path: str, body: bytes, sink: Sink, headers: Sequence[tuple[str, str]] = ()) -> Call:
-        """Send `body` as JSON to `url` + `path`; the answer goes to `sink`. Needs a running loop."""
-        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json"), *headers])
+    def post(self, url: str, path: str, body: bytes, sink: Sink, headers: Sequence[tuple[str, str]] = (), *,
+             stall: float | None = None) -> Call:
+        """Send `body` as JSON to `url` + `path`; the answer goes to `sink`. Needs a running loop.
+        `stall`: fail the call once the engine has sent nothing for that many seconds."""
+        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json"), *headers], stall=stall)
 
     def send(self, url: str, method: str, target: str, body: bytes, sink: Sink,
-             headers: Sequence[tuple[str, str]] = ()) -> Call:
+             headers: Sequence[tuple[str, str]] = (), *, stall: float | None = None) -> Call:
         """Any request to `url` (`target`: path and query); the answer goes to `sink`."""
         address = self._address(url)
         host = "localhost" if isinstance(address, str) else f"{address[0]}:{address[1]}"
         head = [f"{method} {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers),
                 f"Content-Length: {len(body)}"]
         message = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-        call = Call(self, address, message, sink)
+        call = Call(self, address, message, sink, stall=stall)
         conn = self._take(address)
         if conn is not None:
             conn.send(call)
@@ -173,6 +183,8 @@ class EngineConnection(asyncio.Protocol):
         self.uses = 0
         self.idle_since = 0.0
         self.buffer = b""
+        self.heard = 0.0  # when the engine last sent a byte, or reading last resumed (monotonic)
+        self.watch: asyncio.TimerHandle | None = None  # the stall check of a call with a bound
 
     def send(self, call: Call) -> None:
         if self.closed:  # closed while it was being made
@@ -187,14 +199,21 @@ class EngineConnection(asyncio.Protocol):
         self.reading(not call.paused)
         assert self.transport is not None
         self.transport.write(call.message)
+        self._unwatch()
+        if call.stall is not None:
+            self.heard = time.monotonic()
+            self.watch = asyncio.get_running_loop().call_later(call.stall, self._check_stall)
 
     def reading(self, on: bool) -> None:
         if self.transport is not None and not self.closed and on == self.paused:
             self.paused = not on
             (self.transport.resume_reading if on else self.transport.pause_reading)()
+            if on:
+                self.heard = time.monotonic()  # a paused read is the caller's wait, not the engine's silence
 
     def close(self) -> None:
         self.closed = True
+        self._unwatch()
         if self.transport is not None:
             self.transport.close()
 
@@ -207,6 +226,7 @@ class EngineConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._unwatch()
         call, self.call = self.call, None
         if call is None:
             return
@@ -226,7 +246,7 @@ class EngineConnection(asyncio.Protocol):
         if call is None:  # bytes no request asked for
             self.close()
             return
-        self.answered = True
+        self.answered, self.heard = True, time.monotonic()
         try:
             if not self.headed:
                 data = self._head(self.buffer + data, call)
@@ -240,11 +260,32 @@ class EngineConnection(asyncio.Protocol):
             return
         if self.ended:
             self.call = None
+            self._unwatch()
             if self.reusable and not self.buffer:
                 self.pool._give_back(self)
             else:
                 self.close()
         call.sink.body(piece, self.ended)
+
+    def _check_stall(self) -> None:
+        """The call's bound: fail it once its engine has been silent that long (while reading)."""
+        call, self.watch = self.call, None
+        if call is None or call.stall is None:
+            return
+        quiet = time.monotonic() - self.heard
+        if self.paused or quiet < call.stall:
+            self.watch = asyncio.get_running_loop().call_later(call.stall - (0 if self.paused else quiet),
+                                                               self._check_stall)
+            return
+        self.call = None
+        self.close()
+        call.sink.failed(UpstreamError(f"the engine sent nothing for {call.stall:g} s", stalled=True,
+                                       unanswered=not self.answered))
+
+    def _unwatch(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
 
     def _head(self, data: bytes, call: Call) -> bytes | None:
         """Parses the status line and headers; the bytes after them, None while incomplete."""
