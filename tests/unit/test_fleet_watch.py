@@ -222,7 +222,7 @@ def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
     alive = dict(B_DOWN)
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: alive[url])
+    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(alive[url]))
     recorder.listing = {"b": listed("b", "exited")}
     with capture_logs() as logs:
         for _ in range(4):
@@ -237,6 +237,78 @@ def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop
     assert watch.given_up == set()
 
 
+def state(healthy: bool) -> str:
+    return fleetwatch.SERVING if healthy else fleetwatch.DOWN
+
+
+def test_a_replica_asleep_without_the_daemons_word_is_out_of_routing_until_it_wakes(
+        watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: real vLLM queues a sleeping engine's requests without an answer, so the gateway
+    cannot see it; the probe does (`vllm:engine_sleep_state`). Alive, it is neither restarted nor
+    counted as a failure."""
+    watch, recorder, _ = watched
+    states = {"http://10.0.0.2:8110": fleetwatch.SERVING, "http://10.0.0.3:8110": fleetwatch.ASLEEP}
+    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: states[url])
+    with capture_logs() as logs:
+        watch.check_replicas([GEMMA])
+        watch.check_replicas([GEMMA])  # still asleep: ejected once
+        states["http://10.0.0.3:8110"] = fleetwatch.SERVING
+        watch.check_replicas([GEMMA])
+    assert recorder.named("eject_engine", "restore_engine", "restart", "containers") == [
+        ("eject_engine", "http://10.0.0.3:8110"), ("restore_engine", "http://10.0.0.3:8110")]
+    assert [e["event"] for e in logs if e["event"].startswith("fleet_replica")] == ["fleet_replica_asleep",
+                                                                                   "fleet_replica_awake"]
+
+
+@pytest.mark.parametrize("engine, metrics, expected", [
+    ("serving", 'vllm:engine_sleep_state{model_name="m",sleep_state="awake"} 1.0\n', "serving"),
+    ("asleep", 'vllm:engine_sleep_state{model_name="m",sleep_state="awake"} 0.0\n'
+               'vllm:engine_sleep_state{model_name="m",sleep_state="weights_offloaded"} 1.0\n', "asleep"),
+    ("no sleep mode", "vllm:num_requests_running 0\n", "serving"),
+])
+def test_engine_state_reads_health_then_the_sleep_gauge(engine: str, metrics: str, expected: str) -> None:
+    del engine
+    server = _Pages({"/health": "", "/metrics": metrics})
+    try:
+        assert fleetwatch.engine_state(server.url, "Bearer k") == expected
+        assert server.seen == ["Bearer k", "Bearer k"]  # the relay's credential on each
+    finally:
+        server.close()
+    assert fleetwatch.engine_state(server.url, "Bearer k") == fleetwatch.DOWN  # closed: refused
+
+
+class _Pages:
+    """A loopback HTTP server answering GETs from `pages` (path -> body), recording each Authorization."""
+
+    def __init__(self, pages: dict[str, str]) -> None:
+        import http.server
+        import threading
+
+        seen: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                seen.append(self.headers.get("Authorization", ""))
+                body = pages.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.end_headers()
+                self.wfile.write((body or "").encode())
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.seen = seen
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(10)
+
+
 @pytest.mark.parametrize("silence", [SILENT, SparkctlError("Ray agents against 10.0.0.2:6379 did not answer in 45 s")],
                          ids=["agent_times_out", "call_raises"])
 def test_a_failing_replica_whose_agent_is_silent_gets_nothing_until_rays_verdict(
@@ -245,7 +317,7 @@ def test_a_failing_replica_whose_agent_is_silent_gets_nothing_until_rays_verdict
     agent cannot answer, so nothing is restarted there, however many passes run meanwhile; Ray's
     verdict then moves the stack elsewhere, and the dead host is not even asked any more."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": silence}
     with capture_logs() as logs:
         for _ in range(3):  # Ray still lists b alive
@@ -266,7 +338,7 @@ def test_a_host_whose_agent_answers_again_is_decided_on_from_its_answer(
     """Ray kept b alive (a slow agent, a link back up): once its agent answers that the container
     exited, the replica is started again there, and a later silence is logged anew."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": SILENT}
     with capture_logs() as logs:
         watch.check_replicas([GEMMA])
@@ -285,7 +357,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
     """The agent's answer comes after Ray declared its node dead (or after the host rejoined as a
     new node): it speaks for a host the node watch now owns, so no restart follows it."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": listed("b", "exited")}
     rejoined = [node("a"), node("b", NodeState.DEAD), node("b", node_id="bbbbnew1"), node("c")]
     now = table(dead="b") if meanwhile == "declared_dead" else rejoined
@@ -296,7 +368,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
 
 def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: False)
+    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(False))
     watch.down.add("b")
     watch.nodes = table(dead="b")
     recorder.listing = {"a": listed("a", "running")}
@@ -306,7 +378,7 @@ def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytes
 
 def test_a_replica_moved_while_its_agent_was_asked_is_not_restarted(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "healthy", lambda url, auth: B_DOWN[url])
+    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": listed("b", "exited")}
     recorder.while_asked = lambda: write_book(watch.fleetwide.settings.fleet_dir, {})  # `fleet down gemma`
     watch.check_replicas([GEMMA])

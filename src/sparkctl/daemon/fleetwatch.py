@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 import urllib.error
@@ -51,6 +52,8 @@ RETRY = 1.0  # s before watching again after the head stopped answering
 PROBE_EVERY = 1.0  # s between two probes of a multi-node group
 PROBE_TIMEOUT = 3.0  # s a 1-token completion may take before the group counts as hung
 AGENT_WAIT = 5.0  # s a failing replica's host agent has to list its containers; silent: nothing is sent there
+SERVING, ASLEEP, DOWN = "serving", "asleep", "down"  # a placed replica, as its probe finds it
+AWAKE = re.compile(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\}\s+([0-9.eE+-]+)', re.MULTILINE)
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # engines are reached directly, never by proxy
 
 
@@ -70,6 +73,7 @@ class FleetWatch:
         self.down: set[str] = set()  # hosts taken out of routing
         self.failures: dict[str, tuple[float, ...]] = {}  # group, or stack@host -> its recent failures
         self.held_out: set[str] = set()  # rank-0 URLs a failed probe took out of routing
+        self.asleep: set[str] = set()  # replica URLs out of routing while their engines sleep
         self.given_up: set[str] = set()  # groups and stack@host in a crash loop: probed, not acted on
         self.awaiting: set[str] = set()  # stack@host whose failure waits on Ray's verdict (logged once)
         self._recovering: dict[str, threading.Lock] = {}
@@ -206,7 +210,9 @@ class FleetWatch:
         failing = []
         for placed in (p for p in stacks if not self._recovering_now(p.stack)):
             for replica in placed.replicas:
-                if replica.host in self.down or healthy(replica.url, self.auth()):
+                state = None if replica.host in self.down else engine_state(replica.url, self.auth())
+                self._route_awake(placed.stack, replica.url, asleep=state == ASLEEP)
+                if state in (None, SERVING, ASLEEP):
                     self.given_up.discard(f"{placed.stack}@{replica.host}")
                 else:
                     failing.append((placed, replica))
@@ -324,6 +330,22 @@ class FleetWatch:
             control.eject_engine(url)
             self.held_out.add(url)
 
+    def _route_awake(self, stack: str, url: str, *, asleep: bool) -> None:
+        """A placed engine asleep without the daemon's word (it parks placed stacks by removing
+        them) is out of routing until it wakes: vLLM queues a sleeping engine's requests without an
+        answer. It needs no restart: it is alive."""
+        control = self.control()
+        if control is None or asleep == (url in self.asleep):
+            return
+        if asleep:
+            self.asleep.add(url)
+            control.eject_engine(url)
+            log.warning("fleet_replica_asleep", stack=stack, url=url, note="out of routing until it wakes")
+        else:
+            self.asleep.discard(url)
+            control.restore_engine(url)
+            log.info("fleet_replica_awake", stack=stack, url=url)
+
     def _recovering_now(self, stack: str) -> bool:
         lock = self._recovering.get(stack)
         return lock is not None and lock.locked()
@@ -351,11 +373,17 @@ def probe(url: str, model: str, auth: str) -> str | None:
         return f"no answer within {PROBE_TIMEOUT:g} s" if isinstance(e, TimeoutError) else f"unreachable ({e})"
 
 
-def healthy(url: str, auth: str) -> bool:
-    """Whether the engine at `url` answers /health with 200 within PROBE_TIMEOUT."""
+def engine_state(url: str, auth: str) -> str:
+    """The engine at `url`: DOWN (no 200 from `/health` within PROBE_TIMEOUT), ASLEEP (its
+    `/metrics` say `vllm:engine_sleep_state{sleep_state="awake"} 0`), else SERVING."""
     try:
         with DIRECT.open(urllib.request.Request(url + "/health", headers={"Authorization": auth}),
                          timeout=PROBE_TIMEOUT) as answer:
-            return answer.status == 200
+            if answer.status != 200:
+                return DOWN
+        with DIRECT.open(urllib.request.Request(url + "/metrics", headers={"Authorization": auth}),
+                         timeout=PROBE_TIMEOUT) as answer:
+            awake = AWAKE.search(answer.read().decode(errors="replace"))
     except OSError:  # refused, reset, timed out, or an HTTP error status
-        return False
+        return DOWN
+    return ASLEEP if awake is not None and float(awake[1]) == 0 else SERVING

@@ -25,8 +25,8 @@ from sparkctl.gateway.request import Answer, Request
 from sparkctl.gateway.server import Connection, error, serve
 from sparkctl.gateway.upstream import EnginePool
 
-# What the head asks of a placed engine: its gateway's forwards, the fleet watch's probes, the
-# dashboard's counters. Nothing else of vLLM's API is passed.
+# What the head asks of a placed engine: its gateway's forwards, the fleet watch's probes (health,
+# and from the metrics whether it sleeps), the dashboard's counters. Nothing else of vLLM's API is passed.
 ROUTES = {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/health"),
           ("GET", "/metrics")}
 PASSED_HEADERS = ("content-type", "accept")
