@@ -134,7 +134,7 @@ class Daemon:
         limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
         gateway = Gateway(lambda: self.routes.table, api_keys=keys, hosts=s.gateway_names,
                           metrics_key=s.gateway_metrics_key, limits=limits, hold_queue=s.switch_hold_queue,
-                          hold_timeout=s.switch_hold_timeout)
+                          hold_timeout=s.switch_hold_timeout, stall=s.gateway_stream_stall)
         gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
         gateway.counters = Counters(self._model_dir)
         gateway.ui = Dashboard(f"unix:{s.socket_path}", gateway.upstreams, Logins(ensure_key(s.dashboard_key_path)))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine
 
 from sparkctl.gateway.ledger import Ledger
 from sparkctl.gateway.routes import Upstream
-from sparkctl.gateway.server import Connection, error
+from sparkctl.gateway.server import Connection, envelope, error
 from sparkctl.gateway.upstream import Call, Relay, UpstreamError
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -99,8 +99,7 @@ class Proxied(Relay):
         answer and may retry); an SSE stream first gets an error event, as the gateway's errors."""
         if self.sse:
             message = f"stack {self.upstream.stack}'s engine stopped mid-answer ({why}); retry the request"
-            event = {"error": {"message": message, "type": "upstream_unavailable", "param": None,
-                               "code": "upstream_unavailable", "source": "sparkctl"}}
+            event = envelope(message, "upstream_unavailable")
             self.conn.send(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n", False)
         self.conn.abort()
 

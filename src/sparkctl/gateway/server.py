@@ -278,10 +278,14 @@ class Connection(asyncio.Protocol):
         return headers if self.keep_alive else [*headers, ("Connection", "close")]
 
 
-def error(conn: Connection, status: int, message: str, code: str, *, headers: Sequence[tuple[str, str]] = ()) -> None:
+def envelope(message: str, code: str) -> dict[str, object]:
     """The OpenAI error envelope, marked as coming from sparkctl rather than the model server."""
-    conn.reply_json(status, {"error": {"message": message, "type": code, "param": None, "code": code,
-                                       "source": "sparkctl"}}, headers)
+    return {"error": {"message": message, "type": code, "param": None, "code": code, "source": "sparkctl"}}
+
+
+def error(conn: Connection, status: int, message: str, code: str, *, headers: Sequence[tuple[str, str]] = ()) -> None:
+    """An error answer of sparkctl's own, in the `envelope`."""
+    conn.reply_json(status, envelope(message, code), headers)
 
 
 async def serve(handle: Handler, host: str, port: int, *, admit: Admit | None = None,
