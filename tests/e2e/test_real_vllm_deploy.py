@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import json
 
+import pytest
 from ruamel.yaml import YAML
 
 from sparkctl.deploy.patches import find_vllm
@@ -32,6 +33,7 @@ def test_shim_applies_to_the_real_dflash_py_and_is_idempotent(engine, images, tm
     assert json.loads((tmp_path / "vllm-dirs.json").read_text()) == {"test-digest": vllm}
 
 
+@pytest.mark.timeout(900)  # ~2 min here: two engine starts (the first refused for its sleep mode) and a wake
 def test_a_stack_on_real_vllm_goes_through_every_phase_and_parks_by_stopping(workspace, hub, engine, cli,
                                                                               monkeypatch) -> None:
     """vLLM's CPU backend has no sleep mode and refuses to start with --enable-sleep-mode: the

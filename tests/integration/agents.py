@@ -119,7 +119,8 @@ def kill_during_switches(daemon, start_daemon, *, points: int, seed: int, within
         worker.start()
         time.sleep(rng.uniform(0.0, within))
         daemon.kill9()
-        worker.join()
+        worker.join(60)
+        assert not worker.is_alive(), f"the switch's client did not return after its daemon was killed ({point})"
         daemon = start_daemon()
         daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
         deadline = time.monotonic() + 60

@@ -46,7 +46,7 @@ class DaemonProcess:
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+        self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

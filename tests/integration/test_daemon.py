@@ -130,7 +130,8 @@ def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine
         worker.start()
         time.sleep(rng.uniform(0.0, 2.0))
         daemon.kill9()
-        worker.join()
+        worker.join(60)
+        assert not worker.is_alive(), f"`up` did not return after its daemon was killed (point {point})"
         daemon = start_daemon()
         wait_for(partial(converged, daemon.client, engine), timeout=60, what=f"convergence after kill point {point}",
                  logs=daemon.logs)
@@ -148,14 +149,15 @@ def test_concurrent_ups_make_one_container_and_up_down_race_ends_in_the_later(st
     for t in ups:
         t.start()
     for t in ups:
-        t.join()
+        t.join(120)
     assert [r["ok"] for r in results] == [True, True]
     assert len(containers(engine, "qwen36-dflash")) == 1
     up = threading.Thread(target=lambda: list(daemon.client.stream("/v1/up", {"stack": "qwen36-dflash"})))
     up.start()
     time.sleep(0.05)
     outcome = list(daemon.client.stream("/v1/down", {"stack": "qwen36-dflash"}))[-1]
-    up.join()
+    up.join(120)
+    assert not up.is_alive(), "the racing `up` did not return"
     assert outcome["ok"], outcome.get("error")
     time.sleep(1)
     assert not containers(engine, "qwen36-dflash")

@@ -105,7 +105,7 @@ def test_a_daemon_killed_while_stacks_park_or_wake_comes_back_as_recorded(switch
         kill_during_switches(daemon, start_daemon, points=6, seed=20261201, within=0.8, settled=settled)
     finally:
         stop.set()
-        watcher.join()
+        watcher.join(30)
     assert not awake_together.is_set()
 
 

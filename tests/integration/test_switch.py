@@ -134,7 +134,8 @@ def test_after_a_kill9_mid_swap_the_old_stack_serves_again_at_once(switching, st
     worker.start()
     wait_for(lambda: engine.state(old["Id"])[0] == "exited", timeout=60, what="the old stack stopped")
     daemon.kill9()
-    worker.join()
+    worker.join(60)
+    assert not worker.is_alive(), "the switch's client did not return after its daemon was killed"
     started = time.monotonic()
     daemon = start_daemon()
     daemon.gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"

@@ -30,6 +30,7 @@ def runs() -> dict[Path, Future]:
         yield {bench: pool.submit(smoke, bench) for bench in BENCHMARKS}
 
 
+@pytest.mark.timeout(1020)  # above the smoke run's own bound (900 s, then its stop); each waits for its own run
 @pytest.mark.parametrize("bench", BENCHMARKS, ids=lambda p: p.stem)
 def test_the_benchmark_runs_and_prints_its_figures(bench: Path, runs: dict[Path, Future]) -> None:
     done = runs[bench].result()

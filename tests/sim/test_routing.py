@@ -100,5 +100,5 @@ def test_a_route_change_under_an_agent_loop_fails_no_request(routed) -> None:
     finally:
         stop.set()
         for thread in threads:
-            thread.join()
+            thread.join(30)
     assert not failed

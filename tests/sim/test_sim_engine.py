@@ -233,6 +233,6 @@ def test_crash_above_concurrency(sim) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60)
     assert engine.proc.wait(timeout=10) == 1
     assert "illegal memory access" in engine.proc.stderr.read()

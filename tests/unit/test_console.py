@@ -29,7 +29,7 @@ def test_lines_are_coloured_where_rich_would_colour_them(monkeypatch, env, termi
 
 
 def test_threads_reporting_at_once_share_one_set_of_bars() -> None:
-    start = threading.Barrier(8)
+    start = threading.Barrier(8, timeout=10)
 
     def download(shard: int) -> None:
         start.wait()
@@ -41,6 +41,6 @@ def test_threads_reporting_at_once_share_one_set_of_bars() -> None:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(10)
         assert sorted(reporter.tasks) == [f"shard {i}" for i in range(8)]
         assert len(reporter.bars.tasks) == 8 and all(task.completed == 100 for task in reporter.bars.tasks)

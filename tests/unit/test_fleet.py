@@ -18,6 +18,7 @@ from sparkctl.errors import SparkctlError, SpecError
 from sparkctl.fleet import local, membership, status
 from sparkctl.node import Node, NodeLaunch, NodeState
 from sparkctl.spec.fleet import GIB, load_fleet
+from tests.conftest import wait_for
 
 GOOD = """head: a
 hosts:
@@ -180,8 +181,9 @@ def test_stopping_a_session_reaches_its_processes_only() -> None:
     ours = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        while len(processes.members(ours.pid)) < 2:  # the grandchild starts a moment later
-            assert ours.poll() is None
+        # the grandchild starts a moment later
+        wait_for(lambda: ours.poll() is not None or len(processes.members(ours.pid)) >= 2, 30, "the grandchild")
+        assert ours.poll() is None
         session = processes.recorded(ours.pid)
         restored = processes.Session.from_dict(json.loads(json.dumps(session.to_dict())))
         assert {p.pid for p in processes.alive(restored)} == {p.pid for p in session.procs}
@@ -192,4 +194,4 @@ def test_stopping_a_session_reaches_its_processes_only() -> None:
     finally:
         other.kill()
         ours.kill()
-        other.wait()
+        other.wait(timeout=10)

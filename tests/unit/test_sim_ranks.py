@@ -54,17 +54,17 @@ def group(tiny_model_dir: Path) -> Iterator[tuple[subprocess.Popen, subprocess.P
             yield head, worker, url
         finally:
             worker.kill()
-            worker.wait()
+            worker.wait(timeout=10)
     finally:
         head.kill()
-        head.wait()
+        head.wait(timeout=10)
 
 
 def test_a_dead_worker_fails_completions_while_health_says_200(group) -> None:
     head, worker, url = group
     assert complete(url) == 200
     worker.kill()
-    worker.wait()
+    worker.wait(timeout=10)
     assert complete(url) == 500
     assert http_status(url + "/health") == 200 and http_status(url + "/v1/models") == 200  # the lie
 
@@ -73,6 +73,6 @@ def test_a_dead_rank_0_leaves_the_headless_worker_alive_and_silent(group) -> Non
     head, worker, url = group
     assert complete(url) == 200
     head.kill()
-    head.wait()
+    head.wait(timeout=10)
     time.sleep(1)
     assert worker.poll() is None  # nothing a `docker ps` would tell apart from a healthy rank
