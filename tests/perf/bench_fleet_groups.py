@@ -24,14 +24,16 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import load, runs, spread  # noqa: E402
 
-from sparkctl.deploy.health import http_status  # noqa: E402
 from tests.fleet.cluster import Cluster  # noqa: E402
+from tests.fleet.exposure import credential  # noqa: E402
 from tests.fleet.head import FAULTS, HeadDaemon, Load, headed, inject, standalone  # noqa: E402
 from tests.fleet.hosts import check_machine  # noqa: E402
 
@@ -87,7 +89,7 @@ def measure(fleet: Cluster, daemon: HeadDaemon, fault: str) -> tuple[float, floa
         caught.set()
         orphan.append(bool(fleet.hosts[ranks[1]].docker("ps", "-q", "--filter", "label=sparkctl.stack=duo").split()))
 
-    poller = threading.Thread(target=poll, args=(url, caught, polled), daemon=True)
+    poller = threading.Thread(target=poll, args=(url, credential(fleet), caught, polled), daemon=True)
     poller.start()
     done = inject(fleet, daemon, fault, "duo", caught=stop_polling)
     poller.join()
@@ -96,13 +98,24 @@ def measure(fleet: Cluster, daemon: HeadDaemon, fault: str) -> tuple[float, floa
             orphan[0])
 
 
-def poll(url: str, caught: threading.Event, polled: list[float]) -> None:
-    """Plain /health polling of rank 0: the first moment it is not 200, until sparkctl caught the fault."""
+def poll(url: str, headers: dict[str, str], caught: threading.Event, polled: list[float]) -> None:
+    """Plain /health polling of rank 0 (with the fleet's relay credential, as rank 0's host relays it
+    to any holder): the first moment it is not 200, until sparkctl caught the fault."""
     while not caught.is_set():
-        if http_status(url + "/health") != 200:
+        if _status(url + "/health", headers) != 200:
             polled.append(time.time())
             return
         caught.wait(0.1)
+
+
+def _status(url: str, headers: dict[str, str]) -> int | None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":
