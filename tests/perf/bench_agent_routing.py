@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import openai  # noqa: E402
 from bench_gateway import start  # noqa: E402
-from world import SMOKE, load, runs  # noqa: E402
+from world import SMOKE, figure, load, runs  # noqa: E402
 
 from sparkctl.bench import agent, corpus  # noqa: E402
 from sparkctl.gateway import tokens  # noqa: E402
@@ -131,6 +131,9 @@ def counting(model: Path, text: str) -> None:
             print(f"prompt of {n} tokens ({len(payload['messages'][0]['content'].encode())} bytes), {what}: p50 "
                   f"{p50 * 1e3:.3f} ms (min {min(took) * 1e3:.3f}, max {max(took) * 1e3:.3f}, n={len(took)}); "
                   f"its own prefill on a Spark {spark:.1f} s; ratio {p50 / spark:.5f}")
+            figure(f"prompt of {size // 1024}K tokens, {what}", p50 * 1e3, "ms", sane=(1e-4, 60_000))
+            figure(f"prompt of {size // 1024}K tokens, {what}, over its own prefill", p50 / spark, "x",
+                   sane=(0, 1))
 
 
 def main() -> None:
@@ -162,11 +165,15 @@ def main() -> None:
         print(f"{SHAPE} session via {label}: {sum(waits):.0f} s on a Spark ({len(calls)} calls, to "
               f"{calls[-1][0].context} tokens; wait per call median {statistics.median(waits):.1f} s, worst "
               f"{max(waits):.1f} s; of it beyond the engine {overhead:.2f} s; calls by stack {by})")
+        figure(f"{SHAPE} session via {label}", sum(waits), "s on a Spark", sane=(1, 10**6))
+        # The engines' sleeps never end early: beyond them, the calls lose time only to the clocks' grain.
+        figure(f"{SHAPE} session via {label}, beyond the engine", overhead, "s", sane=(-0.1, 3600))
     for caches in ("no", "with"):
         routed, dflash, twin = (sum(spark for _, spark, _ in results[label]) for label in (
             f"primary ({caches} prefix cache)", DFLASH, f"{TWIN} ({caches} prefix cache)"))
         best = min(dflash, twin)
         print(f"twin {caches} prefix cache: routed / better single stack {routed / best:.3f} (goal <= 0.95)")
+        figure(f"twin {caches} prefix cache: routed / better single stack", routed / best, "x", sane=(0.2, 5))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Needs root. Run with `make perf` (or `.venv/bin/python tests/perf/bench_fleet_fa
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import load, runs, spread  # noqa: E402
+from world import figure, load, runs, spread  # noqa: E402
 
 from tests.fleet.head import HeadDaemon, Load, headed, standalone  # noqa: E402
 from tests.fleet.hosts import check_machine  # noqa: E402
@@ -57,6 +58,12 @@ def main() -> None:
     print(f"  kill -> out of routing:                  {spread(total)}  ratio to Ray's detection "
           f"{sorted(t / d for t, d in zip(total, detect, strict=True))[len(total) // 2]:.3f}")
     print(f"  requests through the gateway meanwhile: {clients.ok['pair']} ok, {len(clients.failed['pair'])} failed")
+    figure("Ray's detection", statistics.median(detect), "s", sane=(0.1, 120))
+    # the daemon ejects on the node table that carries Ray's died_at (stamped to the millisecond)
+    figure("gateway eject after Ray's verdict", statistics.median(eject), "s", sane=(-0.01, 60))
+    figure("kill to out of routing", statistics.median(total), "s", sane=(0.1, 180))
+    figure("requests answered meanwhile", clients.ok["pair"], "requests", sane=(1, 10**7))
+    figure("requests failed meanwhile", len(clients.failed["pair"]), "requests", sane=(0, 10**7))
 
 
 def kill_one(fleet, daemon: HeadDaemon) -> tuple[float, float]:  # noqa: ANN001 - a tests.fleet Cluster

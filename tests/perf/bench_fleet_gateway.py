@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gateway import SCALE, TOKENS, level, pct, start  # noqa: E402
+from bench_gateway import SCALE, TOKENS, figures, level, pct, start  # noqa: E402
 from world import SMOKE, load, runs  # noqa: E402
 
 from sparkctl.sim.tinymodel import write_model  # noqa: E402
@@ -95,6 +95,7 @@ def report(concurrency: int, results: dict[str, list[Row]]) -> None:
     print(f"{concurrency:>4} {'direct':>9}   TTFT p50 {pct(ttft['direct'], 50):.2f} ms, p99 "
           f"{pct(ttft['direct'], 99):.2f} ms, decode {decode['direct']:.0f} tok/s per stream, "
           f"{len(results['direct'])} requests per target")
+    figures(f"conc {concurrency}", ttft, decode, ("sparkctl",))
     sys.stdout.flush()
 
 

@@ -20,6 +20,7 @@ Needs root. Run with `make perf` (or `.venv/bin/python tests/perf/bench_fleet_gr
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 import threading
@@ -30,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import load, runs, spread  # noqa: E402
+from world import figure, load, runs, spread  # noqa: E402
 
 from tests.fleet.cluster import Cluster  # noqa: E402
 from tests.fleet.exposure import credential  # noqa: E402
@@ -68,12 +69,23 @@ def main() -> None:
         worker = f"; the worker rank still ran then in {orphans} of {len(rows)}" if fault == "rank 0 killed" else ""
         print(f"  {fault:>14}: sparkctl {spread(caught)}  {'ok' if max(caught) <= 5 else 'MISSED'} (goal <= 5 s); "
               f"plain /health: {plain}{worker}")
+        figure(f"{fault}: sparkctl out of routing after", statistics.median(caught), "s", sane=(0, 120))
+        if None in polled:
+            figure(f"{fault}: plain /health still 200 when sparkctl caught it", polled.count(None), "runs",
+                   sane=(0, len(polled)))
+        else:  # a poll after the fault began: a fault is never seen before it happens
+            figure(f"{fault}: plain /health not 200 after", statistics.median(polled), "s", sane=(0, 120))
     killed = [r[2] for fault, rows in found.items() if fault != "link down" for r in rows]
     linked = [r[2] for r in found["link down"]]
     print(f"  group recreate minus the engine's own start, after a killed rank: {spread(killed)}; after a downed "
           f"link (Ray declared the host dead: it waits for the host to rejoin): {spread(linked)}")
+    # the daemon's own seconds, each rounded to the millisecond: the engine's start is part of the recreate
+    figure("group recreate minus the engine's start, killed rank", statistics.median(killed), "s", sane=(-0.01, 600))
+    figure("group recreate minus the engine's start, downed link", statistics.median(linked), "s", sane=(-0.01, 600))
     print(f"  requests through the gateway: {clients.ok['duo']} ok, {len(clients.failed['duo'])} failed "
           "(between a fault and its ejection, rank 0 answers 500: the lie itself)")
+    figure("requests answered through the gateway", clients.ok["duo"], "requests", sane=(0, 10**7))
+    figure("requests failed through the gateway", len(clients.failed["duo"]), "requests", sane=(0, 10**7))
 
 
 def measure(fleet: Cluster, daemon: HeadDaemon, fault: str) -> tuple[float, float | None, float, bool]:

@@ -7,7 +7,8 @@ of asyncio that answer a streamed completion the moment the request is in, so wh
 shows to the microsecond. One keep-alive connection per target sends 1,000 requests one after
 another (the first 50 warm up); three rounds, targets taking turns. Printed: time to the first
 piece of the answer, direct and through sparkctl's gateway and nginx, and what each proxy adds
-(p50 / p99). Goal, as in bench_gateway: p50 ≤ 1 ms, p99 ≤ 5 ms added.
+(p50 / p99), beside a control that measures the direct path again in its own turn (its "added"
+figures are the method's noise). Goal, as in bench_gateway: p50 ≤ 1 ms, p99 ≤ 5 ms added.
 
 Run with `make perf` (or `.venv/bin/python tests/perf/bench_gateway_quiet.py`).
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_gateway import NGINX_CONF, start  # noqa: E402
-from world import load, runs  # noqa: E402
+from world import figure, load, runs  # noqa: E402
 
 from tests.conftest import free_port  # noqa: E402
 from tests.teardown import stop  # noqa: E402
@@ -33,6 +34,7 @@ from tests.teardown import stop  # noqa: E402
 REQUESTS, WARM, ROUNDS = runs(1000, smoke=50), runs(50, smoke=5), runs(3)
 PIECE = b'data: {"choices":[{"text":"x","index":0}]}\n\n'
 ANSWER = PIECE * 4 + b"data: [DONE]\n\n"
+GRAIN_MS = 0.1  # how much faster than the direct path's fastest answer a proxied one may still be: timer noise
 
 
 async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -95,7 +97,7 @@ def main() -> None:
     procs.append(start(["nginx", "-c", str(root / "nginx.conf"), "-p", str(root), "-g", "daemon off;"],
                        f"http://127.0.0.1:{ports['nginx']}/health"))
     targets = {"direct": (ports["engine"], "tiny"), "sparkctl": (ports["sparkctl"], "primary"),
-               "nginx": (ports["nginx"], "tiny")}
+               "nginx": (ports["nginx"], "tiny"), "control": (ports["engine"], "tiny")}
     try:
         times: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
@@ -115,11 +117,20 @@ def report(times: dict[str, list[float]]) -> None:
 
     print(f"proxy cost at concurrency 1, quiet engine (answers at once), {len(times['direct'])} requests per target")
     print(f"direct: first piece after p50 {p('direct', 50):.0f} us, p99 {p('direct', 99):.0f} us")
-    for name in ("sparkctl", "nginx"):
+    for name in ("sparkctl", "nginx", "control"):
         p50, p99 = (p(name, 50) - p("direct", 50)) / 1000, (p(name, 99) - p("direct", 99)) / 1000
         verdict = ("ok" if p50 <= 1 and p99 <= 5 else "MISSED") + " (goals: p50 <= 1 ms, p99 <= 5 ms)" \
-            if name == "sparkctl" else "(reference)"
+            if name == "sparkctl" else {"nginx": "(reference)", "control": "(direct again: the noise)"}[name]
         print(f"{name:>9} adds p50 {p50:.3f} ms, p99 {p99:.3f} ms  {verdict}")
+    # A proxy cannot answer before the engine: its percentile lies below the direct one only by noise,
+    # never below the fastest answer the direct path gave (direct or control) less GRAIN_MS.
+    fastest = min(times["direct"] + times["control"])
+    for q in (50, 99):
+        figure(f"direct first piece p{q}", p("direct", q), "us", sane=(1, 10**6))
+        noise = (p("direct", q) - fastest) / 1000 + GRAIN_MS
+        for name in ("sparkctl", "nginx", "control"):
+            figure(f"{name} adds p{q}", (p(name, q) - p("direct", q)) / 1000, "ms", sane=(-noise, 1_000),
+                   control=None if name == "control" else f"control adds p{q}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import load, runs, spread  # noqa: E402
+from world import figure, load, runs, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE_RUN = """
@@ -41,6 +41,7 @@ def main() -> None:
             times.append(float(out.split()[-1]))
     print(f"report generation, 9 configs x 14 depths: {spread(times, digits=2)} (goal <= 10 s: "
           f"{'ok' if statistics.median(times) <= 10 else 'MISSED'})")
+    figure("report generation", statistics.median(times), "s", sane=(0.05, 600))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SMOKE, SPARKCTL, load, world  # noqa: E402
+from world import SMOKE, SPARKCTL, figure, load, world  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out" / "sweep"
 DEPTHS = "0,4096" if SMOKE else "0,2048,4096,8192,12288,32768,65536"
@@ -52,6 +52,11 @@ def main() -> None:
     print(f"  DFlash n=8 over its no-spec twin: {', '.join(f'{g:.2f}x @{d}' for d, g in sorted(gain.items()))} "
           "(seed: up to ~3x through 8k, below 1 past it)")
     print(f"  {crossover.removeprefix('- ')}")
+    figure("sweep wall time", took, "s", sane=(1, 7200))
+    figure("engines on NVFP4 at depth 0 differ by", spread * 100, "%", sane=(0, 100))
+    figure("NVFP4 / BF16 decode at depth 0", quant, "x", sane=(0.5, 8))
+    for depth, g in sorted(gain.items()):
+        figure(f"DFlash n=8 over its no-spec twin at depth {depth}", g, "x", sane=(0.1, 10))
 
 
 def _row(data: list[dict], config: str, depth: int) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SPARKCTL, load, runs, spread, world  # noqa: E402
+from world import SPARKCTL, figure, load, runs, spread, world  # noqa: E402
 
 from sparkctl.cli.client import DaemonClient  # noqa: E402
 from tests import teardown  # noqa: E402
@@ -104,6 +104,18 @@ def main() -> None:
           f"switch ({gated['result']['bench']['summary']})")
     print(f"requests over all switches: {counts['ok']} answered, {counts['failed']} failed (goal 0: "
           f"{'ok' if counts['failed'] == 0 else 'MISSED'})")
+    # The probe is held from before the new engine starts until it serves: its wait beyond a normal
+    # request's service time falls short of the engine's start only by its own service time's jitter.
+    figure("switch cost", statistics.median(cost), "s", sane=(-2 * service, 600))
+    figure("held probe waited", statistics.median(waited), "s", sane=(-2 * service, 600))
+    figure("new engine start", statistics.median(engine), "s", sane=(0.01, 600))
+    figure("one request", service * 1000, "ms", sane=(0.1, 60_000))
+    for step in STEPS:
+        figure(f"switch step {step}", statistics.median(s.get(step, 0.0) for s in steps) * 1000, "ms",
+               sane=(0, 600_000))
+    figure("gate benchmark added to the switch", gated["result"]["timings"]["bench_s"], "s", sane=(0.01, 600))
+    figure("requests answered over all switches", counts["ok"], "requests", sane=(1, 10**7))
+    figure("requests failed over all switches", counts["failed"], "requests", sane=(0, 10**7))
 
 
 def held_switch(client: DaemonClient, gateway: str, stack: str, service: float) -> tuple[float, dict]:

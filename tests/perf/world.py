@@ -1,13 +1,18 @@
 """A throwaway world for benchmarks: loopback registry with the sim image published, the local
 Hub with the fixture repos, and sparkctl settings pointing at both (in a temp dir). Also how
 every benchmark reports a figure (median, min and max over its runs) and the machine's load,
-and the smoke mode `make test` runs them in (SPARKCTL_PERF_SMOKE=1: one run, small sizes; the
-figures are printed, not judged). A benchmark ends on SIGTERM as on an exception: its `finally`
-blocks and atexit sweeps run."""
+and the smoke mode `make test` runs them in (SPARKCTL_PERF_SMOKE=1: one run, small sizes).
+
+Each figure is printed twice: in the benchmark's own line for people, and as one JSON line
+(`figure`) with its value, unit, the range a sane measurement lands in and the control it is
+judged beside. The smoke test checks those (finite, in range, each control printed); the goals
+are `make perf`'s to judge, not the smoke test's. A benchmark ends on SIGTERM as on an exception:
+its `finally` blocks and atexit sweeps run."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -44,6 +49,18 @@ def spread(values: list[float], *, scale: float = 1.0, unit: str = "s", digits: 
     v = [x * scale for x in values]
     return (f"{statistics.median(v):.{digits}f} {unit} (min {min(v):.{digits}f}, max {max(v):.{digits}f}, "
             f"n={len(v)})")
+
+
+def figure(name: str, value: float, unit: str, *, sane: tuple[float, float], control: str | None = None) -> None:
+    """One figure as a JSON line for the smoke test: `sane` is the range any honest run lands in on
+    a loaded 2-core machine (not the goal); `control` names the figure printed beside it that
+    measures the method's own noise (a difference that may come out below zero needs one)."""
+    print(json.dumps({"figure": name, "value": _rounded(value), "unit": unit, "sane": [_rounded(b) for b in sane],
+                      "control": control}), flush=True)
+
+
+def _rounded(value: float) -> float:
+    return round(value, 6) if isinstance(value, float) else value
 
 
 def load() -> str:
