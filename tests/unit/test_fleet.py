@@ -19,6 +19,7 @@ from sparkctl.fleet import local, membership, status
 from sparkctl.node import Node, NodeLaunch, NodeState
 from sparkctl.spec.fleet import GIB, load_fleet
 from tests.conftest import wait_for
+from tests.teardown import stop
 
 GOOD = """head: a
 hosts:
@@ -192,6 +193,5 @@ def test_stopping_a_session_reaches_its_processes_only() -> None:
         assert set(stopped) == {p.pid for p in session.procs} and not processes.alive(restored)
         assert other.poll() is None
     finally:
-        other.kill()
-        ours.kill()
-        other.wait(timeout=10)
+        stop(other, 0)
+        stop(ours, 0)
