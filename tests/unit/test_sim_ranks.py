@@ -19,6 +19,7 @@ import pytest
 
 from sparkctl.deploy.health import http_status
 from tests.conftest import free_port, wait_for
+from tests.teardown import stop
 
 
 def rank(model: Path, index: int, master_port: int, http_port: int) -> subprocess.Popen:
@@ -53,11 +54,9 @@ def group(tiny_model_dir: Path) -> Iterator[tuple[subprocess.Popen, subprocess.P
             wait_for(lambda: http_status(url + "/health") == 200, what="rank 0 serves once rank 1 joined")
             yield head, worker, url
         finally:
-            worker.kill()
-            worker.wait(timeout=10)
+            stop(worker, 0)
     finally:
-        head.kill()
-        head.wait(timeout=10)
+        stop(head, 0)
 
 
 def test_a_dead_worker_fails_completions_while_health_says_200(group) -> None:
