@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from sparkctl.deploy.health import http_status
 from sparkctl.sim.tinymodel import write_model
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.teardown import stop
 
 
@@ -33,6 +34,26 @@ class SimProcess:
                                      env={**os.environ, "SPARKCTL_SIM_TIME_SCALE": str(scale),
                                           "SPARKCTL_SIM_LOAD_SCALE": str(scale if load_scale is None else load_scale),
                                           **(env or {})})
+        # its stderr, read as it comes (a full pipe would stall the sim), for `logs` and `wait_logged`
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def logs(self) -> str:
+        """Its stderr so far; all of it once the process has exited."""
+        if self.proc.poll() is not None:
+            self._reader.join(5)
+        return "".join(self.lines)
+
+    def wait_logged(self, text: str, timeout: float = 30) -> None:
+        """Until a line of its stderr holds `text`; fails if it exits first."""
+        wait_for(lambda: text in self.logs() or self.proc.poll() is not None, timeout, f"the sim to log {text!r}",
+                 self.logs)
+        assert text in self.logs(), f"sim exited {self.proc.returncode} before logging {text!r}: {self.logs()}"
 
     def status(self, path: str = "/health") -> int | None:
         return http_status(self.url + path)
@@ -41,7 +62,7 @@ class SimProcess:
         deadline = time.monotonic() + timeout
         while self.status() != 200:
             if self.proc.poll() is not None:
-                raise AssertionError(f"sim exited {self.proc.returncode}: {self.proc.stderr.read()}")
+                raise AssertionError(f"sim exited {self.proc.returncode}: {self.logs()}")
             assert time.monotonic() < deadline, "sim did not become healthy"
             time.sleep(0.02)
 

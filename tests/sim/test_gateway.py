@@ -176,14 +176,23 @@ def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
 
 
 def test_hold_timeout_and_a_full_queue_answer_503_with_retry_after(gateway) -> None:
-    on_loop(gateway, lambda: gateway.gateway.hold("primary", "gemma", "qwen", limit=1, timeout=0.5))
-    first = threading.Thread(target=lambda: pytest.raises(openai.InternalServerError, client(gateway).completions
-                                                          .create, model="primary", prompt="x", max_tokens=1))
+    on_loop(gateway, lambda: gateway.gateway.hold("primary", "gemma", "qwen", limit=1, timeout=1.0))
+    timed_out: list[int] = []
+
+    def held() -> None:
+        try:
+            client(gateway).completions.create(model="primary", prompt="x", max_tokens=1)
+        except openai.InternalServerError as e:
+            timed_out.append(e.status_code)
+
+    first = threading.Thread(target=held)
     first.start()
-    time.sleep(0.1)
+    hold = gateway.gateway.holds["primary"]
+    wait_for(lambda: len(hold.waiting) == 1, what="the first request held")
     with pytest.raises(openai.InternalServerError) as full:  # the one place is taken
         client(gateway).completions.create(model="primary", prompt="x", max_tokens=1)
     first.join(30)
+    assert timed_out == [503]
     assert full.value.status_code == 503 and full.value.response.headers["Retry-After"] == "5"
     assert "already waiting" in full.value.body["message"] and full.value.body["source"] == "sparkctl"
     assert gateway.gateway.holds["primary"].refused == 2  # the first one timed out
@@ -195,8 +204,8 @@ def test_drain_waits_for_accepted_requests_including_those_queued_at_a_cap(gatew
         model="serial", prompt="x", max_tokens=300, extra_body={"ignore_eos": True})) for _ in range(3)]
     for t in calls:
         t.start()
-    time.sleep(0.2)
-    counts = gateway.gateway.ledger.snapshot()
+    wait_for(lambda: on_loop(gateway, gateway.gateway.ledger.snapshot).accepted.get("qwen") == 3, what="3 accepted")
+    counts = on_loop(gateway, gateway.gateway.ledger.snapshot)
     assert counts.accepted["qwen"] == 3 and counts.in_flight["qwen"] == 1
     assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 0.01), gateway.loop).result(5) is False
     assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 30), gateway.loop).result(35) is True
@@ -217,8 +226,7 @@ def test_a_stopping_gateway_answers_held_requests_at_once(gateway) -> None:
 
     waiting = threading.Thread(target=held)
     waiting.start()
-    while not gateway.gateway.holds["primary"].waiting:
-        time.sleep(0.01)
+    wait_for(lambda: gateway.gateway.holds["primary"].waiting, what="the request held")
     started = time.monotonic()
     finished = asyncio.run_coroutine_threadsafe(gateway.gateway.finish(timeout=30), gateway.loop).result(40)
     waiting.join(10)

@@ -42,7 +42,7 @@ def metrics(url: str) -> dict[str, float]:
 
 def test_port_refuses_while_loading_then_health_200(sim) -> None:
     engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.02)  # ~2.4 s of loading
-    time.sleep(0.5)
+    engine.wait_logged("Loading weights (")
     assert engine.status() is None
     engine.wait_ready()
     assert engine.status("/health") == 200
@@ -181,7 +181,7 @@ def test_bad_flag_values_are_rejected_like_vllm(tiny_model) -> None:
 def test_too_little_memory_fails_at_start(sim) -> None:
     engine = sim("--sim-profile", "qwen36-bf16", "--gpu-memory-utilization", "0.3")
     assert engine.proc.wait(timeout=30) == 1
-    assert "No available memory for the cache blocks" in engine.proc.stderr.read()
+    assert "No available memory for the cache blocks" in engine.logs()
 
 
 def test_requests_beyond_the_kv_cache_wait(sim) -> None:
@@ -235,4 +235,4 @@ def test_crash_above_concurrency(sim) -> None:
     for t in threads:
         t.join(60)
     assert engine.proc.wait(timeout=10) == 1
-    assert "illegal memory access" in engine.proc.stderr.read()
+    assert "illegal memory access" in engine.logs()

@@ -16,6 +16,7 @@ import pytest
 
 from sparkctl.deploy.memory import available
 from sparkctl.sim.tinymodel import write_model
+from tests.conftest import wait_for
 from tests.sim.conftest import SimProcess
 
 MB = 2**20
@@ -176,8 +177,7 @@ def test_running_request_across_a_sleep(dev_sim, mode: str, finish: str) -> None
     result: dict = {}
     worker = threading.Thread(target=lambda: result.update(call(engine.url + "/v1/completions", request)[1]))
     worker.start()
-    while gauges(engine.url)["vllm:num_requests_running"] < 1:
-        time.sleep(0.01)
+    wait_for(lambda: gauges(engine.url)["vllm:num_requests_running"] >= 1, what="the request running")
     assert call(engine.url + f"/sleep?level=1&mode={mode}")[0] == 200
     worker.join(timeout=60)
     assert result["choices"][0]["finish_reason"] == finish
@@ -192,8 +192,7 @@ def test_requests_queue_while_asleep_with_the_vllm_fault(dev_sim) -> None:
     result: list = []
     worker = threading.Thread(target=lambda: result.append(call(engine.url + "/v1/completions", COMPLETION)))
     worker.start()
-    while gauges(engine.url)["vllm:num_requests_waiting"] < 1:
-        time.sleep(0.01)
+    wait_for(lambda: gauges(engine.url)["vllm:num_requests_waiting"] >= 1, what="the request queued")
     assert not result
     call(engine.url + "/wake_up")
     worker.join(timeout=60)

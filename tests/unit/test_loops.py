@@ -18,27 +18,47 @@ class Stream:
 
     def __init__(self) -> None:
         self.closed = threading.Event()
+        self.waiting = threading.Event()
 
     def __iter__(self) -> Stream:
         return self
 
     def __next__(self) -> dict:
-        self.closed.wait()
+        self.waiting.set()
+        self.closed.wait(30)  # closed by `Loops.stop`; bounded so a loop that never stops fails, not hangs
         raise StopIteration
 
     def close(self) -> None:
         self.closed.set()
 
 
+class Reconciler:
+    """Counts the loop's reads of `wake_at`: the second comes after the first pass, as it waits again."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    @property
+    def wake_at(self) -> None:
+        self.asked += 1
+
+    def reconcile(self) -> None:
+        pass
+
+
 @pytest.mark.parametrize("turns", range(6))
 def test_the_loops_stop_even_when_a_kick_lands_with_the_cancel(turns: int) -> None:
     async def scenario() -> None:
-        reconciler = SimpleNamespace(wake_at=None, reconcile=lambda: None)
-        docker = SimpleNamespace(events=Stream)
+        reconciler, streams = Reconciler(), []
+        docker = SimpleNamespace(events=lambda: streams.append(Stream()) or streams[-1])
         loops = Loops(reconciler=reconciler, docker=docker, store=None, instance="default", resync=3600,
                       after_pass=lambda: None)
+        async def both_wait() -> None:  # for a kick, for the next event
+            while not (reconciler.asked >= 2 and streams and streams[0].waiting.is_set()):
+                await asyncio.sleep(0.001)
+
         loops.start()
-        await asyncio.sleep(0.05)  # both loops wait: for a kick, for the next event
+        await asyncio.wait_for(both_wait(), timeout=10)
         loops.kick()
         for _ in range(turns):  # the kick's wake-up travels through wait_for meanwhile
             await asyncio.sleep(0)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.request import MAX_BODY, Request
-from sparkctl.gateway.server import Connection
+from sparkctl.gateway.server import FINISH_GRACE, Connection
 from tests.unit.wire import Transport, split
 
 
@@ -313,7 +313,10 @@ def test_a_graceful_stop_closes_every_connection_after_its_next_answer() -> None
         late.connection_made(tl)  # type: ignore[arg-type]  # accepted as the listener closed
         for conn in (busy, late):
             conn.data_received(request("GET", "/x", b"", False))
-        await asyncio.sleep(1.2)  # past the grace an idle connection gets
+        # the idle one closes once its grace is over, the others after their answer
+        deadline = time.monotonic() + FINISH_GRACE + 10
+        while not all(t.closed for t in (tb, ti, tl)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         return [tb, ti, tl], limits
 
     transports, limits = asyncio.run(run())
