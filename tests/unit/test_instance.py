@@ -4,6 +4,7 @@ and the compose override carrying sparkctl's labels."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -125,11 +126,13 @@ def test_the_daemon_client_finds_the_state_dir_settings_would(clean_env, monkeyp
         monkeypatch.setenv(key, str(clean_env / value) if "DIR" in key and value else value)
     (clean_env / ".env").write_text("".join(
         f"{key}={clean_env / value if 'DIR' in key and value else value}\n" for key, value in dotenv.items()))
-    try:
-        expected = Settings()
-    except ValueError:
-        return  # an invalid name: the client finds no daemon there, and Settings says why
-    assert locate.located() == (expected.instance, expected.state_dir)
+    name, state_dir = locate.located()
+    if not re.match(instance.PATTERN, name):  # passed on untouched: Settings refuses it, naming the rule
+        with pytest.raises(ValueError, match="instance"):
+            Settings()
+        return
+    expected = Settings()
+    assert (name, state_dir) == (expected.instance, expected.state_dir)
     assert locate.socket_path() == expected.socket_path
 
 

@@ -1,7 +1,7 @@
 """Rendering is deterministic: golden files pin the container of three seed configurations.
 
-Regenerate after an intended change with `SPARKCTL_UPDATE_GOLDEN=1 pytest tests/unit/test_render.py`
-and review the diff.
+Regenerate after an intended change with `SPARKCTL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_render.py`,
+review the golden diff, and commit it with the change that caused it: a reviewer sees what moved.
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ def test_golden(name: str) -> None:
     golden = GOLDEN / f"{name}.txt"
     if os.environ.get("SPARKCTL_UPDATE_GOLDEN"):
         golden.write_text(rendered)
-    assert rendered == golden.read_text()
+    assert rendered == golden.read_text(), (
+        f"{name} renders differently from {golden.relative_to(ROOT)}. If the change is intended, regenerate with "
+        "`SPARKCTL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_render.py`, review `git diff tests/unit/golden` "
+        "line by line, and commit the golden diff with the change that caused it.")
 
 
 def test_qwen36_dflash_has_the_seed_args() -> None:
