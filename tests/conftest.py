@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from sparkctl.deploy.health import http_status
 from sparkctl.gateway.proxy import Gateway
@@ -32,9 +33,19 @@ ROOT = Path(__file__).resolve().parents[1]
 # Pinned for this process and everything it starts (daemons, CLI subprocesses, llama-benchy): no
 # test decides "online" by probing the internet (the corpus's `auto` would try a TCP connect to
 # Project Gutenberg), and the engines here (the sim, random weights) cannot answer llama-benchy's
-# coherence question. The one test of `auto` sets its own value.
+# coherence question. The one test of `auto` sets its own value (through monkeypatch). These two are
+# the suite's only deliberate process-wide changes to the environment: every other test changes
+# `os.environ` through monkeypatch, so nothing leaks into the tests after it.
 os.environ["SPARKCTL_BENCH_CORPUS"] = "loopback"
 os.environ["SPARKCTL_BENCH_SKIP_COHERENCE"] = "1"
+
+# Hypothesis: a failure always prints the blob that reproduces it (`@reproduce_failure`), and under
+# CI the examples are derived from each test itself, so every CI run tries the same inputs and a
+# red run is not a roll of the dice. A developer's run keeps exploring new inputs.
+hypothesis_settings.register_profile("dev", print_blob=True)
+hypothesis_settings.register_profile("ci", print_blob=True, derandomize=True)
+hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
 NEIGHBOURS = pytest.StashKey["neighbours.Watch | None"]()
 PROBLEMS = pytest.StashKey[list[str]]()
 

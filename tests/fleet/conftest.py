@@ -35,9 +35,10 @@ def fleet(images: dict[str, str]) -> Iterator[Hosts]:
     except HarnessError as e:
         pytest.fail(f"fleet hosts could not be set up: {e}", pytrace=False)
     SUMMARY.append(hosts.summary())
-    bypass_proxies([fleet_host.address for fleet_host in hosts] + [hosts.network.gateway])
     try:
-        yield hosts
+        with pytest.MonkeyPatch.context() as env:  # for the session's fleet tests, restored after them
+            bypass_proxies(env, [fleet_host.address for fleet_host in hosts] + [hosts.network.gateway])
+            yield hosts
     finally:
         hosts.__exit__(None, None, None)
 
@@ -136,10 +137,10 @@ def start_on(fleet_sim: str, tiny_model_dir: Path) -> Iterator:
         engine.remove()
 
 
-def bypass_proxies(addresses: list[str]) -> None:
+def bypass_proxies(env: pytest.MonkeyPatch, addresses: list[str]) -> None:
     """Requests to the hosts go straight over the bridge, never to a proxy the environment names."""
     for key in ("no_proxy", "NO_PROXY"):
-        os.environ[key] = ",".join(filter(None, [os.environ.get(key, ""), *addresses]))
+        env.setenv(key, ",".join(filter(None, [os.environ.get(key, ""), *addresses])))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
