@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # Pinned for this process and everything it starts (daemons, CLI subprocesses, llama-benchy): no
 # test decides "online" by probing the internet (the corpus's `auto` would try a TCP connect to
 # Project Gutenberg), and the engines here (the sim, random weights) cannot answer llama-benchy's
-# coherence question. The one test of `auto` sets its own value (through monkeypatch). These two are
-# the suite's only deliberate process-wide changes to the environment: every other test changes
-# `os.environ` through monkeypatch, so nothing leaks into the tests after it.
+# coherence question. The one test of `auto` sets its own value (through monkeypatch). These two,
+# and the run's id (`SPARKCTL_TEST_RUN`, tests/teardown.py: every process the run starts carries it,
+# so the session's end can find what the run left), are the suite's only deliberate process-wide
+# changes to the environment: every other test changes `os.environ` through monkeypatch, so nothing
+# leaks into the tests after it.
 os.environ["SPARKCTL_BENCH_CORPUS"] = "loopback"
 os.environ["SPARKCTL_BENCH_SKIP_COHERENCE"] = "1"
 
