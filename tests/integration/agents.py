@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import openai
 from ruamel.yaml import YAML
 
+from tests.conftest import wait_for
+
 A, B = "qwen36-dflash", "aeon-gemma4-v2"
 STACK_OF = {"qwen36-dflash": A, "aeon-gemma4": B}  # served name -> stack
 FAST_LOAD = "SPARKCTL_SIM_TIME_SCALE=0.01,SPARKCTL_SIM_LOAD_SCALE=0.002"
@@ -52,6 +54,14 @@ class Load:
 
     def failures(self) -> list[Answer]:
         return [a for a in self.answers if a.error]
+
+    def served_by(self, stack: str, *, since: int = 0, count: int | None = None, timeout: float = 60) -> int:
+        """Wait until `count` answers (one per loop if not given) came from `stack` among those after
+        the first `since`; a failed request ends the wait. Returns how many answers there are now."""
+        wanted = self.width + 1 if count is None else count
+        wait_for(lambda: sum(a.stack == stack for a in self.answers[since:]) >= wanted or self.failures(),
+                 timeout, f"{wanted} answers from {stack}")
+        return len(self.answers)
 
     def _agent(self) -> None:
         client = openai.OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=120)
@@ -117,7 +127,7 @@ def kill_during_switches(daemon, start_daemon, *, points: int, seed: int, within
         target = A if routed(daemon.gateway) == B else B
         worker = threading.Thread(target=switch_quietly, args=(daemon, target))
         worker.start()
-        time.sleep(rng.uniform(0.0, within))
+        time.sleep(rng.uniform(0.0, within))  # the behaviour under test: a kill at a random moment of the switch
         daemon.kill9()
         worker.join(60)
         assert not worker.is_alive(), f"the switch's client did not return after its daemon was killed ({point})"

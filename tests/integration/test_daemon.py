@@ -128,7 +128,7 @@ def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine
         if point % 2:  # also while a previous version is running: a changed engine env recreates it
             os.environ["SPARKCTL_ENGINE_ENV"] = f"SPARKCTL_SIM_TIME_SCALE=0.01,RUN={point}"
         worker.start()
-        time.sleep(rng.uniform(0.0, 2.0))
+        time.sleep(rng.uniform(0.0, 2.0))  # the behaviour under test: a kill at a random moment of the `up`
         daemon.kill9()
         worker.join(60)
         assert not worker.is_alive(), f"`up` did not return after its daemon was killed (point {point})"
@@ -152,15 +152,20 @@ def test_concurrent_ups_make_one_container_and_up_down_race_ends_in_the_later(st
         t.join(120)
     assert [r["ok"] for r in results] == [True, True]
     assert len(containers(engine, "qwen36-dflash")) == 1
-    up = threading.Thread(target=lambda: list(daemon.client.stream("/v1/up", {"stack": "qwen36-dflash"})))
+    streamed: list[dict] = []
+
+    def racing_up() -> None:
+        for event in daemon.client.stream("/v1/up", {"stack": "qwen36-dflash"}):
+            streamed.append(event)
+
+    up = threading.Thread(target=racing_up)
     up.start()
-    time.sleep(0.05)
+    wait_for(lambda: streamed, timeout=30, what="the racing `up` under way")  # it took its turn: the down is later
     outcome = list(daemon.client.stream("/v1/down", {"stack": "qwen36-dflash"}))[-1]
     up.join(120)
     assert not up.is_alive(), "the racing `up` did not return"
     assert outcome["ok"], outcome.get("error")
-    time.sleep(1)
-    assert not containers(engine, "qwen36-dflash")
+    wait_for(lambda: not containers(engine, "qwen36-dflash"), timeout=30, what="the stack's container removed")
     assert daemon.client.get("/v1/desired")["stacks"] == []
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 
 import openai
 import pytest
@@ -56,6 +55,7 @@ def test_a_second_instance_never_touches_the_owners_stacks(owner, start_daemon, 
     before = {c: _identity(engine, c) for c in (live.id, plain.id)}
     load = _Load(owner.gateway)
     with load:
+        wait_for(lambda: load.ok or load.failed, timeout=30, what="the owner's agent answered before we start")
         for name, text in (("steady", STEADY), ("spare", SPARE), ("crashy", CRASHY)):
             (world / "stacks" / f"{name}.yaml").write_text(text)
         (world / "state").mkdir(exist_ok=True)
@@ -73,9 +73,10 @@ def test_a_second_instance_never_touches_the_owners_stacks(owner, start_daemon, 
                 assert f"{owner.instance}: steady" in others, out
         ours.stop()
         assert sandbox.remove(instance()) == 0  # the suite's and the demo's cleanup: nothing of ours is left
-        time.sleep(1)  # the owner's gateway keeps answering after all of it
+        after = load.ok  # the owner's gateway keeps answering after all of it
+        wait_for(lambda: load.ok >= after + 3 or load.failed, timeout=30, what="the owner's agent answered after")
     assert {c: _identity(engine, c) for c in before} == before
-    assert load.ok > 20 and load.failed == 0, load.errors[:3]
+    assert load.failed == 0 and load.ok >= after + 3, load.errors[:3]  # answered before, throughout and after
 
 
 def test_concurrent_ups_each_see_only_their_own_progress(start_daemon, world) -> None:

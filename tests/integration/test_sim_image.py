@@ -7,13 +7,13 @@ import io
 import json
 import shutil
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 
 from sparkctl.sim.main import SHIM_ATTRIBUTES
 from sparkctl.sim.repos import LLM_BASE_PROPOSER_PATCH, QWEN3_DFLASH_PATCH
+from tests.conftest import wait_for
 
 VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
 DFLASH = {"method": "dflash", "model": "/draft", "num_speculative_tokens": 8, "draft_sample_method": "probabilistic"}
@@ -103,7 +103,9 @@ def test_crash_after_n_requests_exits(start_engine) -> None:
 
 def test_hang_on_load_never_opens_the_port(start_engine) -> None:
     served = start_engine("sim", env=FAST | {"SPARKCTL_SIM_FAULTS": "hang_on_load"})
-    time.sleep(2)
+    # the fault's hang, logged as it starts: from there on the sim sleeps forever, its port never open
+    wait_for(lambda: "Loading weights ..." in served.logs(), timeout=60, what="the sim to hang in loading",
+             logs=served.logs)
     served.container.reload()
     assert served.container.status == "running" and served.status() is None
 

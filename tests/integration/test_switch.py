@@ -40,19 +40,21 @@ def primary_during(flips: list[tuple[float, float, str]], first: str, start: flo
 def test_twenty_switches_under_load_fail_no_request(switching, engine, small, mode) -> None:
     daemon = switching(small=small)
     with Load(daemon.gateway + "/v1") as load:
-        time.sleep(1)
+        load.served_by(A)
         for i in range(20):
-            outcome = switch(daemon, B if i % 2 == 0 else A)
+            target = B if i % 2 == 0 else A
+            seen = len(load.answers)
+            outcome = switch(daemon, target)
             assert outcome["ok"], outcome.get("error")
             assert outcome["result"]["mode"] == mode
-            time.sleep(0.3)  # traffic on each stack between switches
+            load.served_by(target, since=seen)  # traffic on each stack between switches
     assert load.failures() == [], load.failures()[:3]
     records = daemon.client.get("/v1/history")["switches"]
     assert len(records) == 20 and all(r["ok"] for r in records)
     flips = [(*r["flipped"], r["to"]) for r in records]
     wrong = [a for a in load.answers if a.stack not in primary_during(flips, A, a.sent, a.received)]
     assert wrong == [], wrong[:3]
-    assert {a.stack for a in load.answers} == {A, B} and len(load.answers) > 500
+    assert {a.stack for a in load.answers} == {A, B}
     timings = records[0]["timings"]
     assert {"deploy_s", "engine_start_s", "health_s", "canary_s", "drain_s", "total_s"} <= set(timings)
     if mode == "hold/swap":
@@ -73,9 +75,9 @@ FAULTY = {  # the new stack fails its health checks, its canary, or crashes whil
 def test_a_failed_switch_rolls_back_without_failing_a_request(switching, engine, fault, small) -> None:
     daemon = switching(small=small, extra={"faulty": FAULTY[fault]})
     with Load(daemon.gateway + "/v1", width=8) as load:
-        time.sleep(0.5)
+        load.served_by(A)
         outcome = switch(daemon, "faulty")
-        time.sleep(0.5)
+        load.served_by(A, since=len(load.answers))  # and after the rollback
     assert not outcome["ok"] and "rolled back: primary still names qwen36-dflash" in outcome["error"]
     assert load.failures() == [], load.failures()[:3]
     assert {a.stack for a in load.answers} == {A}
@@ -163,16 +165,15 @@ def test_a_planned_restart_loses_no_request(world, start_daemon, monkeypatch) ->
         daemon = start_daemon(listener)
         wait_for(lambda: routed(gateway) == A, timeout=60, what="primary routed", logs=daemon.logs)
         with Load(gateway + "/v1", width=8) as load:
-            time.sleep(1)
+            load.served_by(A)
             stopped = time.time()
             daemon.stop()  # SIGTERM, as systemd sends it; returns once the process exited
             daemon = start_daemon(listener)
             wait_for(lambda: routed(gateway) == A, timeout=60, what="serving again", logs=daemon.logs)
-            time.sleep(1)
+            load.served_by(A, since=len(load.answers))  # the new daemon answers each loop
     assert load.failures() == [], load.failures()[:3]
     waited = max(a.received - a.sent for a in load.answers if a.sent >= stopped - 0.5)
     print(f"longest wait across the restart: {waited:.2f} s over {len(load.answers)} answers")
-    assert len(load.answers) > 100
 
 
 @pytest.mark.parametrize("when", ["gate", "after"])
