@@ -13,6 +13,7 @@ import pytest
 from sparkctl.sim.profiles import PROFILES
 
 SCALE = 0.01
+DECODE_S = 'sparkctl_sim_engine_seconds_total{engine="0",model_name="tiny",phase="decode"}'
 
 
 def post(url: str, body: dict) -> tuple[int, dict | list[dict]]:
@@ -149,8 +150,11 @@ def stream_timed(url: str, body: dict) -> tuple[list[float], dict]:
                                                 ("aeon-gemma4-v2", 0), ("qwen36-nvfp4", 8192),
                                                 ("diffusiongemma", 0)])
 def test_decode_speed_matches_the_profile(sim, profile: str, depth: int) -> None:
-    """Decode tok/s from the first content chunk to the last (llama-benchy's way), after time
-    scaling, is within 10% of the profile at that depth."""
+    """The engine's own clock (a Spark's seconds) decodes at the profile's tok/s for that depth,
+    and the answer's last token comes no sooner than that clock, time-scaled, allows: it waits out
+    each step. How close the wall clock comes to the profile on a busy machine is a figure, not a
+    behaviour: tests/perf/bench_sweep.py prints the sim's measured decode per config. (Timed from
+    chunk arrivals, a delayed first chunk even makes the rest look faster as they catch up.)"""
     p = PROFILES[profile]
     # keep each engine step >= ~3 ms, so timer resolution and a busy machine stay out of the figure
     scale = max(SCALE, 0.003 * p.decode_tps(depth) / p.block)
@@ -159,13 +163,14 @@ def test_decode_speed_matches_the_profile(sim, profile: str, depth: int) -> None
     engine.wait_ready(timeout=60)
     tokens = 300 if p.decode_tps(depth) > 50 else 150
     prompt = "".join(["Spark "] * (depth // 2))
+    before, sent = metrics(engine.url)[DECODE_S], time.monotonic()
     times, usage = stream_timed(engine.url + "/v1/completions", {
         "model": "tiny", "prompt": prompt, "max_tokens": tokens, "ignore_eos": True})
     assert usage["completion_tokens"] == tokens
-    first_chunk_tokens = tokens - (len(times) - 1) * (tokens / len(times))  # mean tokens per chunk
-    measured = (tokens - first_chunk_tokens) / (times[-1] - times[0]) * scale
+    decode_s = metrics(engine.url)[DECODE_S] - before
     expected = p.decode_tps(usage["prompt_tokens"] + tokens // 2)
-    assert abs(measured - expected) / expected < 0.10, (measured, expected, usage)
+    assert tokens / decode_s == pytest.approx(expected, rel=0.02), (tokens / decode_s, expected, usage)
+    assert times[-1] - sent >= decode_s * scale, (times[-1] - sent, decode_s * scale)
 
 
 def test_bad_flag_values_are_rejected_like_vllm(tiny_model) -> None:
