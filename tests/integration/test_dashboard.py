@@ -5,7 +5,8 @@ agent loop sees no failed request, the gateway panel's counts move with that loa
 follows. Security: the page and its API need the key; actions need the owner's login (the URL
 `sparkctl dashboard` prints); a cross-origin POST to each action, or one without the page's
 token, is refused; the HF token appears in no page, asset or event stream.
-Screenshots of the views land in docs/screenshots/."""
+Screenshots of the views land in the test's temporary dir, or in SPARKCTL_SCREENSHOTS_DIR when set
+(`make screenshots` sets it to docs/screenshots/, the tracked copies)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ KEY = "sk-dashboard-test"
 AXE = Path(os.environ.get("SPARKCTL_BUILD_CACHE", Path.home() / ".cache" / "sparkctl-build")) / "axe-core-4.14.1" / \
     "axe.min.js"  # scripts/axe-setup.sh
 CHROMIUM = shutil.which("chromium")
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 ACTIONS = ("up", "down", "park", "wake", "switch")
 
 
@@ -84,6 +84,16 @@ def bench(cli, stack: str) -> None:
 
 
 @pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where the views' screenshots go: the test's own dir, unless SPARKCTL_SCREENSHOTS_DIR names one
+    (`make screenshots` points it at docs/screenshots/); a test never rewrites tracked files."""
+    chosen = os.environ.get("SPARKCTL_SCREENSHOTS_DIR")
+    folder = Path(chosen) if chosen else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
 def browser():
     if CHROMIUM is None:
         missing("Debian's chromium is not installed (`make test` installs it)")
@@ -93,7 +103,7 @@ def browser():
         chromium.close()
 
 
-def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, browser, cli) -> None:
+def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, browser, cli, shots) -> None:
     ui = daemon.gateway + "/ui"
     page = browser.new_page(http_credentials={"username": "owner", "password": KEY},
                             viewport={"width": 1280, "height": 900})
@@ -108,8 +118,7 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     sync_api.expect(row.locator(".timeline")).to_have_text(re.compile(r"^resolving 0\.\d s, .*running \d+\.\d s$"))
     sync_api.expect(page.locator("#memory span").first).to_have_attribute("title", re.compile(rf"{A}: 40 %"))
     sync_api.expect(page.locator("#live")).to_contain_text("live", timeout=10_000)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
 
     bench(cli, A)  # before the switch stops it: Compare gets a run of each
     client = openai.OpenAI(base_url=daemon.gateway + "/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -140,7 +149,7 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
         sync_api.expect(progress.last).to_contain_text(f"done: primary -> {B}", timeout=120_000)
         steps = progress.all_inner_texts()
         assert any(f"{B}:" in s for s in steps[1:-1]), steps  # the new stack's deploy phases, as they came
-        page.screenshot(path=str(SHOTS / "switch.png"), full_page=True)
+        page.screenshot(path=str(shots / "switch.png"), full_page=True)
         wait_for(lambda: served and served[-1] == B, timeout=30, what="the agent answered by the new stack")
     finally:
         stop.set()
@@ -160,7 +169,7 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     wait_for(lambda: graph.evaluate("img => img.complete && img.naturalWidth > 0"), timeout=10,
              what=f"the graph {graph.get_attribute('src')} loaded")
     sync_api.expect(page.locator("#report table").first).to_contain_text(A)
-    page.screenshot(path=str(SHOTS / "report.png"), full_page=True)
+    page.screenshot(path=str(shots / "report.png"), full_page=True)
     accepted = page.locator(f'#stacks tr[data-stack="{B}"] .acceptance')  # the engine's own counters
     sync_api.expect(accepted).to_have_text(re.compile(r"^\d+ %$"))
 
@@ -169,7 +178,7 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     lines = page.locator("#logs").inner_text().count("\n")
     client.completions.create(model="primary", prompt="x", max_tokens=2)  # the engine logs its access line
     wait_for(lambda: page.locator("#logs").inner_text().count("\n") > lines, timeout=20, what="a new log line")
-    page.screenshot(path=str(SHOTS / "logs.png"), full_page=True)
+    page.screenshot(path=str(shots / "logs.png"), full_page=True)
 
     if not AXE.is_file():
         missing(f"{AXE} is missing (scripts/axe-setup.sh fetches it)")
@@ -189,7 +198,7 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     page.set_viewport_size({"width": 390, "height": 844})  # a phone: one column, no page-wide scroll
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(SHOTS / "phone.png"))
+    page.screenshot(path=str(shots / "phone.png"))
 
 
 def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon, cli) -> None:
