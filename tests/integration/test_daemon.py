@@ -120,13 +120,13 @@ def converged(client: DaemonClient, engine) -> bool:
     return states == ["running"] and bool(rows) and rows[0]["phase"] in ("running", "failed")
 
 
-def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine) -> None:
+def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine, monkeypatch) -> None:
     rng = random.Random(20261129)
     daemon = start_daemon()
     for point in range(20):
         worker = threading.Thread(target=cli, args=("up", "qwen36-dflash"))
         if point % 2:  # also while a previous version is running: a changed engine env recreates it
-            os.environ["SPARKCTL_ENGINE_ENV"] = f"SPARKCTL_SIM_TIME_SCALE=0.01,RUN={point}"
+            monkeypatch.setenv("SPARKCTL_ENGINE_ENV", f"SPARKCTL_SIM_TIME_SCALE=0.01,RUN={point}")
         worker.start()
         time.sleep(rng.uniform(0.0, 2.0))  # the behaviour under test: a kill at a random moment of the `up`
         daemon.kill9()

@@ -229,16 +229,20 @@ def test_blacklisted_tag(world, cli, engine) -> None:
 
 def test_moved_tag_is_reported_not_followed(world, cli, engine, published, images) -> None:
     running = up_ok_then(cli, engine)
-    published.move_tag("aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix", images["sim"], stamp="moved")
-    code, out, _ = cli("up", "qwen36-dflash")
-    assert code == 0 and "has moved" not in out  # the registry's answer to the first `up` holds for a minute
-    store = Store(world / "state" / "sparkctl.db")
-    with store.db.tx() as db:  # a minute later
-        db.execute("UPDATE answers SET asked = asked - ?", (Answers.KEPT_S,))
-    store.close()
-    code, out, _ = cli("up", "qwen36-dflash")
-    assert code == 0 and "has moved" in out and "running the pinned digest" in out and "unchanged" in out
-    assert_still_running(engine, running)
+    tag = "aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix"
+    published.move_tag(tag, images["sim"], stamp="moved")
+    try:
+        code, out, _ = cli("up", "qwen36-dflash")
+        assert code == 0 and "has moved" not in out  # the registry's answer to the first `up` holds for a minute
+        store = Store(world / "state" / "sparkctl.db")
+        with store.db.tx() as db:  # a minute later
+            db.execute("UPDATE answers SET asked = asked - ?", (Answers.KEPT_S,))
+        store.close()
+        code, out, _ = cli("up", "qwen36-dflash")
+        assert code == 0 and "has moved" in out and "running the pinned digest" in out and "unchanged" in out
+        assert_still_running(engine, running)
+    finally:  # the registry is the session's: later tests find the tag where `published` put it
+        published.push(images["sim"], tag)
 
 
 def test_gated_repo_without_a_token(world, cli, engine) -> None:
