@@ -27,6 +27,9 @@ HAND_OVER = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LI
              "LISTEN_FDS='1'); os.execv(sys.executable, [sys.executable, '-m', 'sparkctl', 'daemon'])")
 
 
+STARTS_WITHIN = 60.0  # s: about 1 s on a quiet machine; a loaded 2-core CI machine has taken over 20
+
+
 class DaemonProcess:
     def __init__(self, state_dir: Path, env: dict[str, str] | None = None, *,
                  handed: socket.socket | None = None) -> None:
@@ -38,9 +41,13 @@ class DaemonProcess:
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env or dict(os.environ),
                                      pass_fds=(handed.fileno(),) if handed else ())
         self.client = DaemonClient(state_dir / "sparkctl.sock")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + STARTS_WITHIN
         while not self.client.available():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.logs()[-3000:]
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                stop(self.proc, 0)  # a daemon that did not come up is not left behind
+                self.log.close()
+                raise AssertionError(f"the daemon did not answer within {STARTS_WITHIN:g} s (exit "
+                                     f"{self.proc.returncode}):\n{self.logs()[-3000:]}")
             time.sleep(0.05)
 
     def logs(self) -> str:
