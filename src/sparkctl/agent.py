@@ -154,18 +154,15 @@ class HostAgent:
 
     def _relay(self, port: int, engine: str) -> str:
         """Relay the engine at `engine` (on loopback) on this host's serving address; its URL there."""
-        if self.relays is None:
-            self.relays = Relays(relay_key(token_path(self.settings)))
         self.relays.ensure(self.address, port, engine)
         return f"http://[{self.address}]:{port}" if ":" in self.address else f"http://{self.address}:{port}"
 
     def _relay_running(self) -> None:
-        """Relay again every engine this host runs (a restarted agent's relays are gone)."""
+        """Start the relays with every engine this host runs (a restarted agent's are gone)."""
+        self.relays = Relays(relay_key(token_path(self.settings)))
         for container in self.engine.containers():
             if container.relay is not None and container.running:
                 self._relay(container.relay, f"http://127.0.0.1:{container.relay}")
-        if self.relays is None:
-            self.relays = Relays(relay_key(token_path(self.settings)))
 
     def _rank(self, data: dict[str, Any]) -> Rank:
         """The rank the head asked for, refused unless it names this host and this host's
