@@ -11,6 +11,7 @@ export SPARKCTL_BUILD_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/sparkc
 test: setup  ## every tier, on the real engine, and each benchmark once in smoke mode; each tier's time at the end
 	@bash scripts/perf-setup.sh
 	@bash scripts/axe-setup.sh
+	$(VENV)/bin/ruff check src tests
 	bash scripts/tiers.sh check integration fleet e2e smoke
 
 check: venv  ## lint, the import contracts, unit and sim tests: no Docker, no root
