@@ -207,10 +207,10 @@ class FleetWatch:
     def check_replicas(self, stacks: list[placement.Placed]) -> None:
         """The replicas of `stacks` that fail `/health` on hosts not held out: observed once,
         decided on by `triage.decide`, acted on (a dead host is the node watch's)."""
-        failing = []
+        failing, auth = [], self.auth() if stacks else ""
         for placed in (p for p in stacks if not self._recovering_now(p.stack)):
             for replica in placed.replicas:
-                state = None if replica.host in self.down else engine_state(replica.url, self.auth())
+                state = None if replica.host in self.down else engine_state(replica.url, auth)
                 self._route_awake(placed.stack, replica.url, asleep=state == ASLEEP)
                 if state in (None, SERVING, ASLEEP):
                     self.given_up.discard(f"{placed.stack}@{replica.host}")

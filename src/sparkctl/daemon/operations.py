@@ -103,11 +103,13 @@ class Routes:
                        and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
             stacks = {s.name: upstream_of(s) for s in self.catalog().deployable()}
             placed = self.placed()
-            for name, entry in placement.serving(placed).items():
+            serving = placement.serving(placed)
+            auth = self.engine_auth() if serving else None
+            for name, entry in serving.items():
                 if name in stacks and entry.replicas:
                     first, *others = (r.url for r in entry.replicas)
                     stacks[name] = dataclasses.replace(stacks[name], url=first, replicas=tuple(others), placed=True,
-                                                       auth=self.engine_auth())
+                                                       auth=auth)
                     running.add(name)
             self.table = build_table(aliases=desired.aliases, stacks=stacks, running=running,
                                      parked=set(desired.parked) | {n for n, e in placed.items() if e.parked},
