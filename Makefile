@@ -8,11 +8,11 @@ export SPARKCTL_BUILD_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/sparkc
 
 .PHONY: test check unit integration fleet e2e setup images venv perf demo screenshots clean
 
-test: setup  ## every tier, on the real engine, and each benchmark once in smoke mode; each tier's time at the end
+test: setup  ## every tier, two at a time (the longest first), and each benchmark once in smoke mode; each tier's time at the end
 	@bash scripts/perf-setup.sh
 	@bash scripts/axe-setup.sh
 	$(VENV)/bin/ruff check src tests
-	bash scripts/tiers.sh check integration fleet e2e smoke
+	bash scripts/tiers.sh -j 2 memory integration fleet smoke e2e check
 
 check: venv  ## lint, the import contracts, unit and sim tests: no Docker, no root
 	$(VENV)/bin/ruff check src tests
@@ -23,7 +23,7 @@ unit: venv  ## pure tests only, no Docker
 
 integration: setup  ## the real Docker engine, registry, compose, daemon and browser
 	@bash scripts/axe-setup.sh
-	bash scripts/tiers.sh integration
+	bash scripts/tiers.sh memory integration
 
 fleet: setup  ## Sparks as network namespaces: Ray, agents, placement, failover, multi-node groups
 	bash scripts/tiers.sh fleet
@@ -49,7 +49,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q --no-compile -e '.[test]'  # modules compile as they are first imported
 	touch $@
 
 perf: setup  ## benchmarks that print figures side by side with their references

@@ -27,12 +27,6 @@ def run_id() -> str:
     return os.environ.setdefault(RUN_ENV, uuid.uuid4().hex[:4])
 
 
-def unmarked() -> dict[str, str]:
-    """This process's environment without the run's id, for a process meant to outlive the run (the
-    machine's dockerd, restarted by a test): the session's sweep leaves it alone."""
-    return {key: value for key, value in os.environ.items() if key != RUN_ENV}
-
-
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> int | None:
     """Stop `proc`: SIGTERM, up to `grace` s to exit, then SIGKILL (`grace=0`: SIGKILL at once, for
     a test whose point is an abrupt death). Returns its exit code (negative: the signal that ended

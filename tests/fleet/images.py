@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -106,7 +107,7 @@ def keep(host: Host, image: str, seed: Path) -> None:
     record and, as hard links, its files; the tag in a repositories.json of its own. Written
     aside and renamed, so a seed is whole or absent."""
     root, ident = host.root / "docker", image_id(image)
-    store, partial = root / "image" / "overlay2", seed.with_name(seed.name + ".partial")
+    store, partial = root / "image" / "overlay2", seed.with_name(f"{seed.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "overlay2" / "l").mkdir(parents=True)
     config = store / "imagedb" / "content" / "sha256" / ident
@@ -122,7 +123,10 @@ def keep(host: Host, image: str, seed: Path) -> None:
     (partial / "image" / "overlay2" / "repositories.json").write_text(
         json.dumps({"Repositories": {repository: {image: f"sha256:{ident}"}}}))
     shutil.rmtree(seed, ignore_errors=True)
-    partial.rename(seed)
+    try:
+        partial.rename(seed)
+    except OSError:  # another run (a tier beside this one) made it meanwhile
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def seed_root(root: Path, seed: Path) -> None:

@@ -11,11 +11,13 @@ namespaces: nothing a host sends can leave the bridge.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
 import random
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -37,12 +39,14 @@ class Network:
     def __init__(self, tag: str) -> None:
         self.tag = tag
         self.bridge = f"{tag}br"
-        self.subnet = free_subnet()
-        self.gateway = str(self.subnet.network_address + 1)
         self.hosts: dict[str, str] = {}  # namespace -> address
         _ip("link", "add", self.bridge, "type", "bridge", what="create the fleet tests' bridge")
         _no_ipv6(self.bridge)
-        _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+        with open(Path(tempfile.gettempdir()) / "sparkctl-fleet-subnets.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # runs side by side (scripts/tiers.sh -j) pick one at a time
+            self.subnet = free_subnet()
+            self.gateway = str(self.subnet.network_address + 1)
+            _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
     def add(self, name: str) -> tuple[str, str]:

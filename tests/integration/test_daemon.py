@@ -8,24 +8,28 @@ import http.client
 import json
 import os
 import random
-import signal
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import docker
 import pytest
 
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.cli.client import DaemonClient
 from sparkctl.errors import SparkctlError
 from sparkctl.state.store import Store
 from tests import teardown
-from tests.conftest import TEST_LABEL, instance, name
+from tests.conftest import instance, name
 from tests.integration.conftest import SMALL, containers, wait_for
 
 
@@ -196,51 +200,77 @@ def test_bad_api_input_gets_a_clear_error_and_the_daemon_keeps_serving(start_dae
     assert daemon.client.get("/v1/status")["stacks"] == []
 
 
-def test_dockerd_restart_is_survived_and_stacks_come_back(start_daemon, cli, engine) -> None:
-    """Costs a dockerd restart (~5 s): the only way to show the event watcher reconnecting. Only on
-    an engine host-setup started; beside containers that are not the tests' only under CI, whose
-    engine is the run's own: never beside an owner's stacks on a developer's Spark."""
-    pid = _host_setup_dockerd()
-    if pid is None:
-        pytest.skip("dockerd was not started by scripts/host-setup.sh; not restarting someone else's engine")
-    foreign = [c.name for c in engine.client.containers.list()
-               if TEST_LABEL not in c.labels and c.labels.get("sparkctl.instance") != instance()]
-    if foreign and not os.environ.get("CI"):
-        pytest.skip(f"containers that are not the tests' run on this engine ({', '.join(foreign[:3])}); "
-                    "not restarting it under them")
+class OwnDockerd:
+    """A dockerd of the test's own beside the machine's, in the root namespace (the sim's engines
+    use the host network): its data, exec root and socket in a short temporary directory (a unix
+    socket path has 108 bytes), its containerd managed by itself. Restarting it disturbs no other
+    test running on the machine's engine, and no owner's stacks."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="spkd-"))
+        self.url = f"unix://{self.root}/docker.sock"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        (self.root / "docker.sock").unlink(missing_ok=True)
+        with open(self.root / "dockerd.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                ["dockerd", "-H", self.url, "--data-root", str(self.root / "data"), "--exec-root",
+                 str(self.root / "exec"), "--pidfile", str(self.root / "docker.pid"), "--bridge=none",
+                 "--iptables=false", "--ip6tables=false"], stdout=log, stderr=subprocess.STDOUT)
+        wait_for(self.answers, timeout=60, what="our dockerd to answer",
+                 logs=lambda: (self.root / "dockerd.log").read_text())
+
+    def answers(self) -> bool:
+        try:
+            return docker.DockerClient(base_url=self.url, timeout=5).ping()
+        except docker.errors.DockerException:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM: dockerd stops its containers and its containerd, and unmounts their layers."""
+        if self.proc is not None:
+            teardown.stop(self.proc, 30)
+
+    def remove(self) -> None:
+        self.stop()
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                  if line.split()[1].startswith(str(self.root))]
+        for mount in sorted(mounts, reverse=True):  # left by a dockerd that had to be killed
+            subprocess.run(["umount", "-l", mount], check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_dockerd(engine, monkeypatch) -> Iterator[OwnDockerd]:
+    """A dockerd of the test's own, and the daemons it starts pointed at it."""
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        pytest.skip("starting a dockerd of the test's own needs root and dockerd")
+    dockerd = OwnDockerd()
+    try:
+        dockerd.start()
+        monkeypatch.setenv("SPARKCTL_DOCKER_HOST", dockerd.url)
+        yield dockerd
+    finally:
+        dockerd.remove()
+
+
+def test_dockerd_restart_is_survived_and_stacks_come_back(own_dockerd, start_daemon, cli) -> None:
+    """The only way to show the event watcher reconnecting: the engine goes away under a running
+    stack and comes back. On a dockerd of the test's own, so that it runs beside anything."""
+    ours = DockerEngine(own_dockerd.url)
     daemon = start_daemon()
     assert cli("up", "qwen36-dflash")[0] == 0
-    os.kill(pid, signal.SIGTERM)  # that one process: other dockerds (the fleet tests' hosts, an owner's) live on
-    wait_for(lambda: not _alive(pid), timeout=60, what="dockerd to exit")
-    root = Path(__file__).resolve().parents[2]
-    subprocess.run(["bash", str(root / "scripts" / "host-setup.sh")], check=True, capture_output=True,
-                   env=teardown.unmarked())  # the engine it starts outlives the run: not swept as a leftover
-    wait_for(lambda: engine.state(name("qwen36-dflash"))[0] == "running", timeout=60, what="restart",
+    own_dockerd.stop()
+    own_dockerd.start()
+    wait_for(lambda: ours.state(name("qwen36-dflash"))[0] == "running", timeout=60, what="restart",
              logs=daemon.logs)
     wait_for(lambda: daemon.client.get("/v1/status")["stacks"][0]["phase"] == "running", what="healthy",
              logs=daemon.logs)
     wait_for(lambda: daemon.logs().count("docker_events_connected") >= 2, what="events reconnected",
              logs=daemon.logs)
     assert "docker_events_lost" in daemon.logs()
-    assert len(containers(engine)) == 1
-
-
-def _host_setup_dockerd() -> int | None:
-    """The pid of the dockerd scripts/host-setup.sh started (its pidfile and exact command line), if
-    that is what serves the default socket."""
-    try:
-        pid = int(Path("/var/run/docker.pid").read_text())
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return None
-    return pid if command[:3] == [b"dockerd", b"--bridge=none", b"--iptables=false"] else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
+    assert len(containers(ours)) == 1
 
 
 def test_metrics_and_the_optional_tcp_listener_need_the_token(start_daemon, monkeypatch, cli) -> None:
