@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.sim.registry import derive
 from sparkctl.state.store import Store
 from tests.fleet.cluster import IMAGE, Cluster, deployable
 from tests.fleet.cluster import cluster as start_cluster
@@ -75,7 +74,7 @@ def test_stacks_are_placed_across_hosts_by_memory_and_serve_there(placed: Cluste
 
 def test_a_host_whose_image_differs_is_refused_and_nothing_starts(placed: Cluster, fleet: Hosts,
                                                                    fleet_sim: str) -> None:
-    other = fleet.registry.push(derive(fleet_sim, labels={"sparkctl.test": "drift"}), "sparkctl-test/fleet-sim:other")
+    other = fleet.registry.push(fleet_sim, "sparkctl-test/fleet-sim:other", labels={"sparkctl.test": "drift"})
     store = Store(placed.root / "c" / "sparkctl.db")  # c pulled the tag once, before it moved
     store.digests.record(f"{IMAGE}:v1", other)
 

@@ -26,12 +26,9 @@ ENGINE_ENV = "SPARKCTL_SIM_TIME_SCALE=0.05,SPARKCTL_SIM_LOAD_SCALE=0.002"
 @pytest.fixture
 def broken_latest(world, published, images, monkeypatch):
     """`latest` on the registry is the broken sim image (as published), and is again afterwards."""
-    from sparkctl.sim.registry import derive
-
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", ENGINE_ENV)
-    broken = derive(images["sim"], env=BROKEN)
-    yield published.push(broken, LATEST)
-    published.push(broken, LATEST)
+    yield published.push(images["sim"], LATEST, env=BROKEN)
+    published.push(images["sim"], LATEST, env=BROKEN)
 
 
 def test_a_retest_keeps_the_ban_until_the_tag_moves_to_a_good_image(world, broken_latest, published, images, cli,

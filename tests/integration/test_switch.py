@@ -205,11 +205,9 @@ def test_a_failed_benchmark_gate_rolls_the_switch_back(switching, world) -> None
 
 def test_a_new_tag_that_measures_badly_is_rolled_back_and_its_digest_blacklisted(switching, world, published,
                                                                                  images, cli, engine) -> None:
-    from sparkctl.sim.registry import derive
-
-    broken = derive(images["sim"], env={"SPARKCTL_SIM_PROFILE": "aeon-gemma4-latest-broken"},
-                    labels={"sparkctl.rebuild": "next"})
-    digest = published.push(broken, "aeon-7/aeon-gemma-4-26b-a4b-dflash:next")
+    digest = published.push(images["sim"], "aeon-7/aeon-gemma-4-26b-a4b-dflash:next",
+                            env={"SPARKCTL_SIM_PROFILE": "aeon-gemma4-latest-broken"},
+                            labels={"sparkctl.rebuild": "next"})
     nxt = f"name: gemma-next\nextends: {B}\nimage:\n  tag: next\nswitch:\n  bench: gate\n"
     daemon = switching(small=False, extra={"gemma-next": nxt})
     with Load(daemon.gateway + "/v1", width=8) as load:
