@@ -281,6 +281,17 @@ def test_render_rank_1_is_headless_on_the_second_host(group_workspace: Path, cli
     assert "enp1s0f0np0" not in out
 
 
+def test_the_shipped_example_group_renders_its_rank_1(group_workspace: Path, cli) -> None:
+    """stacks/qwen36-bf16-2node.yaml, the multi-node stack an owner copies: rank 1 of BF16 Qwen at
+    tensor parallel 2, headless on the fleet file's second host."""
+    code, out, err = cli("stacks", "render", "qwen36-bf16-2node", "--rank", "1")
+    assert code == 0, err
+    args = shlex.split(out)
+    assert "--headless" in args and value(args, "--node-rank") == "1" and value(args, "--tensor-parallel-size") == "2"
+    assert value(args, "--master-addr") == "192.168.100.10" and "VLLM_HOST_IP=192.168.100.11" in args
+    assert "/model:ro" in out and "Qwen3.6-27B-AEON-Ultimate-Uncensored-BF16" in out
+
+
 def test_render_rank_0_serves_on_the_first_host(group_workspace: Path, cli) -> None:
     code, out, err = cli("stacks", "render", "group", "--rank", "0", "--format", "json")
     assert code == 0, err
