@@ -19,7 +19,7 @@ PYTEST=${PYTEST:-.venv/bin/pytest}
 # beside it. `memory` reads MemAvailable, which other tiers' engines move by gigabytes.
 ALONE=" memory "
 declare -A PATHS=(
-  [check]="tests/unit tests/sim"
+  [check]="-n 2 tests/unit tests/sim"  # two workers: these tests mostly wait (servers, sleeps of the sim)
   [integration]="tests/integration --ignore=tests/integration/memory"
   [memory]="tests/integration/memory"
   [fleet]="tests/fleet"

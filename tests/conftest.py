@@ -50,6 +50,8 @@ hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 NEIGHBOURS = pytest.StashKey["neighbours.Watch | None"]()
 PROBLEMS = pytest.StashKey[list[str]]()
+CPU_AT_SETUP = pytest.StashKey[float]()
+SPENT: dict[str, float] = {}  # test id: machine CPU-s (pytest_runtest_makereport)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,7 +77,39 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[CPU_AT_SETUP] = machine_cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Count the machine's busy CPU seconds during each test, setup to teardown: on 2 cores the
+    suite's time is its CPU work, so this says where to cut. Everything running counts, a tier
+    beside this one too. Carried in the teardown report, so xdist's workers report it as well."""
+    outcome = yield
+    if call.when == "teardown" and CPU_AT_SETUP in item.stash:
+        outcome.get_result().user_properties.append(("machine_cpu_s", machine_cpu_seconds() - item.stash[CPU_AT_SETUP]))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:
+        if key == "machine_cpu_s":
+            SPENT[report.nodeid] = value
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(part) for part in stat.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if SPENT:
+        terminalreporter.write_sep("=", f"busiest 10 tests, in machine CPU-s (all tests: {sum(SPENT.values()):.0f})")
+        for nodeid, seconds in sorted(SPENT.items(), key=lambda kv: -kv[1])[:10]:
+            terminalreporter.write_line(f"{seconds:7.1f}  {nodeid}")
     for line in config.stash.get(PROBLEMS, []):
         terminalreporter.write_line(f"FAILED session check: {line}", red=True, bold=True)
 

@@ -26,6 +26,7 @@ from tests.fleet.hosts import Host, Hosts
 from tests.fleet.network import LINK
 
 RAY_TIMEOUT = 40
+START_TIMEOUT = 2 * (RAY_TIMEOUT + 30) + 20  # two `ray start`s (adapters.ray.START_ATTEMPTS), each up to its deadline
 IMAGE = "ghcr.io/sparkctl-test/fleet-sim"  # the sim image, as the hosts pull it from the bridge registry
 
 
@@ -66,7 +67,8 @@ class Cluster:
 
     def join(self, host: Host) -> None:
         token = self.root / "a" / "fleet" / local.TOKEN_FILE
-        done = self.fleet("join", self.head, "--host", host.name, "--token-file", str(token), on=host.name)
+        done = self.fleet("join", self.head, "--host", host.name, "--token-file", str(token), on=host.name,
+                          timeout=START_TIMEOUT)
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"host agent {host.name} runs" in done.stdout, done.stdout
 
@@ -92,7 +94,7 @@ def cluster(hosts: Hosts, *, instance: str, port: int, memory: dict[str, str] | 
     made = Cluster(hosts, root, instance=instance, port=port, env=env or {})
     started = time.monotonic()
     try:
-        done = made.fleet("init", "--host", "a")
+        done = made.fleet("init", "--host", "a", timeout=START_TIMEOUT)
         assert done.returncode == 0, done.stdout + done.stderr
         with ThreadPoolExecutor(len(hosts.hosts)) as pool:
             list(pool.map(made.join, [h for h in hosts if h.name != "a"]))

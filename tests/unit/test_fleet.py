@@ -4,8 +4,10 @@ start` command line and environment, the status join, and stopping processes by 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkctl.adapters import processes
-from sparkctl.adapters.ray import health_check, ray_environment, start_command
+from sparkctl.adapters import ray as ray_adapter
+from sparkctl.adapters.ray import RayBackend, health_check, ray_environment, start_command
 from sparkctl.errors import SparkctlError, SpecError
 from sparkctl.fleet import local, membership, status
 from sparkctl.node import Node, NodeLaunch, NodeState
@@ -145,6 +148,43 @@ def test_a_worker_joins_the_head_it_is_given() -> None:
     command = start_command(launch("10.0.0.9:6379"), ray_bin=Path("ray"))
     assert "--address=10.0.0.9:6379" in command and "--head" not in command
     assert not any(part.startswith(("--system-config", "--port=")) for part in command)
+
+
+STAND_IN_RAY = """#!/bin/sh
+echo "start $*" >> "$0.calls"
+if [ ! -e "$0.missed" ]; then
+  touch "$0.missed"
+  echo "Exception: The current node timed out during startup. This could happen because ..."
+  exit 1
+fi
+[ -e "$0.fail-again" ] && { echo "Exception: The current node timed out during startup."; exit 1; }
+exit 0
+"""
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["then registers", "misses twice"])
+def test_a_start_that_missed_rays_registration_wait_is_tried_once_more(tmp_path: Path, again: bool,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_adapter, "_check_ports", lambda launch: None)  # the stand-in binds none
+    short = Path(tempfile.mkdtemp(prefix="spr", dir="/tmp"))  # Ray's unix sockets live under its temp dir
+    ray_bin = tmp_path / "ray"
+    ray_bin.write_text(STAND_IN_RAY)
+    ray_bin.chmod(0o755)
+    if again:
+        (tmp_path / "ray.fail-again").touch()
+    backend = RayBackend(token_file=tmp_path / "token", timeout=10, namespace="t")
+    backend.ray_bin = ray_bin
+    here = NodeLaunch(host="a", address="127.0.0.1", port=47000, head=None, memory_bytes=GIB,
+                      temp_dir=short / "r", log_file=tmp_path / "ray-start.log", object_store_bytes=100 << 20)
+    try:
+        if again:
+            with pytest.raises(SparkctlError, match=r"(?s)exited with 1 \(2 attempt\(s\)\).*timed out during startup"):
+                backend.start_node(here)
+        else:
+            assert backend.start_node(here).host == "a"
+    finally:
+        shutil.rmtree(short)
+    assert len((tmp_path / "ray.calls").read_text().splitlines()) == 2
 
 
 def test_ray_children_get_the_token_path_and_nothing_stale() -> None:

@@ -113,7 +113,9 @@ def test_validate_a_good_extra_file(workspace: Path, cli, tmp_path: Path) -> Non
 def test_the_shipped_stacks_are_valid(workspace: Path, cli) -> None:
     code, out, err = cli("stacks", "validate")
     assert (code, err) == (0, "")
-    assert "13 stacks valid" in out
+    stacks = [p for p in (workspace / "stacks").glob("*.yaml") if p.name != "images.yaml"]
+    shipped = len([p for p in stacks if "abstract: true" not in p.read_text()])
+    assert f"{shipped} stacks valid" in out
 
 
 def test_an_opted_in_risk_loads_and_says_so(workspace: Path, cli) -> None:

@@ -50,6 +50,9 @@ WORKER_PORTS = (16, 255)
 DASHBOARD_OFFSET = 7  # the head's minimal dashboard process binds one even with the dashboard off
 UNPLACEABLE = "could not be placed within"
 WATCH_EVERY = 0.1  # s between two reads of the node table by `watch`
+REGISTRATION_MISSED = "timed out during startup"  # Ray's message when its raylet did not register in time
+REGISTRATION_WAIT = 30.0  # s: Ray's fixed wait for that (ray/_private/node.py)
+START_ATTEMPTS = 2
 AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
 
 
@@ -96,28 +99,43 @@ class RayBackend:
 
     # -- this Spark's node --------------------------------------------------------------------
     def start_node(self, launch: NodeLaunch) -> NodeRecord:
-        """Start the node; on any failure stop what the attempt started and say why."""
-        _fresh_temp_dir(launch.temp_dir)
-        _check_ports(launch)
+        """Start the node; on any failure stop what the attempt started and say why. A start
+        that missed Ray's own fixed wait for its raylet to register (a loaded machine) is tried
+        again, up to START_ATTEMPTS times."""
         if launch.head is not None:
             self._reachable(launch.head)
         launch.log_file.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            code, session = self._start_once(launch)
+            if code == 0:
+                return NodeRecord(host=launch.host, address=launch.address, head=launch.endpoint,
+                                  is_head=launch.head is None, temp_dir=str(launch.temp_dir),
+                                  handle=session.to_dict())
+            processes.stop(session, grace=2)
+            if code is None or attempt == START_ATTEMPTS or REGISTRATION_MISSED not in _tail(launch.log_file):
+                break
+        what = f"did not finish within {self._start_deadline:g} s" if code is None else f"exited with {code}"
+        raise SparkctlError(f"ray start for host {launch.host!r} at {launch.endpoint} {what} ({attempt} attempt(s)); "
+                            f"its processes were stopped. Last lines of {launch.log_file}:\n{_tail(launch.log_file)}")
+
+    def _start_once(self, launch: NodeLaunch) -> tuple[int | None, processes.Session]:
+        """One `ray start`: its exit code (None: past the deadline) and the processes it left."""
+        _fresh_temp_dir(launch.temp_dir)
+        _check_ports(launch)
         with launch.log_file.open("ab") as log:
             child = subprocess.Popen(start_command(launch, ray_bin=self.ray_bin), stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=ray_environment(self.token_file, dict(os.environ)))
         try:
-            code = child.wait(timeout=self.timeout)
+            code: int | None = child.wait(timeout=self._start_deadline)
         except subprocess.TimeoutExpired:
             code = None
-        session = processes.recorded(child.pid)
-        if code != 0:
-            processes.stop(session, grace=2)
-            what = f"did not finish within {self.timeout:g} s" if code is None else f"exited with {code}"
-            raise SparkctlError(f"ray start for host {launch.host!r} at {launch.endpoint} {what}; its processes were "
-                                f"stopped. Last lines of {launch.log_file}:\n{_tail(launch.log_file)}")
-        return NodeRecord(host=launch.host, address=launch.address, head=launch.endpoint, is_head=launch.head is None,
-                          temp_dir=str(launch.temp_dir), handle=session.to_dict())
+        return code, processes.recorded(child.pid)
+
+    @property
+    def _start_deadline(self) -> float:
+        """`ray start` waits up to REGISTRATION_WAIT s for its raylet on top of its own work."""
+        return self.timeout + REGISTRATION_WAIT
 
     def running(self, record: NodeRecord) -> list[int]:
         """The pids of the node's processes still running."""
