@@ -398,8 +398,9 @@ class Running:
 
 
 class ServedApi:
-    """The daemon's real API app (`daemon.api.build`) over `service`, on a unix socket, served from
-    its own event loop thread while the `with` block runs; the block gets the socket's path."""
+    """The daemon's real API app (`daemon.api.build`) over `service` (a fake of both its commands
+    and its queries), on a unix socket, served from its own event loop thread while the `with`
+    block runs; the block gets the socket's path."""
 
     def __init__(self, service, sock: Path) -> None:
         self.service, self.sock = service, sock
@@ -412,7 +413,7 @@ class ServedApi:
         from sparkctl.daemon import api
 
         async def start() -> web.AppRunner:
-            runner = web.AppRunner(api.build(self.service))
+            runner = web.AppRunner(api.build(self.service, self.service))
             await runner.setup()
             await web.UnixSite(runner, str(self.sock)).start()
             return runner

@@ -20,17 +20,26 @@ from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
 
 
-class Service:
-    def __init__(self) -> None:
-        self.bus, self.turns = EventBus(), Turns()
+class Actions:
+    """The API's `Commands`, with an `up` that publishes one note."""
 
-    def check_stack(self, name: str) -> str:
-        return name
+    def __init__(self) -> None:
+        self.bus, self.turns, self.deploys = EventBus(), Turns(), self
 
     def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int) -> wire.UpDone:
         with self.turns.turn(stack, ticket):
             self.bus.publish(wire.Note(stack, "deploying"))
             return wire.UpDone(stack, "f" * 12, unchanged=True)
+
+
+class Reads:
+    def check_stack(self, name: str) -> str:
+        return name
+
+
+def build() -> tuple[Actions, object]:
+    actions = Actions()
+    return actions, api.build(actions, Reads())  # type: ignore[arg-type]
 
 
 def test_the_stream_ends_when_the_action_does_not_when_its_result_arrives() -> None:
@@ -45,7 +54,7 @@ def test_the_stream_ends_when_the_action_does_not_when_its_result_arrives() -> N
             return future
 
         loop.run_in_executor = late
-        async with TestClient(TestServer(api.build(Service()))) as client:
+        async with TestClient(TestServer(build()[1])) as client:
             started = time.monotonic()
             response = await client.post("/v1/up", json={"stack": "a"})
             lines = [json.loads(line) for line in (await response.text()).splitlines()]
@@ -59,10 +68,10 @@ def test_the_stream_ends_when_the_action_does_not_when_its_result_arrives() -> N
 
 def test_a_park_request_with_an_unknown_depth_is_refused_before_it_queues() -> None:
     async def main() -> tuple[int, dict, int]:
-        service = Service()
-        async with TestClient(TestServer(api.build(service))) as client:
+        actions, app = build()
+        async with TestClient(TestServer(app)) as client:
             response = await client.post("/v1/park", json={"stack": "a", "how": "sleep3"})
-            return response.status, await response.json(), service.turns.ticket("a")
+            return response.status, await response.json(), actions.turns.ticket("a")
 
     status, body, next_ticket = asyncio.run(main())
     assert status == 400 and body["error"]["message"] == "`how` must be one of auto, sleep1, sleep2, stop"
@@ -75,7 +84,7 @@ def test_json_that_python_cannot_hold_is_a_400_with_one_line_not_a_500() -> None
     bodies = [b'{"stack": ' + b"9" * 4_301 + b"}", b"[" * 20_000 + b"]" * 20_000, b'{"runs": [' + b"1" * 4_400 + b"]}"]
 
     async def main() -> list[tuple[int, str]]:
-        async with TestClient(TestServer(api.build(Service()))) as client:
+        async with TestClient(TestServer(build()[1])) as client:
             answers = []
             for path in ("/v1/up", "/v1/down", "/v1/switch", "/v1/route", "/v1/park", "/v1/wake", "/v1/retest",
                          "/v1/report"):

@@ -82,7 +82,7 @@ def test_each_header_sent_twice_is_a_400_at_the_wire(gateway: Running, name: str
     assert ask(gateway, [*head, (name.title(), first), (name, second)], framed) == b"HTTP/1.1 400 Bad Request"
 
 
-class Service:
+class Reads:
     def status(self) -> dict[str, bool]:
         return {"ok": True}
 
@@ -99,7 +99,7 @@ def test_the_daemon_api_refuses_two_authorization_headers(given: list[tuple[str,
     lines = "".join(f"{name}: {value}\r\n" for name, value in given)
 
     async def main() -> bytes:
-        async with TestServer(api.build(Service(), token="t")) as server:  # type: ignore[arg-type]
+        async with TestServer(api.build(object(), Reads(), token="t")) as server:  # type: ignore[arg-type]
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             writer.write(f"GET /v1/status HTTP/1.1\r\nHost: x\r\n{lines}Connection: close\r\n\r\n".encode())
             answer = await asyncio.wait_for(reader.read(), 10)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.daemon.operations import report_file
+from sparkctl.daemon.reads import report_file
 from sparkctl.errors import NoSuchFile
 
 

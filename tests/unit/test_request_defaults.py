@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.daemon.operations import upstream_of
+from sparkctl.daemon.routes import upstream_of
 from sparkctl.gateway.defaults import with_defaults
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, build_table

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -35,38 +35,44 @@ from sparkctl.log import redact
 from sparkctl.policy.parking import Park
 from sparkctl.state.desired import Desired
 
+if TYPE_CHECKING:
+    from sparkctl.daemon.actions import Aliases, Deploys, Parking, Trials
+
 MAX_BODY = 64 * 1024
 TYPES = {".md": "text/markdown; charset=utf-8", ".png": "image/png", ".json": "application/json",
          ".csv": "text/csv; charset=utf-8"}  # of report files; anything else is sent as bytes
 _actions = itertools.count(1)  # numbers the streamed actions, so each finds its own end
 
 
-class Service(Protocol):
-    """What the handlers call (`operations.py`), each on a worker thread. An action runs in the
-    turn of the ticket it was given when its request arrived."""
+class Commands(Protocol):
+    """The actions (`daemon/actions/`), each run on a worker thread in the turn of the ticket its
+    request took as it arrived."""
 
-    bus: EventBus
-    turns: Turns
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def turns(self) -> Turns: ...
+
+    @property
+    def deploys(self) -> Deploys: ...
+
+    @property
+    def parking(self) -> Parking: ...
+
+    @property
+    def aliases(self) -> Aliases: ...
+
+    @property
+    def trials(self) -> Trials: ...
+
+
+class Queries(Protocol):
+    """What the daemon answers without changing anything (`daemon/reads.py`), on a worker thread."""
 
     def check_stack(self, name: str) -> str: ...
 
     def desired(self) -> Desired: ...
-
-    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int) -> wire.UpDone: ...
-
-    def down(self, stack: str, *, ticket: int) -> wire.DownDone: ...
-
-    def switch(self, alias: str, stack: str, *, ticket: int) -> dict[str, Any]: ...
-
-    def park(self, stack: str, *, how: Park, ticket: int) -> dict[str, Any]: ...
-
-    def route(self, alias: str, rules: str, *, ticket: int) -> dict[str, Any]: ...
-
-    def wake(self, stack: str, *, ticket: int) -> dict[str, Any]: ...
-
-    def retest_target(self, ref: str, stack: str) -> tuple[str, str]: ...
-
-    def retest(self, ref: str, *, stack: str, force: bool, ticket: int) -> dict[str, Any]: ...
 
     def status(self) -> dict[str, Any]: ...
 
@@ -86,17 +92,16 @@ class Service(Protocol):
 
     def report_file(self, report: str, path: str) -> Path: ...
 
-    def compare(self, runs: list[int], label: str = "") -> dict[str, Any]: ...
 
-
-SERVICE = web.AppKey("service", Service)
+COMMANDS = web.AppKey("commands", Commands)
+QUERIES = web.AppKey("queries", Queries)
 CLOSING = web.AppKey("closing", asyncio.Event)  # set as the API stops: the long-lived streams end
 
 
-def build(service: Service, *, token: str | None = None) -> web.Application:
+def build(commands: Commands, queries: Queries, *, token: str | None = None) -> web.Application:
     """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors] + ([_bearer(token)] if token else []))
-    app[SERVICE] = service
+    app[COMMANDS], app[QUERIES] = commands, queries
     app[CLOSING] = asyncio.Event()
     app.on_shutdown.append(_closing)
     app.router.add_get("/v1/status", status)
@@ -122,97 +127,99 @@ def build(service: Service, *, token: str | None = None) -> web.Application:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[SERVICE].status))
+    return web.json_response(await asyncio.to_thread(request.app[QUERIES].status))
 
 
 async def stacks(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[SERVICE].stacks))
+    return web.json_response(await asyncio.to_thread(request.app[QUERIES].stacks))
 
 
 async def desired(request: web.Request) -> web.Response:
-    d = await asyncio.to_thread(request.app[SERVICE].desired)
+    d = await asyncio.to_thread(request.app[QUERIES].desired)
     return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks,
                               "parked": d.parked,
                               "routes": {a: [asdict(r) for r in rules] for a, rules in d.routes.items()}})
 
 
 async def up(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.UpRequest, lambda service, ask, stack, ticket: service.up(
+    return await _on_stack(request, wire.UpRequest, lambda actions, ask, stack, ticket: actions.deploys.up(
         stack, refresh=ask.refresh, replace=ask.replace, ticket=ticket))
 
 
 async def down(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.DownRequest,
-                           lambda service, ask, stack, ticket: service.down(stack, ticket=ticket))
+                           lambda actions, ask, stack, ticket: actions.deploys.down(stack, ticket=ticket))
 
 
 async def switch(request: web.Request) -> web.StreamResponse:
     ask = await _request(request, wire.SwitchRequest)
-    service: Service = request.app[SERVICE]
-    async with _queued(service, f"alias:{ask.alias}") as ticket:
-        stack = await asyncio.to_thread(service.check_stack, ask.stack)
-        old = (await asyncio.to_thread(service.desired)).aliases.get(ask.alias)
+    actions, reads = request.app[COMMANDS], request.app[QUERIES]
+    async with _queued(actions, f"alias:{ask.alias}") as ticket:
+        stack = await asyncio.to_thread(reads.check_stack, ask.stack)
+        old = (await asyncio.to_thread(reads.desired)).aliases.get(ask.alias)
     return await _stream_action(request, (stack, ask.alias, *filter(None, [old])),
-                                lambda: service.switch(ask.alias, stack, ticket=ticket))
+                                lambda: actions.aliases.switch(ask.alias, stack, ticket=ticket))
 
 
 async def route(request: web.Request) -> web.StreamResponse:
     ask = await _request(request, wire.RouteRequest)
-    service: Service = request.app[SERVICE]
-    async with _queued(service, f"alias:{ask.alias}") as ticket:
+    actions = request.app[COMMANDS]
+    async with _queued(actions, f"alias:{ask.alias}") as ticket:
         pass
-    return await _stream_action(request, (ask.alias,), lambda: service.route(ask.alias, ask.rules, ticket=ticket))
+    return await _stream_action(request, (ask.alias,),
+                                lambda: actions.aliases.route(ask.alias, ask.rules, ticket=ticket))
 
 
 async def park(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.ParkRequest,
-                           lambda service, ask, stack, ticket: service.park(stack, how=Park(ask.how), ticket=ticket),
+                           lambda actions, ask, stack, ticket: actions.parking.park(stack, how=Park(ask.how),
+                                                                                   ticket=ticket),
                            check=lambda ask: ask.how in set(Park) or f"`how` must be one of {', '.join(Park)}")
 
 
 async def wake(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.WakeRequest,
-                           lambda service, ask, stack, ticket: service.wake(stack, ticket=ticket))
+                           lambda actions, ask, stack, ticket: actions.parking.wake(stack, ticket=ticket))
 
 
 async def retest(request: web.Request) -> web.StreamResponse:
     """One retest at a time; its events are those of the trial of the stack it measures with."""
     ask = await _request(request, wire.RetestRequest)
-    service: Service = request.app[SERVICE]
-    async with _queued(service, "retest:") as ticket:
-        trial, stack = await asyncio.to_thread(service.retest_target, ask.ref, ask.stack)
+    trials = request.app[COMMANDS].trials
+    async with _queued(request.app[COMMANDS], "retest:") as ticket:
+        trial, stack = await asyncio.to_thread(trials.retest_target, ask.ref, ask.stack)
     return await _stream_action(request, (trial, stack),
-                                lambda: service.retest(ask.ref, stack=stack, force=ask.force, ticket=ticket))
+                                lambda: trials.retest(ask.ref, stack=stack, force=ask.force, ticket=ticket))
 
 
-async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Service, Any, str, int], Any],
+async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Commands, Any, str, int], Any],
                     check: Callable[[Any], bool | str] = lambda ask: True) -> web.StreamResponse:
     """An action on one stack: the request checked, a ticket for the stack's turn taken as it
     arrives, the stack name checked, then the action streamed."""
     ask = await _request(request, kind)
     if (problem := check(ask)) is not True:
         raise _bad(400, str(problem))
-    service: Service = request.app[SERVICE]
-    async with _queued(service, ask.stack) as ticket:
-        stack = await asyncio.to_thread(service.check_stack, ask.stack)
-    return await _stream_action(request, (stack,), lambda: act(service, ask, stack, ticket))
+    actions = request.app[COMMANDS]
+    async with _queued(actions, ask.stack) as ticket:
+        stack = await asyncio.to_thread(request.app[QUERIES].check_stack, ask.stack)
+    return await _stream_action(request, (stack,), lambda: act(actions, ask, stack, ticket))
 
 
 @contextlib.asynccontextmanager
-async def _queued(service: Service, key: str) -> AsyncIterator[int]:
+async def _queued(actions: Commands, key: str) -> AsyncIterator[int]:
     """A ticket for `key`'s next turn, taken as the request arrives (so actions on a stack take
     effect in arrival order). If the request is refused before its action runs, the turn is
     passed on in the background, so the requests behind it are not stuck."""
-    ticket = service.turns.ticket(key)
+    ticket = actions.turns.ticket(key)
     try:
         yield ticket
     except BaseException:
-        asyncio.get_running_loop().run_in_executor(None, service.turns.skip, key, ticket)
+        asyncio.get_running_loop().run_in_executor(None, actions.turns.skip, key, ticket)
         raise
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    bus = request.app[SERVICE].bus
+    bus = request.app[COMMANDS].bus
     try:
         since = int(request.headers.get("Last-Event-ID") or request.query.get("since", bus.last))
     except ValueError:
@@ -230,12 +237,11 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 async def logs(request: web.Request) -> web.StreamResponse:
     """The stack's engine log, its last `tail` lines then each new one, until the client leaves."""
-    service: Service = request.app[SERVICE]
     try:
         tail = min(10_000, max(1, int(request.query.get("tail", "200"))))
     except ValueError:
         raise _bad(400, "`tail` must be a number of lines") from None
-    stream = await asyncio.to_thread(service.logs, request.query.get("stack", ""), tail)
+    stream = await asyncio.to_thread(request.app[QUERIES].logs, request.query.get("stack", ""), tail)
     loop, lines = asyncio.get_running_loop(), asyncio.Queue()
 
     def pump() -> None:  # on a worker thread: docker's stream blocks until a line comes
@@ -258,19 +264,19 @@ async def logs(request: web.Request) -> web.StreamResponse:
 
 
 async def runs(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[SERVICE].runs))
+    return web.json_response(await asyncio.to_thread(request.app[QUERIES].runs))
 
 
 async def engines(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[SERVICE].engines))
+    return web.json_response(await asyncio.to_thread(request.app[QUERIES].engines))
 
 
 async def reports(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[SERVICE].reports))
+    return web.json_response(await asyncio.to_thread(request.app[QUERIES].reports))
 
 
 async def report_file(request: web.Request) -> web.FileResponse:
-    path = await asyncio.to_thread(request.app[SERVICE].report_file, request.query.get("report", ""),
+    path = await asyncio.to_thread(request.app[QUERIES].report_file, request.query.get("report", ""),
                                    request.query.get("path", ""))
     return web.FileResponse(path, headers={"Content-Type": TYPES.get(path.suffix, "application/octet-stream"),
                                            "X-Content-Type-Options": "nosniff"})
@@ -283,16 +289,16 @@ async def compare(request: web.Request) -> web.Response:
         chosen, label = [int(r) for r in body["runs"]], str(body.get("label", ""))
     except (KeyError, TypeError, ValueError, AttributeError):
         raise _bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
-    return web.json_response(await asyncio.to_thread(request.app[SERVICE].compare, chosen, label))
+    return web.json_response(await asyncio.to_thread(request.app[COMMANDS].trials.compare, chosen, label))
 
 
 async def history(request: web.Request) -> web.Response:
-    rows = await asyncio.to_thread(request.app[SERVICE].history, request.query.get("stack"))
+    rows = await asyncio.to_thread(request.app[QUERIES].history, request.query.get("stack"))
     return web.json_response(rows)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=await asyncio.to_thread(request.app[SERVICE].metrics_text), content_type="text/plain")
+    return web.Response(text=await asyncio.to_thread(request.app[QUERIES].metrics_text), content_type="text/plain")
 
 
 async def _stream_action(request: web.Request, names: tuple[str, ...], work: Callable[[], Any]) -> web.StreamResponse:
@@ -301,7 +307,7 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
     Its last event is its own `Finished`, published after all of its others: the stream ends
     there, whenever the thread's result reaches the loop."""
     stack, action = names[0], next(_actions)
-    bus = request.app[SERVICE].bus
+    bus = request.app[COMMANDS].bus
     since = bus.last
 
     def run() -> Any:

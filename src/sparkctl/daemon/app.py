@@ -18,13 +18,16 @@ from aiohttp import web
 
 from sparkctl.adapters import hub
 from sparkctl.daemon import api, planner, process
+from sparkctl.daemon.actions import Actions
+from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.fleetswitch import FleetSwitch
 from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.loops import Loops
 from sparkctl.daemon.machine import DockerMachine
-from sparkctl.daemon.operations import Operations, Routes
+from sparkctl.daemon.reads import Reads
 from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.routes import Routes
 from sparkctl.daemon.switch import recover
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.memory import GIB
@@ -46,7 +49,7 @@ SLOW_STOP = 10.0  # seconds: a stop still running then dumps every thread's stac
 
 
 class Daemon:
-    """The composition of the daemon's parts (operations, reconcile loop, event watcher, API,
+    """The composition of the daemon's parts (actions and reads, reconcile loop, event watcher, API,
     gateway) and their lifecycle."""
 
     def __init__(self, settings: Settings) -> None:
@@ -67,8 +70,9 @@ class Daemon:
                              engine_auth=lambda: membership.relay_auth(settings))
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=settings.instance, resync=settings.resync_interval, after_pass=self._after_pass)
-        self.operations = Operations(settings, self.machine, self.reconciler, self.routes, self.bus,
-                                     kick=self.loops.kick)
+        context = Context(settings, self.machine, self.reconciler, self.routes, self.bus, kick=self.loops.kick)
+        self.actions = Actions.over(context)
+        self.reads = Reads(settings, self.machine, self.reconciler, self.routes, context.metrics)
         self.gateway: Gateway | None = None  # once it listens
         self.fleet_watch: FleetWatch | None = None
         self._head_fleet(policy, wiring)
@@ -82,18 +86,18 @@ class Daemon:
             return
         inventory = load_fleet(s.fleet_path) if s.fleet_path.exists() else None
         fleetwide = Fleetwide(membership.control_plane(s), s, inventory, record.head)
-        self.fleet_watch = FleetWatch(fleetwide, control=lambda: self.operations.gateway, refresh=self.routes.refresh,
+        self.fleet_watch = FleetWatch(fleetwide, control=lambda: self.actions.ctx.gateway, refresh=self.routes.refresh,
                                       bus=self.bus, wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
                                       served_name=lambda name: wiring.catalog().stack(name).served_name,
                                       policy=policy)
-        self.operations.fleet = FleetSwitch(fleetwide, self.machine, self.routes, self.store,
+        self.actions.ctx.fleet = FleetSwitch(fleetwide, self.machine, self.routes, self.store,
                                             total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
 
     def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
         self.routes.refresh()
         if self.gateway is not None:
-            self.operations.park_idle(self.gateway.ledger.quiet_since)
+            self.actions.parking.park_idle(self.gateway.ledger.quiet_since)
 
     def _recover(self) -> None:
         """What a killed daemon left: unfinished deployments and switches, parked stacks awake,
@@ -101,7 +105,7 @@ class Daemon:
         gateway listens, so a restarted daemon routes what runs at once."""
         for interrupted in self.store.deployments.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
-        for parked in self.operations.settle_parked():  # asleep as recorded, before any wake
+        for parked in self.actions.parking.settle_parked():  # asleep as recorded, before any wake
             log.warning("parked_settled", detail=parked)
         for settled in recover(self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
@@ -139,7 +143,7 @@ class Daemon:
         gateway.counters = Counters(self._model_dir)
         gateway.ui = Dashboard(f"unix:{s.socket_path}", gateway.upstreams, Logins(ensure_key(s.dashboard_key_path)))
         self.gateway = gateway
-        self.operations.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
+        self.actions.ctx.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
                                               hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
         handed = process.handed_socket()
         server = await gateway.serve(s.gateway_host, s.gateway_port, sock=handed)
@@ -151,7 +155,7 @@ class Daemon:
     async def _wake_on_demand(self, stack: str) -> str | None:
         """A parked stack a request named: woken on a worker thread; None once it serves."""
         try:
-            await asyncio.to_thread(self.operations.wake_on_demand, stack)
+            await asyncio.to_thread(self.actions.parking.wake_on_demand, stack)
         except Exception as e:  # noqa: BLE001 - the held requests get the reason, the daemon goes on
             reason = str(e).splitlines()[0] if isinstance(e, SparkctlError) else f"{type(e).__name__}: {e}"
             log.warning("wake_on_demand_failed", stack=stack, error=reason[:300])
@@ -176,7 +180,8 @@ class Daemon:
         if not s.api_token or not s.api_token.get_secret_value():
             raise SparkctlError("SPARKCTL_API_TCP is set but SPARKCTL_API_TOKEN is not: refusing an open TCP API")
         host, _, port = s.api_tcp.rpartition(":")
-        runner = web.AppRunner(api.build(self.operations, token=s.api_token.get_secret_value()), access_log=None)
+        app = api.build(self.actions, self.reads, token=s.api_token.get_secret_value())
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host.strip("[]"), int(port)).start()
         log.info("daemon_listening_tcp", address=s.api_tcp)
@@ -192,7 +197,7 @@ class Daemon:
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = await self._serve_gateway()  # before the API: a switch needs it
-        runner = web.AppRunner(api.build(self.operations), access_log=None)
+        runner = web.AppRunner(api.build(self.actions, self.reads), access_log=None)
         await runner.setup()
         old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
         try:

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from sparkctl.daemon.machine import DockerMachine, Woken
-from sparkctl.daemon.operations import Routes
+from sparkctl.daemon.routes import Routes
 from sparkctl.daemon.switch import GatewayControl, SwitchFailed
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import placement

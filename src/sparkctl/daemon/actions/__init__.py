@@ -1,0 +1,40 @@
+"""What the daemon does when asked to change something (the API's `Commands`): deploys (`up`,
+`down`), parking (`park`, `wake`, idle parks, wakes on demand), aliases (`switch`, `route`) and
+trials (`retest`, comparison reports). The handlers call these on a worker thread; each action
+on a stack runs in its turn (`daemon/turns.py`), marked busy so reconcile passes leave it
+alone. Results are returned as values; the store only records them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkctl.daemon.actions.aliases import Aliases
+from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.actions.deploys import Deploys
+from sparkctl.daemon.actions.parking import Parking
+from sparkctl.daemon.actions.trials import Trials
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.turns import Turns
+
+
+@dataclass(frozen=True)
+class Actions:
+    ctx: Context
+    deploys: Deploys
+    parking: Parking
+    aliases: Aliases
+    trials: Trials
+
+    @classmethod
+    def over(cls, ctx: Context) -> Actions:
+        parking = Parking(ctx)
+        deploys = Deploys(ctx, parking)
+        return cls(ctx, deploys, parking, Aliases(ctx, deploys, parking), Trials(ctx))
+
+    @property
+    def bus(self) -> EventBus:
+        return self.ctx.bus
+
+    @property
+    def turns(self) -> Turns:
+        return self.ctx.turns

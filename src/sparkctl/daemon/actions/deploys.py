@@ -1,0 +1,60 @@
+"""`up` and `down` of a stack, each in the stack's turn, marked busy so reconcile passes leave it
+alone. A parked stack that `up` names is woken first."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.actions.parking import Parking
+from sparkctl.errors import ImageRefused, SparkctlError
+from sparkctl.wire import DownDone, UpDone
+
+
+@dataclass
+class Deploys:
+    ctx: Context
+    parking: Parking
+
+    def up(self, stack: str, *, refresh: bool = False, replace: bool = False, ticket: int | None = None
+           ) -> UpDone:
+        started = time.time()
+        if stack in self.ctx.machine.desired().parked:  # `up` wants it serving: wake it (in its turn), then confirm it
+            self.parking.wake(stack, ticket=ticket)
+            ticket = None
+        with self.ctx.turns.turn(stack, ticket):
+            was_desired = stack in self.ctx.machine.desired().stacks
+            self.ctx.machine.update_desired(lambda d: d.with_stack(stack))
+            self.ctx.reconciler.forget(stack)
+            result = None
+            try:
+                with self.ctx.reconciler.holding(stack):
+                    result = self.ctx.machine.deploy(stack, refresh=refresh, replace=replace)
+            except ImageRefused:  # the policy refuses it: retrying cannot help, so a new stack is not kept desired
+                if not was_desired:
+                    self.ctx.machine.update_desired(lambda d: d.without_stack(stack))
+                self.ctx.metrics.outcome(stack, ok=False)
+                raise
+            except SparkctlError:
+                self.ctx.metrics.outcome(stack, ok=False)
+                raise
+            finally:
+                if result is None or result.changed or not was_desired:  # else routes and Docker are as they were
+                    self.ctx.routes.refresh()
+                    self.ctx.kick()
+        if result is None:
+            raise SparkctlError(f"{stack} was taken down while it was being deployed")
+        self.ctx.metrics.outcome(stack, ok=True)
+        self.ctx.metrics.phase("deploy", time.time() - started)
+        self.ctx.serving_since[stack] = time.monotonic()
+        return UpDone(stack, result.fingerprint, unchanged=not result.changed)
+
+    def down(self, stack: str, *, ticket: int | None = None) -> DownDone:
+        with self.ctx.turns.turn(stack, ticket):
+            self.ctx.machine.update_desired(lambda d: d.without_stack(stack))
+            with self.ctx.reconciler.holding(stack):
+                removed = self.ctx.machine.down(stack)
+        self.ctx.kick()
+        return DownDone(stack, removed)
+

@@ -1,0 +1,163 @@
+"""Parking: a stack put to sleep (or stopped) as deep as memory allows, woken under the wake
+watchdog, parked when idle, woken by a request that names it, and settled after a restart."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sparkctl.adapters.sleepmode import SleepMode
+from sparkctl.daemon import planner
+from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.machine import Woken
+from sparkctl.errors import SparkctlError
+from sparkctl.policy.parking import Park, choose
+from sparkctl.spec import imagefile
+from sparkctl.spec.models import Kind, Stack
+from sparkctl.wire import Note
+
+
+@dataclass
+class Parking:
+    ctx: Context
+
+    def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
+             still: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+        """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
+        requests drain first. `still`: checked once in the stack's turn (an idle park that a
+        request or a switch overtook does nothing)."""
+        if self.ctx.fleet is not None and self.ctx.fleet.placed(stack):
+            with self.ctx.turns.turn(stack, ticket):
+                return self.ctx.fleet.park(stack, self.quiesce)
+        with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
+            spec, desired = self.ctx.machine.catalog().stack(stack), self.ctx.machine.desired()
+            if stack in desired.parked or not still():
+                return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already or in use"}
+            view = self.ctx.memory()
+            memory = view.now(desired.parked)
+            if stack not in desired.stacks or stack not in memory.held:
+                raise SparkctlError(f"{stack} is not running as a desired stack; nothing to park")
+            beside = memory.beside(stack)
+            choice = choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
+                            unable=self.cannot_sleep(spec))
+            with self.ctx.reconciler.holding(stack):
+                self.ctx.machine.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
+            self.ctx.routes.refresh()
+            return {"stack": stack, "park": str(choice.park), "why": choice.why}
+
+    def quiesce(self, stack: str) -> None:
+        """Before a stack sleeps: the gateway stops routing to it (its names now wake it) and its
+        accepted requests finish."""
+        self.ctx.routes.refresh()
+        if self.ctx.gateway is not None:
+            self.ctx.gateway.drain(stack)
+
+    def wake(self, stack: str, *, ticket: int | None = None) -> dict[str, Any]:
+        """Wake a parked stack, if its wake peak fits beside what runs."""
+        if self.ctx.fleet is not None and self.ctx.fleet.placed(stack):
+            with self.ctx.turns.turn(stack, ticket):
+                return self.ctx.fleet.wake(stack)
+        with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
+            desired = self.ctx.machine.desired()
+            if stack not in desired.parked:
+                raise SparkctlError(f"{stack} is not parked")
+            view = self.ctx.memory()
+            memory, level = view.now(desired.parked), desired.parked[stack]
+            peak = memory.beside(stack) + view.footprint(stack).peak(level)
+            if peak > memory.ceiling + 1e-9:
+                raise SparkctlError(f"{stack} does not fit: waking it from level {level} would hold {peak:.2f} of "
+                                    f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
+                                    "another stack first")
+            try:
+                with self.ctx.reconciler.holding(stack):
+                    woken = self.ctx.machine.wake(stack)
+            finally:
+                self.ctx.routes.refresh()
+            self.ctx.serving_since[stack] = time.monotonic()
+            self.record_wake(stack, woken)
+            return {"stack": stack} | asdict(woken)
+
+    def settle_parked(self) -> list[str]:
+        """After a restart, `GET /is_sleeping` is the truth: a stack recorded parked that is awake
+        (the daemon was killed mid-park or mid-wake) is parked again, before anything else wakes."""
+        done = []
+        desired = self.ctx.machine.desired()
+        running = {c.stack for c in self.ctx.machine.docker.containers() if c.running}
+        for stack, level in desired.parked.items():
+            if not level or stack not in running or stack not in self.ctx.machine.catalog().stacks:
+                continue
+            try:
+                if not SleepMode(self.ctx.machine.catalog().stack(stack).url).sleeping():
+                    self.ctx.machine.park(stack, level)
+                    done.append(f"{stack} was awake though recorded parked: parked again at level {level}")
+            except SparkctlError as e:
+                done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopping it")
+                try:
+                    self.ctx.machine.park(stack, 0)
+                except SparkctlError as again:
+                    done.append(f"{stack} could not be stopped either: {again}")
+        return done
+
+    def park_idle(self, quiet_since: Callable[[str], float | None]) -> None:
+        """Park each stack whose `switch.idle_park` went by without a request through the gateway
+        (`quiet_since`: when its last one finished, None while it has some). Called after each
+        reconcile pass."""
+        catalog, desired = self.ctx.machine.catalog(), self.ctx.machine.desired()
+        for c in self.ctx.machine.docker.containers():
+            spec = catalog.stacks.get(c.stack)
+            if not c.running or c.stack in desired.parked or spec is None or spec.switch.idle_park is None:
+                continue
+            def idle(stack: str = c.stack, ttl: float = spec.switch.idle_park) -> bool:
+                quiet = quiet_since(stack)
+                busy = self.ctx.reconciler.history.get(stack, planner.History()).busy
+                since = max(quiet or 0.0, self.ctx.serving_since.get(stack, self.ctx.started))
+                return quiet is not None and not busy and time.monotonic() - since >= ttl
+
+            if idle():
+                try:
+                    self.park(c.stack, how=spec.switch.park, still=idle)  # checked again in its turn
+                except SparkctlError as e:
+                    self.ctx.bus.publish(Note(c.stack, f"{c.stack} was idle but did not park: {e}"))
+
+    def wake_on_demand(self, stack: str) -> None:
+        """A request named the parked stack (the gateway holds it meanwhile)."""
+        if stack in self.ctx.machine.desired().parked or (self.ctx.fleet is not None and self.ctx.fleet.parked(stack)):
+            self.wake(stack)
+        else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
+            self.ctx.routes.refresh()
+
+    def cannot_sleep(self, stack: Stack) -> str | None:
+        """Why the stack's engine cannot be parked with sleep mode, if it cannot."""
+        if stack.kind is Kind.COMPOSE:
+            return "stop: a compose project's engine is not run by sparkctl, so it does not sleep"
+        if not stack.sleeps:
+            return "stop: switch.park is stop, so its engine runs without sleep mode"
+        latest = self.ctx.store.deployments.latest(stack.name)
+        refused = imagefile.policy_for(self.ctx.settings).wake_refused(latest.parts.get("image") if latest else None)
+        if refused:
+            return f"stop: {refused}"
+        try:
+            available = SleepMode(stack.url).available()
+        except SparkctlError as e:
+            return f"stop: its engine did not answer ({str(e).splitlines()[0]})"
+        if not available:
+            return ("stop: the engine has no sleep-mode endpoints (GET /is_sleeping: 404): its platform has no "
+                    "sleep mode (vLLM's CPU backend has none) or it runs without VLLM_SERVER_DEV_MODE=1")
+        return None
+
+    def record_wake(self, stack: str, woken: Woken) -> None:
+        """The first watched wake of an image digest goes into images.yaml; a failed one always."""
+        latest = self.ctx.store.deployments.latest(stack)
+        digest = latest.parts.get("image") if latest else None
+        if not digest or not woken.level:
+            return
+        known = imagefile.policy_for(self.ctx.settings).wakes.get(digest)
+        if woken.killed or known is None:
+            try:
+                imagefile.record_wake(self.ctx.settings.images_file, digest, ok=not woken.killed,
+                                      reason=woken.killed or "")
+            except (SparkctlError, OSError) as e:  # the wake stands; the ledger learns next time
+                self.ctx.bus.publish(Note(stack, f"could not record how {digest} woke in images.yaml: {e}"))
+

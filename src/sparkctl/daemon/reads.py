@@ -1,0 +1,180 @@
+"""What the daemon answers without changing anything: status, the stack list, history, engines'
+counters, benchmark runs, reports and their files, engine logs and its own metrics. Each runs on
+a worker thread (the API's `Queries`)."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkctl.bench import metrics
+from sparkctl.daemon import planner
+from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.metrics import DaemonMetrics
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.routes import Routes
+from sparkctl.deploy.memory import MemoryView
+from sparkctl.deploy.status import other_instances, status_rows
+from sparkctl.errors import NoSuchFile, SparkctlError
+from sparkctl.policy.images import ImagePolicy
+from sparkctl.settings import Settings
+from sparkctl.spec import imagefile, listing
+from sparkctl.spec.load import Catalog
+from sparkctl.state.desired import Desired
+from sparkctl.state.store import Store
+
+REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
+
+
+ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "ttft_sum": "vllm:time_to_first_token_seconds_sum",
+                   "ttft_count": "vllm:time_to_first_token_seconds_count"}
+
+
+def engine_counters(url: str, headers: list[tuple[str, str]] | None = None) -> dict[str, float] | None:
+    """An engine's /metrics counters (None: it did not answer within a second)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=dict(headers or [])),
+                                    timeout=1) as page:
+            return metrics.parse(page.read().decode(errors="replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def report_file(state_dir: Path, report: str, path: str) -> Path:
+    """A file of a written report (`report`: `reports/<name>` or `bench/<name>`, a folder holding its
+    page); NoSuchFile for anything else, a path that leaves the folder (`..`, a link) included."""
+    kind, _, name = report.partition("/")
+    base = (state_dir / kind).resolve()
+    root = (base / name).resolve()
+    wanted = (root / path).resolve()
+    if kind not in REPORT_KINDS or root.parent != base or not (root / REPORT_KINDS[kind]).is_file() \
+            or not wanted.is_relative_to(root) or not wanted.is_file():
+        raise NoSuchFile(f"no file {path!r} in report {report!r}")
+    return wanted
+
+
+@dataclass
+class Reads:
+    settings: Settings
+    machine: DockerMachine
+    reconciler: Reconciler
+    routes: Routes
+    metrics: DaemonMetrics
+
+    @property
+    def store(self) -> Store:
+        return self.machine.store
+
+    def check_stack(self, name: str) -> str:
+        return self.machine.catalog().stack(name).name
+
+    def desired(self) -> Desired:
+        return self.machine.desired()
+
+    def status(self) -> dict[str, Any]:
+        """The CLI's status rows, plus desired stacks without a container and failure marks."""
+        desired, catalog, policy = self.machine.desired(), self.machine.catalog(), imagefile.policy_for(self.settings)
+        rows = status_rows(self.machine.docker, self.store, catalog)
+        seen = {r["stack"] for r in rows}
+        history = self.reconciler.history
+        rows += [{"stack": s, "phase": "failed" if history.get(s, planner.History()).failed else "pending",
+                  "state": "absent", "endpoint": "", "fingerprint": None, "container": "", "uptime_s": None,
+                  "memory": None, "error": None, "kv": None} for s in desired.stacks if s not in seen]
+        restarts = Counter(e["stack"] for e in self.store.events.list(limit=10_000) if e["kind"] == "restarted")
+        for row in rows:
+            h = history.get(row["stack"], planner.History())
+            row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures),
+                    "parked": desired.parked.get(row["stack"]), "restarts": restarts[row["stack"]],
+                    "acceptance": self._acceptance(row["stack"], catalog) if row["state"] == "running" else None,
+                    **self._image(row["stack"], catalog, policy)}
+            if row["parked"] is not None:
+                row["phase"] = f"parked (sleep level {row['parked']})" if row["parked"] else "parked (stopped)"
+        memory = MemoryView(self.settings, self.store, catalog, self.machine.docker).now(desired.parked)
+        return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
+                "others": other_instances(self.machine.docker),
+                "memory": {"held": memory.held, "ceiling": memory.ceiling, "parked": memory.parked},
+                "catalog": sorted(s.name for s in catalog.deployable())}
+
+    def stacks(self) -> dict[str, Any]:
+        """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
+        return {"stacks": listing.rows(self.machine.catalog(), imagefile.policy_for(self.settings))}
+
+    def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> dict[str, Any]:
+        """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
+        try:
+            image = catalog.stack(stack).image
+        except SparkctlError:
+            return {}
+        latest = self.store.deployments.latest(stack)
+        digest = latest.parts.get("image") if latest else None
+        pin = policy.pin_for(image.ref)
+        if (ban := policy.ban_for(image.ref, digest)) is not None:
+            verdict = f"blacklisted: {ban[1].reason}"
+        elif pin is not None and pin.known_good:
+            verdict = "known-good"
+        else:
+            verdict = "pinned" if pin is not None else "unpinned"
+        return {"image": image.ref, "digest": digest, "verdict": verdict}
+
+    @staticmethod
+    def _acceptance(stack: str, catalog: Catalog) -> float | None:
+        """The engine's speculative acceptance since it started, from its /metrics (None: no speculation)."""
+        try:
+            counters = engine_counters(catalog.stack(stack).url)
+        except SparkctlError:
+            return None
+        return metrics.between({}, counters).acceptance if counters is not None else None
+
+    def engines(self) -> dict[str, Any]:
+        """Each routed stack's engine counters as they stand (generated tokens, time to first token's
+        sum and count): the dashboard turns two readings into tokens/s and TTFT."""
+        found = {}
+        for stack, upstream in self.routes.table.upstreams.items():
+            if (counters := engine_counters(upstream.url, upstream.headers)) is not None:
+                found[stack] = {key: counters.get(name, 0.0) for key, name in ENGINE_COUNTERS.items()}
+        return {"at": time.time(), "engines": found}
+
+    def history(self, stack: str | None) -> dict[str, Any]:
+        store = self.store
+        deployments = [{"id": d.id, "stack": d.stack, "phase": d.phase.value, "fingerprint": d.fingerprint,
+                        "started": d.started, "finished": d.finished, "error": d.error,
+                        "transitions": [(p.value, at, detail) for p, at, detail in store.deployments.transitions(d.id)]}
+                       for d in store.deployments.history(stack)]
+        bans = [{"ref": ref, "reason": ban.reason, "date": ban.date.isoformat() if ban.date else None}
+                for ref, ban in imagefile.policy_for(self.settings).blacklist.items()]
+        return {"deployments": deployments, "events": store.events.list(stack), "switches": store.switches.list(),
+                "bans": bans}
+
+    def runs(self) -> dict[str, Any]:
+        """The stored benchmark runs with results, newest first (the dashboard's Compare picks from them)."""
+        return {"runs": [{"id": r.id, "stack": r.stack, "profile": r.profile, "started": r.started,
+                          "verdict": r.verdict, "rows": len(r.rows)}
+                         for r in self.store.bench.runs(limit=200) if r.rows]}
+
+    def reports(self) -> dict[str, Any]:
+        """The written reports, newest first: comparisons (`reports/<time>`) and agent sessions
+        (`bench/agent-<time>`), each with its markdown file."""
+        found = [{"id": f"{kind}/{folder.name}", "file": page, "time": folder.stat().st_mtime}
+                 for kind, page in REPORT_KINDS.items() for folder in (self.settings.state_dir / kind).glob("*")
+                 if (folder / page).is_file()]
+        return {"reports": sorted(found, key=lambda r: -r["time"])}
+
+    def report_file(self, report: str, path: str) -> Path:
+        return report_file(self.settings.state_dir, report, path)
+
+    def logs(self, stack: str, tail: int) -> Any:
+        """A stack's engine log as docker streams it (its last `tail` lines, then following); `close()` ends it."""
+        found = self.machine.docker.containers(self.check_stack(stack))
+        if not found:
+            raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
+        return self.machine.docker.log_stream(found[0].id, tail=tail)
+
+    def metrics_text(self) -> str:
+        states = {o.stack: o.state for o in self.machine.observe()}
+        states |= {s: "failed" for s, h in self.reconciler.history.items() if h.failed}
+        return self.metrics.render(passes=self.reconciler.passes, restarts=self.reconciler.restarts, states=states)
