@@ -46,11 +46,11 @@ class Service:
     def status(self) -> dict:
         return {"stacks": [], "aliases": {"primary": "a"}}
 
-    def switch(self, alias: str, stack: str, *, ticket: int) -> dict:
+    def switch(self, alias: str, stack: str, *, ticket: int) -> wire.SwitchDone:
         with self.turns.turn(f"alias:{alias}", ticket):
             self.bus.publish(wire.PhaseChanged(stack, "starting"))
             self.switched.append((alias, stack))
-            return {"alias": alias, "stack": stack}
+            return wire.SwitchDone(alias, stack, "blue/green")
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from sparkctl.policy.parking import Footprint, Park
 from sparkctl.policy.switch import Leaving, Memory, Mode, plan_switch
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
+from sparkctl.wire import SwitchDone
 
 CASES = [  # (aliases, running shares, new share) -> mode, stop old
     ({"primary": "a"}, {"a": 0.4}, 0.4, Mode.BLUE_GREEN, True),
@@ -155,7 +156,7 @@ class World:
             raise self.error(f"{call} failed")
 
 
-def run(world: World, mode: Mode, *, bench: str = "off", tmp_path) -> dict:
+def run(world: World, mode: Mode, *, bench: str = "off", tmp_path) -> SwitchDone:
     plan = replace(plan_switch("primary", "b", footprint=Footprint(0.4, 0.1), aliases={"primary": "a"},
                                memory=Memory({"a": 0.4}, 0.9)), mode=mode)
     switcher = Switcher(machine=world, reconciler=world, gateway=world, refresh_routes=lambda: None,
@@ -164,11 +165,18 @@ def run(world: World, mode: Mode, *, bench: str = "off", tmp_path) -> dict:
     return switcher.run(plan)
 
 
+def recorded(tmp_path) -> dict:
+    """The switch as the store has it (what a restarted daemon would settle)."""
+    [record] = Store(tmp_path / "s.db").switches.list()
+    return record
+
+
 def test_blue_green_flips_before_draining_the_old_stack(tmp_path) -> None:
     world = World()
     result = run(world, Mode.BLUE_GREEN, bench="gate", tmp_path=tmp_path)
     assert world.calls == ["busy a", "busy b", "deploy b", "bench b", "drain a", "down a", "free b", "free a"]
-    assert world.state == Desired(("b",), {"primary": "b"}) and result["drained"] is True
+    assert world.state == Desired(("b",), {"primary": "b"}) and recorded(tmp_path)["drained"] is True
+    assert (result.alias, result.previous, result.stack, result.mode) == ("primary", "a", "b", "blue/green")
 
 
 def test_hold_swap_releases_only_once_the_alias_names_the_new_stack(tmp_path) -> None:
@@ -176,8 +184,8 @@ def test_hold_swap_releases_only_once_the_alias_names_the_new_stack(tmp_path) ->
     result = run(world, Mode.HOLD_SWAP, bench="after", tmp_path=tmp_path)
     assert world.calls == ["busy a", "busy b", "stage b", "hold primary", "drain a", "stop a", "deploy b",
                            "release primary -> b", "down a", "free b", "free a", "bench b"]
-    assert result["held_requests"] == 3 and result["bench"] == {"summary": "ok"}
-    assert "stage_s" in result["timings"]
+    assert result.held_requests == 3 and result.bench == {"summary": "ok"}
+    assert "stage_s" in result.timings
 
 
 def test_hold_swap_stages_the_new_stack_before_the_hold_and_starts_it_only_after_the_stop(tmp_path) -> None:
@@ -194,8 +202,8 @@ def test_the_old_stack_is_killed_at_once_only_once_its_requests_drained(tmp_path
     """A drained engine has nothing to finish: its graceful shutdown would only lengthen the hold.
     One whose drain timed out keeps its grace for the requests still in flight."""
     world = World(drains=drains)
-    result = run(world, Mode.HOLD_SWAP, tmp_path=tmp_path)
-    assert result["drained"] is drains and world.stopped_drained is drains
+    run(world, Mode.HOLD_SWAP, tmp_path=tmp_path)
+    assert recorded(tmp_path)["drained"] is drains and world.stopped_drained is drains
 
 
 def test_a_stack_the_desired_set_already_claims_is_not_staged(tmp_path) -> None:
@@ -221,15 +229,16 @@ def test_a_failure_rolls_back_to_the_old_stack(tmp_path, mode, fail, after_failu
         run(world, mode, bench="gate", tmp_path=tmp_path)
     assert world.calls[world.calls.index(fail) + 1:-2] == after_failure, world.calls
     assert world.state == Desired(("a",), {"primary": "a"})
-    [record] = Store(tmp_path / "s.db").switches.list()
+    record = recorded(tmp_path)
     assert record["ok"] is False and f"{fail} failed" in record["error"]
 
 
 @pytest.mark.parametrize("mode", [Mode.BLUE_GREEN, Mode.HOLD_SWAP])
 def test_a_failure_after_the_flip_does_not_undo_the_switch(tmp_path, mode) -> None:
     world = World(fail="down a")
-    result = run(world, mode, tmp_path=tmp_path)
-    assert result["ok"] and "down a failed" in result["cleanup_error"]
+    run(world, mode, tmp_path=tmp_path)
+    record = recorded(tmp_path)
+    assert record["ok"] and "down a failed" in record["cleanup_error"]
     assert world.state.aliases == {"primary": "b"} and "a" not in world.state.stacks
 
 

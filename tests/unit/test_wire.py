@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 
 import pytest
@@ -29,6 +30,23 @@ def test_requests_take_their_fields_and_defaults_and_ignore_the_rest() -> None:
 def test_streamed_lines_decode_to_their_records() -> None:
     line = {"seq": 3, "time": 1.0, "kind": "phase", "stack": "a", "phase": "loading", "detail": "weights"}
     assert wire.decode(line) == wire.PhaseChanged("a", "loading", "weights")
-    assert wire.decode({"kind": "outcome", "stack": "a", "ok": True, "result": {"x": 1}}) == \
-        wire.Outcome("a", True, result={"x": 1})
     assert wire.decode({"kind": "died", "stack": "a"}) is None  # not one a client's stream carries
+
+
+@pytest.mark.parametrize("result", [
+    wire.UpDone("a", "f" * 12, unchanged=False),
+    wire.DownDone("a", 1),
+    wire.SwitchDone("primary", "b", "hold/swap", previous="a", timings={"total_s": 1.5}, park="sleep1",
+                    held_requests=3, woken=wire.WakeDone("b", 1, 0.4, lowest_available=1 << 30)),
+    wire.SwitchDone("primary", "a", "unchanged", up=wire.UpDone("a", "f" * 12, unchanged=True)),
+    wire.SwitchDone("primary", "g", "fleet blue/green", hosts=("b", "c")),
+    wire.RouteDone("primary", (wire.RouteRule("a", 8192), wire.RouteRule("b")), 0.7, 0.9, ("a: fits", "b: fits")),
+    wire.RouteDone("primary"),
+    wire.ParkDone("a", "sleep1", "sleep1: fits"),
+    wire.WakeDone("a", 0, 12.5, killed="under the floor"),
+    wire.RetestDone("r:1", "a", "sha256:0", True, "pass", 3, 4, rows=({"depth": 0, "tg_tps": 9.0},), lifted=("r:1",)),
+], ids=lambda result: type(result).__name__)
+def test_each_result_comes_back_typed_through_its_outcome_line(result: wire.Done) -> None:
+    line = json.loads(json.dumps(wire.Outcome("a", True, result=result).to_json()))
+    assert line["result"]["done"] == result.done
+    assert wire.decode(line) == wire.Outcome("a", True, result=result)

@@ -251,23 +251,23 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
 
 
 def _up(rt, name: str) -> None:
-    from sparkctl.wire import UpRequest
+    from sparkctl.wire import UpDone, UpRequest
 
-    _deploy_step(rt, "/v1/up", UpRequest(name, replace=True), lambda d: d.up(name, replace=True))
+    _deploy_step(rt, "/v1/up", UpRequest(name, replace=True), UpDone, lambda d: d.up(name, replace=True))
 
 
 def _down(rt, name: str) -> None:
-    from sparkctl.wire import DownRequest
+    from sparkctl.wire import DownDone, DownRequest
 
-    _deploy_step(rt, "/v1/down", DownRequest(name), lambda d: d.down(name))
+    _deploy_step(rt, "/v1/down", DownRequest(name), DownDone, lambda d: d.down(name))
 
 
-def _deploy_step(rt, path: str, request, in_process) -> None:
+def _deploy_step(rt, path: str, request, done, in_process) -> None:
     """Through the daemon when it runs (it must not find a stack it didn't deploy), else here."""
     from sparkctl.cli.console import ConsoleReporter, through_daemon
 
     if rt.daemon.available():
-        through_daemon(rt.daemon, path, request)
+        through_daemon(rt.daemon, path, request, done)
         return
     with ConsoleReporter() as reporter:
         in_process(rt.deployer(reporter))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sparkctl import wire
     from sparkctl.cli.client import DaemonClient
 
+D = TypeVar("D")
 STYLE = {Phase.FAILED: "red", Phase.RUNNING: "green", Phase.STOPPED: "yellow"}
 CODES = {"red": 31, "green": 32, "yellow": 33, "cyan": 36, "dim": 2}
 
@@ -74,19 +75,14 @@ class ConsoleReporter:
         say(f"{'note':>9}", "yellow", rest=f" {stack}: {text}")
 
 
-def through_daemon(daemon: DaemonClient, path: str, request: wire.Request | dict[str, Any]) -> dict:
-    """Ask the daemon, printing its progress events; returns the outcome's result. `wire` (~25 ms
-    of dataclasses) loads once the request is sent, while the daemon works; a caller that has
-    not loaded it passes the request as its body, a dict."""
-    if not isinstance(request, dict):
-        from dataclasses import asdict
+def through_daemon(daemon: DaemonClient, path: str, request: wire.Request, expect: type[D]) -> D:
+    """Ask the daemon, printing its progress events; returns the outcome's result, of type `expect`."""
+    from dataclasses import asdict
 
-        request = asdict(request)
-    events = daemon.stream(path, request)
     from sparkctl import wire
 
     with ConsoleReporter() as reporter:
-        for line in events:
+        for line in daemon.stream(path, asdict(request)):
             match wire.decode(line):
                 case wire.PhaseChanged(stack, phase, detail):
                     reporter.phase(stack, Phase(phase), detail)
@@ -96,8 +92,11 @@ def through_daemon(daemon: DaemonClient, path: str, request: wire.Request | dict
                     reporter.note(stack, text)
                 case wire.Outcome(ok=False, error=error):
                     raise SparkctlError(error or "the action failed")
+                case wire.Outcome(result=result) if isinstance(result, expect):
+                    return result
                 case wire.Outcome(result=result):
-                    return result or {}
+                    raise SparkctlError(f"the daemon answered {path} with {type(result).__name__}, not "
+                                        f"{expect.__name__}: restart the daemon so that it runs this sparkctl")
     raise SparkctlError("the daemon closed the connection before reporting an outcome; see `sparkctl status`")
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from sparkctl.cli import views
 from sparkctl.cli.console import ConsoleReporter, say, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from sparkctl.cli.client import DaemonClient
 
 patch_app = typer.Typer(help="Check a stack's patches against its image.", no_args_is_help=True)
 
@@ -37,7 +42,7 @@ def down(ctx: typer.Context, stack: str) -> None:
     if rt.daemon.available():
         from sparkctl import wire
 
-        removed = wire.DownDone(**through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack))).removed
+        removed = through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack), wire.DownDone).removed
     else:
         with ConsoleReporter() as reporter:
             removed = rt.deployer(reporter).down(stack)
@@ -60,18 +65,17 @@ def switch(
                             "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
     from sparkctl import wire
 
-    result = through_daemon(rt.daemon, "/v1/switch", wire.SwitchRequest(stack, alias))
-    if result["mode"] == "unchanged":
-        verb = "already up, unchanged" if result["up"]["unchanged"] else "started again"
+    result = through_daemon(rt.daemon, "/v1/switch", wire.SwitchRequest(stack, alias), wire.SwitchDone)
+    if result.up is not None:
+        verb = "already up, unchanged" if result.up.unchanged else "started again"
         rt.console.print(f"[green]{alias} already names {stack}[/]: nothing to switch ({stack} {verb})")
         return
-    timings = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in result["timings"].items())
-    rt.console.print(f"[green]{alias} -> {stack}[/] ({result['mode']}; {timings})")
-    rt.console.print(f"plan: {result['why']}")
-    if result.get("held_requests"):
-        rt.console.print(f"{result['held_requests']} request(s) were held and then served by {stack}")
-    bench = result.get("bench")
-    if bench:
+    timings = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in result.timings.items())
+    rt.console.print(f"[green]{alias} -> {stack}[/] ({result.mode}; {timings})")
+    rt.console.print(f"plan: {result.why}")
+    if result.held_requests:
+        rt.console.print(f"{result.held_requests} request(s) were held and then served by {stack}")
+    if bench := result.bench:
         rt.console.print(f"switch-over benchmark: {bench.get('summary') or bench.get('error')}")
 
 
@@ -83,28 +87,28 @@ def park(
 ) -> None:
     """Put STACK to sleep (vLLM sleep mode; its process, graphs and compiled kernels stay) or stop it.
     Its requests finish first; a later request that names it (or its alias) wakes it."""
-    result = _ask_daemon(ctx, "park", how=how, stack=stack)
-    rt = runtime(ctx)
-    rt.console.print(f"{stack}: {result['why']}" if result["park"] != "unchanged" else f"{stack} is parked already")
+    from sparkctl import wire
+
+    result = through_daemon(_daemon_for(ctx, "park"), "/v1/park", wire.ParkRequest(stack, how), wire.ParkDone)
+    runtime(ctx).console.print(f"{stack}: {result.why}" if result.park != "unchanged" else f"{stack} is parked already")
 
 
 def wake(ctx: typer.Context, stack: str) -> None:
     """Wake a parked STACK (under the wake watchdog) and warm it up with one token."""
-    result = _ask_daemon(ctx, "wake", stack=stack)
-    how = f"from level {result['level']}" if result["level"] else "cold (it was parked stopped)"
-    killed = f"; [yellow]{result['killed']}[/]" if result["killed"] else ""
-    runtime(ctx).console.print(f"[green]{stack} is awake[/] ({how}, {result['seconds']:.2f} s{killed})")
-
-
-def _ask_daemon(ctx: typer.Context, verb: str, **request: str) -> dict:
     from sparkctl import wire
 
+    result = through_daemon(_daemon_for(ctx, "wake"), "/v1/wake", wire.WakeRequest(stack), wire.WakeDone)
+    how = f"from level {result.level}" if result.level else "cold (it was parked stopped)"
+    killed = f"; [yellow]{result.killed}[/]" if result.killed else ""
+    runtime(ctx).console.print(f"[green]{stack} is awake[/] ({how}, {result.seconds:.2f} s{killed})")
+
+
+def _daemon_for(ctx: typer.Context, verb: str) -> DaemonClient:
     rt = runtime(ctx)
     if not rt.daemon.available():
         raise SparkctlError(f"{verb} needs the daemon (it owns the parked state and the wake watchdog): start "
                             "`sparkctl daemon` or `sparkctl service install`")
-    kind = {"park": wire.ParkRequest, "wake": wire.WakeRequest}[verb]
-    return through_daemon(rt.daemon, f"/v1/{verb}", kind(**request))
+    return rt.daemon
 
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:

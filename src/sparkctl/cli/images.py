@@ -3,11 +3,16 @@ image policy, and re-qualifying a blacklisted tag by measuring it again."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.table import Table
 
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from sparkctl.wire import RetestDone
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
@@ -140,7 +145,8 @@ def retest(
         from sparkctl import wire
         from sparkctl.cli.console import through_daemon
 
-        result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force))
+        result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force),
+                                wire.RetestDone)
     else:
         from sparkctl.cli.console import ConsoleReporter
         from sparkctl.deploy import retest as retests
@@ -148,26 +154,26 @@ def retest(
         with ConsoleReporter() as reporter:
             deployer = rt.deployer(reporter)
             trial = retests.prepare(ref, stack=stack, force=force, deployer=deployer)
-            result = retests.run(trial, deployer).as_dict()
+            result = retests.run(trial, deployer)
     _show_retest(rt, result)
 
 
-def _show_retest(rt, result: dict) -> None:
+def _show_retest(rt, result: RetestDone) -> None:  # noqa: ANN001 - the CLI's Runtime
     """The measured rows, then one line: re-qualified, or still broken (exit 1)."""
-    if result["rows"]:
+    if result.rows:
         table = Table("depth", "concurrency", "decode tok/s", "acceptance", "failed",
-                      title=f"{result['ref']} @ {result['digest'][:19]} with {result['stack']} — run {result['run']}")
-        for r in result["rows"]:
+                      title=f"{result.ref} @ {result.digest[:19]} with {result.stack} — run {result.run}")
+        for r in result.rows:
             acceptance = "" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
             table.add_row(str(r["depth"]), str(r["concurrency"]), f"{r['tg_tps']:.1f}", acceptance,
                           "yes" if r["failed"] else "", style="red" if r["failed"] else None)
         rt.console.print(table)
-    if result["passed"]:
-        rt.console.print(f"[green]{result['ref']} re-qualified[/]: {result['digest']} passed {result['stack']}'s gate "
-                         f"in benchmark run {result['run']}; lifted {', '.join(result['lifted'])} and pinned the tag "
+    if result.passed:
+        rt.console.print(f"[green]{result.ref} re-qualified[/]: {result.digest} passed {result.stack}'s gate "
+                         f"in benchmark run {result.run}; lifted {', '.join(result.lifted)} and pinned the tag "
                          "to that digest as known-good")
         return
-    kept = ("the ban stays, with this measurement added to it in images.yaml" if result["recorded"]
+    kept = ("the ban stays, with this measurement added to it in images.yaml" if result.recorded
             else "the ban was lifted by hand meanwhile, so the measurement was not recorded")
-    raise SparkctlError(f"{result['ref']} at {result['digest']} still fails {result['stack']}'s gate: "
-                        f"{result['verdict'].removeprefix('fail: ')}; {kept}")
+    raise SparkctlError(f"{result.ref} at {result.digest} still fails {result.stack}'s gate: "
+                        f"{result.verdict.removeprefix('fail: ')}; {kept}")

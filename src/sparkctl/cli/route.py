@@ -5,6 +5,8 @@ at their measured crossover; `apply` sets it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -12,6 +14,9 @@ from rich.table import Table
 from sparkctl.cli.console import through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from sparkctl.wire import RouteDone
 
 app = typer.Typer(help="Route an alias's requests by their prompt length.", no_args_is_help=True)
 
@@ -25,12 +30,12 @@ def set_(ctx: typer.Context, alias: str = typer.Argument(..., help="The alias ag
     Every stack named must be up or parked; the alias stops being a plain one."""
     result = _route(ctx, alias, " ".join(rules))
     rt = runtime(ctx)
-    for rule in result["rules"]:
-        limit = f"up to {rule['up_to']} tokens" if rule["up_to"] is not None else "the rest"
-        rt.console.print(f"{escape(alias)}: {limit} -> {escape(rule['stack'])}")
-    rt.console.print(f"memory: the routed stacks hold {result['memory']:.2f} of this Spark together "
-                     f"(ceiling {result['ceiling']:.2f}; stacks placed across the fleet not counted)")
-    for line in result["fit"]:
+    for rule in result.rules or ():
+        limit = f"up to {rule.up_to} tokens" if rule.up_to is not None else "the rest"
+        rt.console.print(f"{escape(alias)}: {limit} -> {escape(rule.stack)}")
+    rt.console.print(f"memory: the routed stacks hold {result.memory or 0:.2f} of this Spark together "
+                     f"(ceiling {result.ceiling or 0:.2f}; stacks placed across the fleet not counted)")
+    for line in result.fit:
         rt.console.print(escape(line))
 
 
@@ -108,12 +113,12 @@ def _crossover(rt, fast: str, rest: str) -> tuple[int, list[str]]:  # noqa: ANN0
     return before + pp, lines
 
 
-def _route(ctx: typer.Context, alias: str, rules: str) -> dict:
+def _route(ctx: typer.Context, alias: str, rules: str) -> RouteDone:
     from sparkctl import wire
 
     rt = runtime(ctx)
     _need_daemon(rt)
-    return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules))
+    return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules), wire.RouteDone)
 
 
 def _need_daemon(rt) -> None:  # noqa: ANN001 - the CLI's Runtime

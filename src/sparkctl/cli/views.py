@@ -59,9 +59,11 @@ def stacks(rows: list[dict[str, Any]]) -> None:
 
 def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
     """`up` through the daemon: its phases as they come, then one line."""
-    done = through_daemon(daemon, "/v1/up", {"stack": stack, "refresh": refresh, "replace": replace})  # wire.UpRequest
-    verb = "already up, unchanged" if done["unchanged"] else "up"
-    say(f"{stack} {verb}", "green", rest=f" (fingerprint {done['fingerprint']}; kept up by the daemon)")
+    from sparkctl import wire
+
+    done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), wire.UpDone)
+    verb = "already up, unchanged" if done.unchanged else "up"
+    say(f"{stack} {verb}", "green", rest=f" (fingerprint {done.fingerprint}; kept up by the daemon)")
 
 
 def up_unchanged(stack: str) -> bool:

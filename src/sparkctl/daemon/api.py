@@ -21,7 +21,7 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -289,7 +289,8 @@ async def compare(request: web.Request) -> web.Response:
         chosen, label = [int(r) for r in body["runs"]], str(body.get("label", ""))
     except (KeyError, TypeError, ValueError, AttributeError):
         raise _bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
-    return web.json_response(await asyncio.to_thread(request.app[COMMANDS].trials.compare, chosen, label))
+    written = await asyncio.to_thread(request.app[COMMANDS].trials.compare, chosen, label)
+    return web.json_response(wire.encode_done(written))
 
 
 async def history(request: web.Request) -> web.Response:
@@ -301,7 +302,8 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=await asyncio.to_thread(request.app[QUERIES].metrics_text), content_type="text/plain")
 
 
-async def _stream_action(request: web.Request, names: tuple[str, ...], work: Callable[[], Any]) -> web.StreamResponse:
+async def _stream_action(request: web.Request, names: tuple[str, ...],
+                         work: Callable[[], wire.Done]) -> web.StreamResponse:
     """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with
     the outcome. The work starts before the response does: it holds a ticket that must be used.
     Its last event is its own `Finished`, published after all of its others: the stream ends
@@ -310,7 +312,7 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
     bus = request.app[COMMANDS].bus
     since = bus.last
 
-    def run() -> Any:
+    def run() -> wire.Done:
         try:
             return work()
         finally:
@@ -330,12 +332,11 @@ async def _stream_action(request: web.Request, names: tuple[str, ...], work: Cal
     await asyncio.wait([task])
     error = task.exception()
     if error is None:
-        result = task.result()
-        outcome = wire.Outcome(stack, True, result=asdict(result) if is_dataclass(result) else result)
+        outcome = wire.Outcome(stack, True, result=task.result())
     else:
         outcome = wire.Outcome(stack, False, error=redact(str(error) if isinstance(error, SparkctlError)
                                                           else f"internal error: {error!r}"))
-    line = {"kind": outcome.kind, **{k: v for k, v in asdict(outcome).items() if v is not None}, "time": time.time()}
+    line = outcome.to_json() | {"time": time.time()}
     await response.write(json.dumps(line).encode() + b"\n")
     await response.write_eof()
     return response

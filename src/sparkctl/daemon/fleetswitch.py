@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import structlog
 
-from sparkctl.daemon.machine import DockerMachine, Woken
+from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.routes import Routes
 from sparkctl.daemon.switch import GatewayControl, SwitchFailed
 from sparkctl.errors import SparkctlError
@@ -29,6 +28,7 @@ from sparkctl.fleet import placement
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
+from sparkctl.wire import ParkDone, SwitchDone, WakeDone
 
 log = structlog.get_logger()
 
@@ -46,7 +46,7 @@ class FleetSwitch:
         """Whether `stack` runs across the fleet: it has a placement or ranks, or is placed already."""
         return stack.placement.fleet or stack.parallel is not None or stack.name in self._book()
 
-    def run(self, alias: str, stack: Stack, gateway: GatewayControl) -> dict[str, Any]:
+    def run(self, alias: str, stack: Stack, gateway: GatewayControl) -> SwitchDone:
         old = self.machine.desired().aliases.get(alias)
         intent = {"alias": alias, "from": old, "to": stack.name, "mode": "fleet blue/green", "stop_old": False,
                   "new_was_desired": True, "park": "stop", "wake": 0, "evict": [],
@@ -78,7 +78,8 @@ class FleetSwitch:
         log.info("switch_finished", **{k: v for k, v in record.items() if k != "timings"}, **timings)
         if error is not None:
             raise SwitchFailed(error)
-        return record
+        return SwitchDone(alias, stack.name, intent["mode"], previous=old, why=intent["why"], timings=timings,
+                          hosts=tuple(hosts))
 
     def placed(self, stack: str) -> bool:
         return stack in self._book()
@@ -87,25 +88,25 @@ class FleetSwitch:
         entry = self._book().get(stack)
         return entry is not None and entry.parked
 
-    def park(self, stack: str, drain: Callable[[str], None]) -> dict[str, Any]:
+    def park(self, stack: str, drain: Callable[[str], None]) -> ParkDone:
         """Stop the stack's engines on every host once its requests drained; new ones wait in
         the gateway's hold and wake it."""
         if self.parked(stack):
-            return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already"}
+            return ParkDone(stack, "unchanged", f"{stack} is parked already")
         placed = self.fleetwide.park(stack, wait=self.wait, before=lambda: drain(stack))
         self.routes.refresh()
         self.store.events.record(stack, "parked", f"stopped on {', '.join(placed.hosts)}")
         what = f"its {len(placed.ranks)} ranks" if placed.ranks else "its engines"
-        return {"stack": stack, "park": "stop", "why": f"stop: {stack} is placed across the fleet, so {what} stop on "
-                f"every host and its placement stays reserved (sleep mode is not used across hosts)"}
+        return ParkDone(stack, "stop", f"stop: {stack} is placed across the fleet, so {what} stop on every host "
+                        "and its placement stays reserved (sleep mode is not used across hosts)")
 
-    def wake(self, stack: str) -> dict[str, Any]:
+    def wake(self, stack: str) -> WakeDone:
         """Start a parked placed stack again where Ray has its bundles; routed once it serves."""
         began = time.monotonic()
         done = self.fleetwide.wake(stack, wait=self.wait, within=self.fleetwide.settings.fleet_replace_within)
         self.routes.refresh()
         self.store.events.record(stack, "woke", f"started cold on {', '.join(done.entry.hosts)}")
-        return {"stack": stack, **asdict(Woken(0, round(time.monotonic() - began, 3)))}
+        return WakeDone(stack, 0, round(time.monotonic() - began, 3))
 
     def _book(self) -> dict[str, placement.Placed]:
         return placement.read_book(self.fleetwide.settings.fleet_dir)

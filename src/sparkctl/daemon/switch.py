@@ -30,6 +30,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.policy.parking import Park
 from sparkctl.policy.switch import Mode, SwitchPlan
 from sparkctl.state.store import Store
+from sparkctl.wire import SwitchDone, WakeDone
 
 log = structlog.get_logger()
 
@@ -74,7 +75,7 @@ class Switcher:
     blame: Callable[[str, Exception], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
     woke: Callable[[str, Woken], None] = lambda stack, woken: None  # e.g. record how its digest wakes
 
-    def run(self, plan: SwitchPlan) -> dict[str, Any]:
+    def run(self, plan: SwitchPlan) -> SwitchDone:
         switch = Switch(plan, new_was_desired=plan.new in self.machine.desired().stacks)
         started = time.time()
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
@@ -103,7 +104,11 @@ class Switcher:
             raise SwitchFailed(error)
         if self.bench_mode(plan.new) == "after":
             switch.facts["bench"] = self._bench_after(plan.new)
-        return record | switch.facts
+        woken = switch.facts.get("woken")
+        return SwitchDone(plan.alias, plan.new, str(plan.mode), previous=plan.old, why=plan.why,
+                          timings=dict(switch.timings), park=str(plan.park),
+                          held_requests=switch.facts.get("held_requests"), bench=switch.facts.get("bench"),
+                          woken=WakeDone(plan.new, **woken) if woken else None)
 
     # --- the two modes ------------------------------------------------------------------------
     def _blue_green(self, switch: Switch) -> None:

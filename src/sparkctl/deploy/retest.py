@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.bench import stack as bench_stack
@@ -31,6 +31,7 @@ from sparkctl.spec import imagefile
 from sparkctl.spec.engine import Image
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Stack
+from sparkctl.wire import RetestDone
 
 TRIAL_SUFFIX = ".retest"
 
@@ -40,23 +41,6 @@ class Trial:
     stack: Stack  # as its file says: its expectations judge the trial
     spec: Stack  # the trial itself: its own name, the banned tag at the digest measured
     retrial: Retrial
-
-
-@dataclass(frozen=True)
-class Result:
-    ref: str  # the tag, canonical
-    stack: str
-    digest: str
-    passed: bool
-    verdict: str
-    run: int | None  # the benchmark run (None: the trial never became healthy)
-    deployment: int | None
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    lifted: tuple[str, ...] = ()  # blacklist entries removed (a pass)
-    recorded: bool = True  # False: the ban was lifted by hand while the trial ran
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def trial_name(stack: str) -> str:
@@ -119,7 +103,7 @@ def prepare(ref: str, *, stack: str | None, force: bool, deployer: Deployer) -> 
     return Trial(chosen, trial_spec(chosen, retrial), retrial)
 
 
-def run(trial: Trial, deployer: Deployer) -> Result:
+def run(trial: Trial, deployer: Deployer) -> RetestDone:
     """Deploy the trial, benchmark it, judge it, record the verdict in images.yaml; the trial's
     container is removed afterwards whatever happened."""
     name, retrial = trial.spec.name, trial.retrial
@@ -145,9 +129,9 @@ def _alone(deployer: Deployer, trial: str) -> None:
                             f"{them} again after the retest")
 
 
-def _measure(trial: Trial, deployer: Deployer) -> Result:
+def _measure(trial: Trial, deployer: Deployer) -> RetestDone:
     name, retrial, store = trial.spec.name, trial.retrial, deployer.store
-    base = Result(retrial.name.tagged, trial.stack.name, retrial.digest, False, "", None, None)
+    base = RetestDone(retrial.name.tagged, trial.stack.name, retrial.digest, False, "", None, None)
     try:
         deployer.up(name)
     except HealthError as e:  # the image itself failed to serve: that is a measurement too
@@ -166,7 +150,7 @@ def _measure(trial: Trial, deployer: Deployer) -> Result:
                                deployment=trial_deployment.id if trial_deployment else None, rows=_rows(bench.rows))
 
 
-def _record(trial: Trial, result: Result, deployer: Deployer) -> Result:
+def _record(trial: Trial, result: RetestDone, deployer: Deployer) -> RetestDone:
     retrial, path, events = trial.retrial, deployer.settings.images_file, deployer.store.events
     tagged = retrial.name.tagged
     if result.passed:
@@ -198,7 +182,7 @@ def _announcer(deployer: Deployer, name: str):
     return announce
 
 
-def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _rows(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
     """What the CLI shows of each benchmark row."""
     keys = ("depth", "concurrency", "tg_tps", "acceptance", "failed")
-    return [{k: r.get(k) for k in keys} for r in rows]
+    return tuple({k: r.get(k) for k in keys} for r in rows)

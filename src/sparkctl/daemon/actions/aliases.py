@@ -3,10 +3,8 @@ is placed there; rolled back on any failure) and routing an alias by prompt leng
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.deploys import Deploys
@@ -18,6 +16,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.policy import routing
 from sparkctl.policy.switch import Leaving, plan_switch
 from sparkctl.spec.models import Stack
+from sparkctl.wire import RouteDone, RouteRule, SwitchDone
 
 
 @dataclass
@@ -26,7 +25,7 @@ class Aliases:
     deploys: Deploys
     parking: Parking
 
-    def switch(self, alias: str, stack: str, *, ticket: int | None = None) -> dict[str, Any]:
+    def switch(self, alias: str, stack: str, *, ticket: int | None = None) -> SwitchDone:
         """Move `alias` to `stack` (blue/green or hold/swap); rolled back on any failure."""
         with self.ctx.turns.turn(f"alias:{alias}", ticket), self.ctx.memory_lock:  # one switch of an alias at a time
             spec = self.ctx.machine.catalog().stack(stack)
@@ -38,8 +37,7 @@ class Aliases:
                 assert self.ctx.gateway is not None, "the gateway starts before the API"
                 return self.ctx.fleet.run(alias, spec, self.ctx.gateway)
             if self.ctx.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
-                return {"alias": alias, "stack": spec.name, "mode": "unchanged", "timings": {},
-                        "up": asdict(self.deploys.up(spec.name))}
+                return SwitchDone(alias, spec.name, "unchanged", up=self.deploys.up(spec.name))
             desired, view = self.ctx.machine.desired(), self.ctx.memory()
             old, memory = desired.aliases.get(alias), view.now(desired.parked)
             leaving = Leaving()
@@ -66,7 +64,7 @@ class Aliases:
                 self.ctx.serving_since[spec.name] = time.monotonic()
                 self.ctx.kick()
 
-    def route(self, alias: str, rules: str, *, ticket: int | None = None) -> dict[str, Any]:
+    def route(self, alias: str, rules: str, *, ticket: int | None = None) -> RouteDone:
         """Route `alias` by prompt length (`rules`: `STACK:TOKENS ... STACK`), or, with no rules,
         make it unrouted. Every stack it names must be up or parked: the gateway may send a
         request to any of them at once."""
@@ -86,9 +84,9 @@ class Aliases:
             self.ctx.machine.update_desired(lambda d: d.routed(alias, parsed))
             self.ctx.routes.refresh()
         if parsed is None:
-            return {"alias": alias, "rules": None}
-        return {"alias": alias, "rules": [dataclasses.asdict(r) for r in parsed], "memory": round(memory, 3),
-                "ceiling": self.ctx.settings.memory_ceiling, "fit": fits}
+            return RouteDone(alias)
+        return RouteDone(alias, tuple(RouteRule(r.stack, r.up_to) for r in parsed), round(memory, 3),
+                         self.ctx.settings.memory_ceiling, tuple(fits))
 
     def _serving(self, spec: Stack) -> routing.Serving:
         """The context a stack serves and its KV cache, as its last deploy recorded them (else its spec)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon import planner
@@ -16,7 +15,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.policy.parking import Park, choose
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Kind, Stack
-from sparkctl.wire import Note
+from sparkctl.wire import Note, ParkDone, WakeDone
 
 
 @dataclass
@@ -24,7 +23,7 @@ class Parking:
     ctx: Context
 
     def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
-             still: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+             still: Callable[[], bool] = lambda: True) -> ParkDone:
         """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
         requests drain first. `still`: checked once in the stack's turn (an idle park that a
         request or a switch overtook does nothing)."""
@@ -34,7 +33,7 @@ class Parking:
         with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
             spec, desired = self.ctx.machine.catalog().stack(stack), self.ctx.machine.desired()
             if stack in desired.parked or not still():
-                return {"stack": stack, "park": "unchanged", "why": f"{stack} is parked already or in use"}
+                return ParkDone(stack, "unchanged", f"{stack} is parked already or in use")
             view = self.ctx.memory()
             memory = view.now(desired.parked)
             if stack not in desired.stacks or stack not in memory.held:
@@ -45,7 +44,7 @@ class Parking:
             with self.ctx.reconciler.holding(stack):
                 self.ctx.machine.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
             self.ctx.routes.refresh()
-            return {"stack": stack, "park": str(choice.park), "why": choice.why}
+            return ParkDone(stack, str(choice.park), choice.why)
 
     def quiesce(self, stack: str) -> None:
         """Before a stack sleeps: the gateway stops routing to it (its names now wake it) and its
@@ -54,7 +53,7 @@ class Parking:
         if self.ctx.gateway is not None:
             self.ctx.gateway.drain(stack)
 
-    def wake(self, stack: str, *, ticket: int | None = None) -> dict[str, Any]:
+    def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
         """Wake a parked stack, if its wake peak fits beside what runs."""
         if self.ctx.fleet is not None and self.ctx.fleet.placed(stack):
             with self.ctx.turns.turn(stack, ticket):
@@ -77,7 +76,7 @@ class Parking:
                 self.ctx.routes.refresh()
             self.ctx.serving_since[stack] = time.monotonic()
             self.record_wake(stack, woken)
-            return {"stack": stack} | asdict(woken)
+            return WakeDone(stack, **asdict(woken))
 
     def settle_parked(self) -> list[str]:
         """After a restart, `GET /is_sleeping` is the truth: a stack recorded parked that is awake

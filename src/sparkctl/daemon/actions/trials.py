@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from sparkctl import report
 from sparkctl.daemon.actions.context import Context
@@ -13,6 +12,7 @@ from sparkctl.deploy import retest
 from sparkctl.deploy.retest import reported_spec
 from sparkctl.errors import SparkctlError
 from sparkctl.spec import imagefile
+from sparkctl.wire import ReportWritten, RetestDone
 
 
 @dataclass
@@ -24,16 +24,16 @@ class Trials:
         chosen = retest.choose_stack(self.ctx.machine.catalog(), ref, stack or None).name
         return retest.trial_name(chosen), chosen
 
-    def retest(self, ref: str, *, stack: str, force: bool = False, ticket: int | None = None) -> dict[str, Any]:
+    def retest(self, ref: str, *, stack: str, force: bool = False, ticket: int | None = None) -> RetestDone:
         """Measure what a blacklisted tag names now, as a trial of `stack` that no pass touches
         (`deploy/retest.py`): the ban lifted on a pass, kept with the measurement on a failure."""
         with self.ctx.turns.turn("retest:", ticket):  # one at a time (no stack name has a colon)
             deployer = self.ctx.machine.deployer()
             trial = retest.prepare(ref, stack=stack, force=force, deployer=deployer)
             with self.ctx.reconciler.holding(trial.spec.name):
-                return retest.run(trial, deployer).as_dict()
+                return retest.run(trial, deployer)
 
-    def compare(self, runs: list[int], label: str = "") -> dict[str, Any]:
+    def compare(self, runs: list[int], label: str = "") -> ReportWritten:
         """A comparison report of these benchmark runs, written as `sparkctl bench report` writes it."""
         found = [self.ctx.store.bench.run(i) for i in runs]
         if not found or None in found:
@@ -43,5 +43,5 @@ class Trials:
         report.compare([(reported_spec(catalog, run.stack), run) for run in found], folder,
                        blacklist=imagefile.policy_for(self.ctx.settings).blacklist,
                        bandwidth_gbs=self.ctx.settings.memory_bandwidth_gbs, label=label)
-        return {"id": f"reports/{folder.name}", "file": report.REPORT}
+        return ReportWritten(f"reports/{folder.name}", report.REPORT)
 
