@@ -217,6 +217,72 @@ class Outcome:
         return line
 
 
+# --- answers to queries ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KvRow:
+    """An engine's KV headroom as its build recorded it: the figures, the fit, what falls short."""
+
+    kv_tokens: int
+    max_model_len: int | None
+    max_num_seqs: int | None
+    min_kv_tokens: int | None
+    full_context: float | None  # requests at max_model_len the KV cache holds at once
+    summary: str
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    """A stack of the instance: its container (or `absent`), its last deployment, and what the
+    daemon knows beside (desired, failures, parked level, restarts, image verdict)."""
+
+    stack: str
+    phase: str
+    state: str  # the container's (running, exited, created...), or absent
+    endpoint: str
+    fingerprint: str | None
+    container: str
+    uptime_s: int | None
+    memory: float | None  # its share of unified memory
+    error: str | None
+    kv: KvRow | None
+    desired: bool = False
+    failed: bool = False
+    recent_failures: int = 0
+    parked: int | None = None  # its sleep level (0: stopped), None when it is not parked
+    restarts: int = 0
+    acceptance: float | None = None  # speculative decoding's, since the engine started
+    image: str | None = None
+    digest: str | None = None
+    verdict: str | None = None  # the image policy's: known-good, pinned, unpinned or blacklisted: why
+
+
+@dataclass(frozen=True)
+class MemoryHeld:
+    held: dict[str, float]  # each stack's share of unified memory
+    ceiling: float
+    parked: dict[str, int]  # each parked stack's sleep level
+
+
+@dataclass(frozen=True)
+class Status:
+    stacks: tuple[StatusRow, ...]
+    others: dict[str, list[str]]  # other sparkctl instances on this Docker engine, and their stacks
+    aliases: dict[str, str] = field(default_factory=dict)
+    pid: int | None = None  # the daemon's
+    instance: str = ""
+    memory: MemoryHeld | None = None
+    catalog: tuple[str, ...] = ()  # the stacks that can be deployed
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Status:
+        rows = tuple(replace(_record(StatusRow, row), kv=row.get("kv") and replace(
+            _record(KvRow, row["kv"]), warnings=tuple(row["kv"]["warnings"]))) for row in data["stacks"])
+        memory = data.get("memory")
+        return replace(_record(cls, data), stacks=rows, memory=memory and _record(MemoryHeld, memory),
+                       catalog=tuple(data.get("catalog", ())))
+
+
 # --- events ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PhaseChanged:

@@ -46,7 +46,7 @@ def test_seed_003_diffusiongemma_fits_13_7_full_context_requests_and_nothing_fal
     headroom = Headroom(kv_tokens=3_590_000, max_model_len=262_144, max_num_seqs=4, min_kv_tokens=3_000_000)
     assert headroom.summary() == "13.7 full-context requests fit (KV cache 3.59M tokens, max_model_len 262,144)"
     assert headroom.warnings() == ()
-    assert headroom.as_row()["full_context"] == 13.7
+    assert headroom.as_row().full_context == 13.7
 
 
 def test_fewer_full_context_requests_than_max_num_seqs_says_the_rest_queue() -> None:
@@ -86,7 +86,7 @@ def test_the_daemon_logs_the_headroom_and_each_shortfall_as_a_warning() -> None:
 def test_without_a_context_length_the_summary_gives_the_tokens_alone() -> None:
     headroom = Headroom(kv_tokens=322_560)
     assert headroom.full_context is None and headroom.summary() == "KV cache 323K tokens"
-    assert headroom.as_row()["full_context"] is None
+    assert headroom.as_row().full_context is None
 
 
 def test_stored_form_round_trips_and_ignores_keys_a_later_version_adds() -> None:

@@ -73,7 +73,9 @@ def _status(*, as_json: bool) -> bool:
 
     if not (daemon := _daemon()).available():
         return False
-    views.status(daemon.get("/v1/status"), as_json=as_json, instance=located()[0])
+    from sparkctl import wire
+
+    views.status(wire.Status.from_json(daemon.get("/v1/status")), as_json=as_json, instance=located()[0])
     return True
 
 

@@ -5,6 +5,7 @@ path (`cli/main.py`). Rich is imported where a table is drawn, never at import."
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.cli.console import ConsoleReporter, say, through_daemon
@@ -13,14 +14,15 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from sparkctl.cli.client import DaemonClient
+    from sparkctl.wire import Status, StatusRow
 
 
-def status(report: dict[str, Any], *, as_json: bool, instance: str) -> None:
+def status(report: Status, *, as_json: bool, instance: str) -> None:
     """Every sparkctl container of the instance, then each engine's KV headroom, then the other
     instances that share the engine (`report` as the daemon's `/v1/status` has it)."""
-    rows, others = report["stacks"], report["others"]
+    rows, others = report.stacks, report.others
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([asdict(row) for row in rows], indent=2))
         return
     console = _console()
     if rows:
@@ -28,11 +30,10 @@ def status(report: dict[str, Any], *, as_json: bool, instance: str) -> None:
     else:
         say(f"no stacks are deployed (instance {instance})")
     for row in rows:
-        kv = row.get("kv")
-        if kv:
-            say(f"{row['stack']}: {kv['summary']}")
-            for warning in kv["warnings"]:
-                say("warning", "yellow", rest=f" {row['stack']}: {warning}")
+        if row.kv:
+            say(f"{row.stack}: {row.kv.summary}")
+            for warning in row.kv.warnings:
+                say("warning", "yellow", rest=f" {row.stack}: {warning}")
     if others:
         listed = "; ".join(f"{name}: {', '.join(stacks)}" for name, stacks in others.items())
         say(f"other sparkctl instances on this engine (not touched): {listed}", "dim")
@@ -105,7 +106,7 @@ def duration(seconds: float | None) -> str:
     return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s"
 
 
-def _status_table(rows: list[dict[str, Any]], *, wide: bool) -> Any:
+def _status_table(rows: tuple[StatusRow, ...], *, wide: bool) -> Any:
     """A narrow terminal drops the fingerprint (`--json` has it) before folding; the endpoint stays
     whole, since it is copied from here."""
     from rich.table import Table
@@ -114,11 +115,11 @@ def _status_table(rows: list[dict[str, Any]], *, wide: bool) -> Any:
     for column in table.columns:
         column.overflow = "fold"
     table.columns[2].no_wrap = True
-    table.columns[2].min_width = max(len(row["endpoint"]) for row in rows)
+    table.columns[2].min_width = max(len(row.endpoint) for row in rows)
     for row in rows:
-        fingerprint = [(row["fingerprint"] or "")[:12]] if wide else []
-        table.add_row(row["stack"], row["phase"], row["endpoint"], *fingerprint, duration(row["uptime_s"]),
-                      f"{row['memory']:.2f}" if row["memory"] is not None else "")
+        fingerprint = [(row.fingerprint or "")[:12]] if wide else []
+        table.add_row(row.stack, row.phase, row.endpoint, *fingerprint, duration(row.uptime_s),
+                      f"{row.memory:.2f}" if row.memory is not None else "")
     return table
 
 

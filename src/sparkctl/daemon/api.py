@@ -74,7 +74,7 @@ class Queries(Protocol):
 
     def desired(self) -> Desired: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> wire.Status: ...
 
     def stacks(self) -> dict[str, Any]: ...
 
@@ -127,7 +127,7 @@ def build(commands: Commands, queries: Queries, *, token: str | None = None) -> 
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[QUERIES].status))
+    return web.json_response(asdict(await asyncio.to_thread(request.app[QUERIES].status)))
 
 
 async def stacks(request: web.Request) -> web.Response:

@@ -8,7 +8,7 @@ import os
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from sparkctl.spec import imagefile, listing
 from sparkctl.spec.load import Catalog
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
+from sparkctl.wire import MemoryHeld, Status, StatusRow
 
 REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
 
@@ -76,40 +77,43 @@ class Reads:
     def desired(self) -> Desired:
         return self.machine.desired()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
         desired, catalog, policy = self.machine.desired(), self.machine.catalog(), imagefile.policy_for(self.settings)
         rows = status_rows(self.machine.docker, self.store, catalog)
-        seen = {r["stack"] for r in rows}
+        seen = {r.stack for r in rows}
         history = self.reconciler.history
-        rows += [{"stack": s, "phase": "failed" if history.get(s, planner.History()).failed else "pending",
-                  "state": "absent", "endpoint": "", "fingerprint": None, "container": "", "uptime_s": None,
-                  "memory": None, "error": None, "kv": None} for s in desired.stacks if s not in seen]
+        rows += [StatusRow(s, "failed" if history.get(s, planner.History()).failed else "pending", "absent", "", None,
+                           "", None, None, None, None) for s in desired.stacks if s not in seen]
         restarts = Counter(e["stack"] for e in self.store.events.list(limit=10_000) if e["kind"] == "restarted")
-        for row in rows:
-            h = history.get(row["stack"], planner.History())
-            row |= {"desired": row["stack"] in desired.stacks, "failed": h.failed, "recent_failures": len(h.failures),
-                    "parked": desired.parked.get(row["stack"]), "restarts": restarts[row["stack"]],
-                    "acceptance": self._acceptance(row["stack"], catalog) if row["state"] == "running" else None,
-                    **self._image(row["stack"], catalog, policy)}
-            if row["parked"] is not None:
-                row["phase"] = f"parked (sleep level {row['parked']})" if row["parked"] else "parked (stopped)"
         memory = MemoryView(self.settings, self.store, catalog, self.machine.docker).now(desired.parked)
-        return {"stacks": rows, "aliases": desired.aliases, "pid": os.getpid(), "instance": self.settings.instance,
-                "others": other_instances(self.machine.docker),
-                "memory": {"held": memory.held, "ceiling": memory.ceiling, "parked": memory.parked},
-                "catalog": sorted(s.name for s in catalog.deployable())}
+        return Status(tuple(self._full(row, catalog, policy, restarts) for row in rows),
+                      other_instances(self.machine.docker), aliases=desired.aliases, pid=os.getpid(),
+                      instance=self.settings.instance,
+                      memory=MemoryHeld(memory.held, memory.ceiling, memory.parked),
+                      catalog=tuple(sorted(s.name for s in catalog.deployable())))
+
+    def _full(self, row: StatusRow, catalog: Catalog, policy: ImagePolicy, restarts: Counter[str]) -> StatusRow:
+        """A row with what the daemon knows beside the container: desired, failures, parked, image."""
+        desired, h = self.machine.desired(), self.reconciler.history.get(row.stack, planner.History())
+        parked = desired.parked.get(row.stack)
+        phase = row.phase if parked is None else f"parked (sleep level {parked})" if parked else "parked (stopped)"
+        image, digest, verdict = self._image(row.stack, catalog, policy)
+        return replace(row, phase=phase, desired=row.stack in desired.stacks, failed=h.failed,
+                       recent_failures=len(h.failures), parked=parked, restarts=restarts[row.stack],
+                       acceptance=self._acceptance(row.stack, catalog) if row.state == "running" else None,
+                       image=image, digest=digest, verdict=verdict)
 
     def stacks(self) -> dict[str, Any]:
         """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
         return {"stacks": listing.rows(self.machine.catalog(), imagefile.policy_for(self.settings))}
 
-    def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> dict[str, Any]:
+    def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> tuple[str | None, str | None, str | None]:
         """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
         try:
             image = catalog.stack(stack).image
         except SparkctlError:
-            return {}
+            return None, None, None
         latest = self.store.deployments.latest(stack)
         digest = latest.parts.get("image") if latest else None
         pin = policy.pin_for(image.ref)
@@ -119,7 +123,7 @@ class Reads:
             verdict = "known-good"
         else:
             verdict = "pinned" if pin is not None else "unpinned"
-        return {"image": image.ref, "digest": digest, "verdict": verdict}
+        return image.ref, digest, verdict
 
     @staticmethod
     def _acceptance(stack: str, catalog: Catalog) -> float | None:

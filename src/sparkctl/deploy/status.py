@@ -5,12 +5,12 @@ None when unknown). Shared by `sparkctl status` (in-process) and the daemon's /v
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.load import Catalog
 from sparkctl.state.store import Store
+from sparkctl.wire import StatusRow
 
 
 def other_instances(docker: DockerEngine) -> dict[str, list[str]]:
@@ -21,7 +21,7 @@ def other_instances(docker: DockerEngine) -> dict[str, list[str]]:
     return {name: sorted(stacks) for name, stacks in sorted(others.items())}
 
 
-def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[dict[str, Any]]:
+def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[StatusRow]:
     now = time.time()
     rows = []
     for c in sorted(docker.containers(), key=lambda c: c.stack):
@@ -32,8 +32,7 @@ def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[di
         except SparkctlError:
             endpoint = ""
         headroom = store.deployments.headroom(name, c.fingerprint) if c.fingerprint else None
-        rows.append({"stack": name, "phase": latest.phase.value if latest and c.running else c.state,
-                     "state": c.state, "endpoint": endpoint, "fingerprint": c.fingerprint, "container": c.name,
-                     "uptime_s": round(now - c.created) if c.running else None, "memory": c.memory,
-                     "error": latest.error if latest else None, "kv": headroom.as_row() if headroom else None})
+        rows.append(StatusRow(name, latest.phase.value if latest and c.running else c.state, c.state, endpoint,
+                              c.fingerprint, c.name, round(now - c.created) if c.running else None, c.memory,
+                              latest.error if latest else None, headroom.as_row() if headroom else None))
     return rows

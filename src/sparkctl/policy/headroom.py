@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from sparkctl.wire import KvRow
+
 
 @dataclass(frozen=True)
 class Headroom:
@@ -66,11 +68,11 @@ class Headroom:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
-    def as_row(self) -> dict[str, Any]:
+    def as_row(self) -> KvRow:
         """For `status` and the daemon's /v1/status: the figures, the fit and what falls short."""
         fit = self.full_context
-        return self.as_dict() | {"full_context": round(fit, 1) if fit is not None else None,
-                                 "summary": self.summary(), "warnings": list(self.warnings())}
+        return KvRow(self.kv_tokens, self.max_model_len, self.max_num_seqs, self.min_kv_tokens,
+                     round(fit, 1) if fit is not None else None, self.summary(), tuple(self.warnings()))
 
 
 def tokens(n: int) -> str:
