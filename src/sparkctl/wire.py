@@ -283,6 +283,89 @@ class Status:
                        catalog=tuple(data.get("catalog", ())))
 
 
+@dataclass(frozen=True)
+class StackRow:
+    """A stack as `stacks list` shows it; a file left out of the catalog has `invalid` set."""
+
+    stack: str
+    kind: str
+    image: str
+    model: str
+    draft: str
+    memory: float | None  # its share of unified memory
+    port: int | None
+    refused: bool  # the image policy refuses its image
+    policy: str  # the policy's verdict, or why it refuses
+    invalid: str | None = None  # why its file is left out
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    generated: float  # tokens generated since the engine started
+    ttft_sum: float  # seconds to first token, summed over its requests
+    ttft_count: float
+
+
+@dataclass(frozen=True)
+class Engines:
+    """Each routed engine's counters as they stand: two readings give tokens/s and TTFT."""
+
+    at: float
+    engines: dict[str, EngineCounters]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: int
+    stack: str
+    profile: str
+    started: float
+    verdict: str | None
+    rows: int
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    id: str  # reports/<folder> or bench/<folder>
+    file: str  # its page
+    time: float
+
+
+@dataclass(frozen=True)
+class DeploymentRow:
+    id: int
+    stack: str
+    phase: str
+    fingerprint: str | None
+    started: float
+    finished: float | None
+    error: str | None
+    transitions: tuple[tuple[str, float, str], ...]  # phase, when, detail
+
+
+@dataclass(frozen=True)
+class EventRow:
+    at: float
+    stack: str
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class BanRow:
+    ref: str
+    reason: str
+    date: str | None  # ISO
+
+
+@dataclass(frozen=True)
+class History:
+    deployments: tuple[DeploymentRow, ...]
+    events: tuple[EventRow, ...]
+    switches: tuple[dict[str, Any], ...]  # each switch as the store recorded it (its plan, outcome, timings)
+    bans: tuple[BanRow, ...]
+
+
 # --- events ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PhaseChanged:

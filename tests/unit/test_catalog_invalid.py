@@ -114,9 +114,9 @@ def test_stacks_list_shows_the_invalid_file(tmp_path: Path) -> None:
     from sparkctl.policy.images import ImagePolicy
 
     catalog = load_catalog(catalog_dir(tmp_path, {"good.yaml": GOOD, "bad-key.yaml": BROKEN[0][1]}))
-    listed = {row["stack"]: row for row in rows(catalog, ImagePolicy())}
-    assert listed["good"]["invalid"] is None
-    assert listed["bad-key"]["invalid"] == "bad-key.yaml: line 4: vllm.max_model_len: " + \
+    listed = {row.stack: row for row in rows(catalog, ImagePolicy())}
+    assert listed["good"].invalid is None
+    assert listed["bad-key"].invalid == "bad-key.yaml: line 4: vllm.max_model_len: " + \
         catalog.invalid[0].problem
 
 

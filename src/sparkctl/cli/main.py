@@ -82,7 +82,9 @@ def _status(*, as_json: bool) -> bool:
 def _stacks() -> bool:
     if not (daemon := _daemon()).available():
         return False
-    views.stacks(daemon.get("/v1/stacks")["stacks"])
+    from sparkctl import wire
+
+    views.stacks(tuple(wire.StackRow(**row) for row in daemon.get("/v1/stacks")["stacks"]))
     return True
 
 

@@ -34,7 +34,9 @@ def list_(ctx: typer.Context) -> None:
     """One row per deployable stack, with what the image policy says of it."""
     rt = runtime(ctx)
     if rt.daemon.available():  # it holds the catalog and the policy read: nothing to import or parse here
-        rows = rt.daemon.get("/v1/stacks")["stacks"]
+        from sparkctl import wire
+
+        rows = tuple(wire.StackRow(**row) for row in rt.daemon.get("/v1/stacks")["stacks"])
     else:
         from sparkctl.spec import listing
 

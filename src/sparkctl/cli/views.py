@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from sparkctl.cli.client import DaemonClient
-    from sparkctl.wire import Status, StatusRow
+    from sparkctl.wire import StackRow, Status, StatusRow
 
 
 def status(report: Status, *, as_json: bool, instance: str) -> None:
@@ -39,7 +39,7 @@ def status(report: Status, *, as_json: bool, instance: str) -> None:
         say(f"other sparkctl instances on this engine (not touched): {listed}", "dim")
 
 
-def stacks(rows: list[dict[str, Any]]) -> None:
+def stacks(rows: tuple[StackRow, ...]) -> None:
     """One row per deployable stack, with what the image policy says of it; one per file left
     out of the catalog, with its error."""
     from rich.markup import escape
@@ -48,13 +48,13 @@ def stacks(rows: list[dict[str, Any]]) -> None:
     table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy")
     table.columns[0].no_wrap = True
     for row in rows:
-        if row.get("invalid"):
-            table.add_row(escape(row["stack"]), row["kind"], "-", "-", "-", "-", "-",
-                          f"[red]invalid, left out[/]: {escape(row['invalid'])}")
+        if row.invalid:
+            table.add_row(escape(row.stack), row.kind, "-", "-", "-", "-", "-",
+                          f"[red]invalid, left out[/]: {escape(row.invalid)}")
             continue
-        verdict = f"[red]refused[/]: {escape(row['policy'])}" if row["refused"] else escape(row["policy"])
-        table.add_row(row["stack"], row["kind"], row["image"], row["model"], row["draft"], f"{row['memory']:.2f}",
-                      str(row["port"]), verdict)
+        verdict = f"[red]refused[/]: {escape(row.policy)}" if row.refused else escape(row.policy)
+        table.add_row(row.stack, row.kind, row.image, row.model, row.draft, f"{row.memory:.2f}", str(row.port),
+                      verdict)
     _console().print(table)
 
 

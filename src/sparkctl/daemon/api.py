@@ -76,19 +76,19 @@ class Queries(Protocol):
 
     def status(self) -> wire.Status: ...
 
-    def stacks(self) -> dict[str, Any]: ...
+    def stacks(self) -> tuple[wire.StackRow, ...]: ...
 
-    def history(self, stack: str | None) -> dict[str, Any]: ...
+    def history(self, stack: str | None) -> wire.History: ...
 
     def metrics_text(self) -> str: ...
 
     def logs(self, stack: str, tail: int) -> Any: ...
 
-    def runs(self) -> dict[str, Any]: ...
+    def runs(self) -> tuple[wire.RunRow, ...]: ...
 
-    def engines(self) -> dict[str, Any]: ...
+    def engines(self) -> wire.Engines: ...
 
-    def reports(self) -> dict[str, Any]: ...
+    def reports(self) -> tuple[wire.ReportRow, ...]: ...
 
     def report_file(self, report: str, path: str) -> Path: ...
 
@@ -131,7 +131,8 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def stacks(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[QUERIES].stacks))
+    rows = await asyncio.to_thread(request.app[QUERIES].stacks)
+    return web.json_response({"stacks": [asdict(row) for row in rows]})
 
 
 async def desired(request: web.Request) -> web.Response:
@@ -264,15 +265,17 @@ async def logs(request: web.Request) -> web.StreamResponse:
 
 
 async def runs(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[QUERIES].runs))
+    rows = await asyncio.to_thread(request.app[QUERIES].runs)
+    return web.json_response({"runs": [asdict(row) for row in rows]})
 
 
 async def engines(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[QUERIES].engines))
+    return web.json_response(asdict(await asyncio.to_thread(request.app[QUERIES].engines)))
 
 
 async def reports(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(request.app[QUERIES].reports))
+    rows = await asyncio.to_thread(request.app[QUERIES].reports)
+    return web.json_response({"reports": [asdict(row) for row in rows]})
 
 
 async def report_file(request: web.Request) -> web.FileResponse:
@@ -294,8 +297,8 @@ async def compare(request: web.Request) -> web.Response:
 
 
 async def history(request: web.Request) -> web.Response:
-    rows = await asyncio.to_thread(request.app[QUERIES].history, request.query.get("stack"))
-    return web.json_response(rows)
+    found = await asyncio.to_thread(request.app[QUERIES].history, request.query.get("stack"))
+    return web.json_response(asdict(found))
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -27,7 +27,20 @@ from sparkctl.spec import imagefile, listing
 from sparkctl.spec.load import Catalog
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
-from sparkctl.wire import MemoryHeld, Status, StatusRow
+from sparkctl.wire import (
+    BanRow,
+    DeploymentRow,
+    EngineCounters,
+    Engines,
+    EventRow,
+    History,
+    MemoryHeld,
+    ReportRow,
+    RunRow,
+    StackRow,
+    Status,
+    StatusRow,
+)
 
 REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
 
@@ -104,9 +117,9 @@ class Reads:
                        acceptance=self._acceptance(row.stack, catalog) if row.state == "running" else None,
                        image=image, digest=digest, verdict=verdict)
 
-    def stacks(self) -> dict[str, Any]:
+    def stacks(self) -> tuple[StackRow, ...]:
         """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
-        return {"stacks": listing.rows(self.machine.catalog(), imagefile.policy_for(self.settings))}
+        return listing.rows(self.machine.catalog(), imagefile.policy_for(self.settings))
 
     def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> tuple[str | None, str | None, str | None]:
         """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
@@ -134,39 +147,38 @@ class Reads:
             return None
         return metrics.between({}, counters).acceptance if counters is not None else None
 
-    def engines(self) -> dict[str, Any]:
+    def engines(self) -> Engines:
         """Each routed stack's engine counters as they stand (generated tokens, time to first token's
         sum and count): the dashboard turns two readings into tokens/s and TTFT."""
         found = {}
         for stack, upstream in self.routes.table.upstreams.items():
             if (counters := engine_counters(upstream.url, upstream.headers)) is not None:
-                found[stack] = {key: counters.get(name, 0.0) for key, name in ENGINE_COUNTERS.items()}
-        return {"at": time.time(), "engines": found}
+                found[stack] = EngineCounters(**{key: counters.get(name, 0.0) for key, name in ENGINE_COUNTERS.items()})
+        return Engines(time.time(), found)
 
-    def history(self, stack: str | None) -> dict[str, Any]:
+    def history(self, stack: str | None) -> History:
         store = self.store
-        deployments = [{"id": d.id, "stack": d.stack, "phase": d.phase.value, "fingerprint": d.fingerprint,
-                        "started": d.started, "finished": d.finished, "error": d.error,
-                        "transitions": [(p.value, at, detail) for p, at, detail in store.deployments.transitions(d.id)]}
-                       for d in store.deployments.history(stack)]
-        bans = [{"ref": ref, "reason": ban.reason, "date": ban.date.isoformat() if ban.date else None}
-                for ref, ban in imagefile.policy_for(self.settings).blacklist.items()]
-        return {"deployments": deployments, "events": store.events.list(stack), "switches": store.switches.list(),
-                "bans": bans}
+        deployments = tuple(DeploymentRow(d.id, d.stack, d.phase.value, d.fingerprint, d.started, d.finished, d.error,
+                                          tuple((p.value, at, detail) for p, at, detail
+                                                in store.deployments.transitions(d.id)))
+                            for d in store.deployments.history(stack))
+        bans = tuple(BanRow(ref, ban.reason, ban.date.isoformat() if ban.date else None)
+                     for ref, ban in imagefile.policy_for(self.settings).blacklist.items())
+        events = tuple(EventRow(**e) for e in store.events.list(stack))
+        return History(deployments, events, tuple(store.switches.list()), bans)
 
-    def runs(self) -> dict[str, Any]:
+    def runs(self) -> tuple[RunRow, ...]:
         """The stored benchmark runs with results, newest first (the dashboard's Compare picks from them)."""
-        return {"runs": [{"id": r.id, "stack": r.stack, "profile": r.profile, "started": r.started,
-                          "verdict": r.verdict, "rows": len(r.rows)}
-                         for r in self.store.bench.runs(limit=200) if r.rows]}
+        return tuple(RunRow(r.id, r.stack, r.profile, r.started, r.verdict, len(r.rows))
+                     for r in self.store.bench.runs(limit=200) if r.rows)
 
-    def reports(self) -> dict[str, Any]:
+    def reports(self) -> tuple[ReportRow, ...]:
         """The written reports, newest first: comparisons (`reports/<time>`) and agent sessions
         (`bench/agent-<time>`), each with its markdown file."""
-        found = [{"id": f"{kind}/{folder.name}", "file": page, "time": folder.stat().st_mtime}
+        found = [ReportRow(f"{kind}/{folder.name}", page, folder.stat().st_mtime)
                  for kind, page in REPORT_KINDS.items() for folder in (self.settings.state_dir / kind).glob("*")
                  if (folder / page).is_file()]
-        return {"reports": sorted(found, key=lambda r: -r["time"])}
+        return tuple(sorted(found, key=lambda r: -r.time))
 
     def report_file(self, report: str, path: str) -> Path:
         return report_file(self.settings.state_dir, report, path)

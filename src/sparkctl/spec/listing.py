@@ -5,33 +5,31 @@ read, so the command need not import them."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sparkctl.errors import ImageRefused
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.spec.engine import Weights
 from sparkctl.spec.load import Catalog
+from sparkctl.wire import StackRow
 
 
-def rows(catalog: Catalog, policy: ImagePolicy) -> list[dict[str, Any]]:
-    return [{"stack": s.name, "kind": str(s.kind), "image": s.image.ref, "model": _weights(s.model),
-             "draft": _weights(s.draft), "memory": s.resources.gpu_memory_utilization, "port": s.port,
-             "invalid": None, **_verdict(policy, s.image.ref, s.image.allow_latest)} for s in catalog.deployable()
-            ] + [{"stack": i.name, "kind": i.kind, "image": "-", "model": "-", "draft": "-", "memory": None,
-                  "port": None, "invalid": i.brief, "refused": False, "policy": "-"} for i in catalog.invalid]
+def rows(catalog: Catalog, policy: ImagePolicy) -> tuple[StackRow, ...]:
+    deployable = tuple(StackRow(s.name, str(s.kind), s.image.ref, _weights(s.model), _weights(s.draft),
+                                s.resources.gpu_memory_utilization, s.port,
+                                *_verdict(policy, s.image.ref, s.image.allow_latest)) for s in catalog.deployable())
+    return deployable + tuple(StackRow(i.name, i.kind, "-", "-", "-", None, None, False, "-", i.brief)
+                              for i in catalog.invalid)
 
 
-def _verdict(policy: ImagePolicy, ref: str, allow_latest: bool) -> dict[str, Any]:
+def _verdict(policy: ImagePolicy, ref: str, allow_latest: bool) -> tuple[bool, str]:
+    """Whether the policy refuses the image, and its verdict (or why it refuses)."""
     try:
         check(policy, ref, allow_latest=allow_latest)
     except ImageRefused as e:
-        return {"refused": True, "policy": str(e).split(":")[0]}
+        return True, str(e).split(":")[0]
     pin = policy.pin_for(ref)
     if pin is None:
-        verdict = "ok"
-    else:
-        verdict = f"pinned {pin.digest[7:19]}" if pin.digest else "known-good tag, digest at first up"
-    return {"refused": False, "policy": verdict}
+        return False, "ok"
+    return False, f"pinned {pin.digest[7:19]}" if pin.digest else "known-good tag, digest at first up"
 
 
 def _weights(weights: Weights | None) -> str:
