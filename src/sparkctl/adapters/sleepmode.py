@@ -6,11 +6,10 @@ VLLM_SERVER_DEV_MODE=1 and served on the engine's loopback port; the gateway nev
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from sparkctl.adapters import engine
 from sparkctl.errors import SparkctlError
 
 
@@ -61,17 +60,13 @@ class SleepMode:
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
               timeout: float | None = None) -> dict[str, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"} if data else {})
         try:
-            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
-                text = response.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode(errors="replace").strip()
-            raise SleepModeError(f"{method} {path} on {self.url}: HTTP {e.code} {detail}".rstrip()) from None
-        except (urllib.error.URLError, OSError) as e:
+            status, text = engine.call(self.url, path, body=body, method=method, timeout=timeout or self.timeout)
+        except OSError as e:
             raise SleepModeError(f"{method} {path} on {self.url}: {getattr(e, 'reason', e)}") from None
+        if status >= 400:
+            detail = text[:300].decode(errors="replace").strip()
+            raise SleepModeError(f"{method} {path} on {self.url}: HTTP {status} {detail}".rstrip())
         try:
             answer = json.loads(text) if text.strip() else {}
         except json.JSONDecodeError:

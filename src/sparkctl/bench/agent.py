@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sparkctl.adapters import engine
 from sparkctl.bench import metrics
 from sparkctl.errors import SpecError
 from sparkctl.spec import yamlfile
@@ -178,8 +178,7 @@ def _call(client: Any, model: str, history: list[dict[str, Any]], index: int, ki
 
 def _counters(url: str) -> dict[str, float] | None:
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as page:
-            return metrics.parse(page.read().decode())
+        return metrics.parse(engine.text(url, "/metrics", timeout=5))
     except OSError:
         return None
 

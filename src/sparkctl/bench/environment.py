@@ -14,7 +14,6 @@ import json
 import platform
 import re
 import subprocess
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from sparkctl.adapters import engine
 from sparkctl.bench import metrics
 from sparkctl.bench.corpus import Choice
 from sparkctl.bench.profiles import Profile
@@ -61,10 +61,8 @@ def read_text(path: Path) -> str | None:
 
 def http_get(url: str) -> str | None:
     """The body of GET `url` (the engine, on loopback: no proxy), or None when it does not answer."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(url, timeout=10) as response:
-            return response.read().decode(errors="replace")
+        return engine.text(url, timeout=10)
     except (OSError, ValueError):
         return None
 

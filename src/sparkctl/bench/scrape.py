@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.request
+
+from sparkctl.adapters import engine
 
 
 def main(argv: list[str]) -> int:
     url, path = argv
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
+        text = engine.text(url, timeout=10)
     except OSError:
         text = None
     with open(path, "a") as out:

@@ -27,17 +27,15 @@ return) and the other stacks still probed. Started by the daemon on a fleet's he
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 import structlog
 
+from sparkctl.adapters import engine
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Policy, backoff
 from sparkctl.errors import SparkctlError
@@ -54,7 +52,6 @@ PROBE_TIMEOUT = 3.0  # s a 1-token completion may take before the group counts a
 AGENT_WAIT = 5.0  # s a failing replica's host agent has to list its containers; silent: nothing is sent there
 SERVING, ASLEEP, DOWN = "serving", "asleep", "down"  # a placed replica, as its probe finds it
 AWAKE = re.compile(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\}\s+([0-9.eE+-]+)', re.MULTILINE)
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # engines are reached directly, never by proxy
 
 
 class FleetWatch:
@@ -361,29 +358,22 @@ class FleetWatch:
 def probe(url: str, model: str, auth: str) -> str | None:
     """A 1-token completion at `url` within PROBE_TIMEOUT: None when it answered 200, else why not.
     `auth`: the fleet's relay credential (`membership.relay_auth`)."""
-    body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}).encode()
-    request = urllib.request.Request(url + "/v1/chat/completions", body,
-                                     {"Content-Type": "application/json", "Authorization": auth})
+    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
     try:
-        with DIRECT.open(request, timeout=PROBE_TIMEOUT) as answer:
-            return None if answer.status == 200 else f"status {answer.status}"
-    except urllib.error.HTTPError as e:
-        return f"status {e.code}"
-    except (OSError, TimeoutError) as e:
+        status, _ = engine.call(url, "/v1/chat/completions", body=body, headers={"Authorization": auth},
+                                timeout=PROBE_TIMEOUT)
+        return None if status == 200 else f"status {status}"
+    except OSError as e:
         return f"no answer within {PROBE_TIMEOUT:g} s" if isinstance(e, TimeoutError) else f"unreachable ({e})"
 
 
 def engine_state(url: str, auth: str) -> str:
     """The engine at `url`: DOWN (no 200 from `/health` within PROBE_TIMEOUT), ASLEEP (its
     `/metrics` say `vllm:engine_sleep_state{sleep_state="awake"} 0`), else SERVING."""
+    if engine.status(url, "/health", headers={"Authorization": auth}, timeout=PROBE_TIMEOUT) != 200:
+        return DOWN
     try:
-        with DIRECT.open(urllib.request.Request(url + "/health", headers={"Authorization": auth}),
-                         timeout=PROBE_TIMEOUT) as answer:
-            if answer.status != 200:
-                return DOWN
-        with DIRECT.open(urllib.request.Request(url + "/metrics", headers={"Authorization": auth}),
-                         timeout=PROBE_TIMEOUT) as answer:
-            awake = AWAKE.search(answer.read().decode(errors="replace"))
+        awake = AWAKE.search(engine.text(url, "/metrics", headers={"Authorization": auth}, timeout=PROBE_TIMEOUT))
     except OSError:  # refused, reset, timed out, or an HTTP error status
         return DOWN
     return ASLEEP if awake is not None and float(awake[1]) == 0 else SERVING

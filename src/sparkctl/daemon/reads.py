@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sparkctl.adapters import engine
 from sparkctl.bench import metrics
 from sparkctl.daemon import planner
 from sparkctl.daemon.machine import DockerMachine
@@ -52,9 +52,7 @@ ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "ttft_sum": "vll
 def engine_counters(url: str, headers: list[tuple[str, str]] | None = None) -> dict[str, float] | None:
     """An engine's /metrics counters (None: it did not answer within a second)."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=dict(headers or [])),
-                                    timeout=1) as page:
-            return metrics.parse(page.read().decode(errors="replace"))
+        return metrics.parse(engine.text(url, "/metrics", headers=dict(headers or []), timeout=1))
     except (OSError, ValueError):
         return None
 

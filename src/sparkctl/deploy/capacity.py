@@ -10,11 +10,10 @@ the stack's. The comparison itself is `policy.headroom`.
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.request
 from typing import Any
 
+from sparkctl.adapters import engine
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.bench.metrics import kv_tokens
 from sparkctl.errors import SparkctlError
@@ -29,8 +28,7 @@ UNITS = {"": 1, "k": 1000, "K": 1024, "m": 1_000_000, "M": 1024 * 1024}  # vLLM'
 def read(stack: Stack, url: str, container: str, docker: DockerEngine) -> Headroom:
     """The running engine's headroom; a SparkctlError when it reports no KV-cache size."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-            text = response.read().decode(errors="replace")
+        text = engine.text(url, "/metrics", timeout=10)
         command = command_line(docker.inspect(container))
         found = kv_tokens(text + "\n" + docker.logs(container, tail=LOG_LINES))
         served = _served_len(url, stack.served_name)
@@ -66,6 +64,5 @@ def flag(argv: list[str], name: str) -> int | None:
 
 
 def _served_len(url: str, served_name: str) -> int | None:
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as response:
-        cards = json.load(response).get("data") or []
+    cards = engine.models(url, timeout=10)
     return next((c.get("max_model_len") for c in cards if c.get("id") == served_name), None)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparkctl.adapters import engine as engine_http
 from sparkctl.bench.metrics import between, parse
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
@@ -96,8 +95,7 @@ def wait_healthy(stack: Stack, url: str, engine: Engine, *, reporter: Reporter,
 
 def metrics(url: str) -> dict[str, float]:
     """The engine's /metrics, parsed (`bench.metrics.parse`: labels folded)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        return parse(response.read().decode())
+    return parse(engine_http.text(url, "/metrics", timeout=10))
 
 
 def _canary(stack: Stack, url: str, engine: Engine) -> float | None:
@@ -105,11 +103,11 @@ def _canary(stack: Stack, url: str, engine: Engine) -> float | None:
     before = metrics(url) if speculative else {}
     body = {"model": stack.served_name, "messages": [{"role": "user", "content": stack.canary.prompt}],
             "max_tokens": stack.canary.max_tokens, "min_tokens": min(8, stack.canary.max_tokens)}
-    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=stack.health.canary) as response:
-            reply = json.load(response)
+        status, answer = engine_http.call(url, "/v1/chat/completions", body=body, timeout=stack.health.canary)
+        if status != 200:
+            raise ValueError(f"HTTP {status}: {answer[:300].decode(errors='replace')}")
+        reply = json.loads(answer)
     except (OSError, ValueError) as e:
         raise HealthError(f"canary chat completion failed: {e}", phase=Phase.CANARY, logs=engine.logs(30)) from None
     text = (reply.get("choices") or [{}])[0].get("message", {}).get("content") or ""
@@ -158,20 +156,13 @@ def _budget_key(phase: Phase) -> str:
 
 def http_status(url: str) -> int | None:
     """The status of GET url, or None while nothing accepts the connection."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
+    return engine_http.status(url)
 
 
 def _ready(url: str, served_name: str) -> bool:
-    if http_status(url + "/health") != 200:
+    if engine_http.status(url, "/health") != 200:
         return False
     try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
-            return any(m.get("id") == served_name for m in json.load(response).get("data", []))
+        return any(m.get("id") == served_name for m in engine_http.models(url, timeout=5))
     except (OSError, ValueError):
         return False
