@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
+from sparkctl.answers import from_fields
 from sparkctl.errors import SparkctlError
 
 
@@ -182,20 +183,16 @@ def encode_done(result: Done) -> dict[str, Any]:
 
 def decode_done(record: dict[str, Any]) -> Done:
     """A result back from its JSON (`encode_done`)."""
-    result = _record(DONE[record["done"]], record)
+    result = from_fields(DONE[record["done"]], record)
     if isinstance(result, SwitchDone):
-        return replace(result, up=result.up and _record(UpDone, result.up),
-                       woken=result.woken and _record(WakeDone, result.woken), hosts=tuple(result.hosts))
+        return replace(result, up=result.up and from_fields(UpDone, result.up),
+                       woken=result.woken and from_fields(WakeDone, result.woken), hosts=tuple(result.hosts))
     if isinstance(result, RouteDone):
-        rules = None if result.rules is None else tuple(_record(RouteRule, r) for r in result.rules)
+        rules = None if result.rules is None else tuple(from_fields(RouteRule, r) for r in result.rules)
         return replace(result, rules=rules, fit=tuple(result.fit))
     if isinstance(result, RetestDone):
         return replace(result, rows=tuple(result.rows), lifted=tuple(result.lifted))
     return result
-
-
-def _record(kind: type, record: Any) -> Any:
-    return kind(**{f.name: record[f.name] for f in fields(kind) if f.name in record})
 
 
 @dataclass(frozen=True)
@@ -215,155 +212,6 @@ class Outcome:
         if self.error is not None:
             line["error"] = self.error
         return line
-
-
-# --- answers to queries ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KvRow:
-    """An engine's KV headroom as its build recorded it: the figures, the fit, what falls short."""
-
-    kv_tokens: int
-    max_model_len: int | None
-    max_num_seqs: int | None
-    min_kv_tokens: int | None
-    full_context: float | None  # requests at max_model_len the KV cache holds at once
-    summary: str
-    warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class StatusRow:
-    """A stack of the instance: its container (or `absent`), its last deployment, and what the
-    daemon knows beside (desired, failures, parked level, restarts, image verdict)."""
-
-    stack: str
-    phase: str
-    state: str  # the container's (running, exited, created...), or absent
-    endpoint: str
-    fingerprint: str | None
-    container: str
-    uptime_s: int | None
-    memory: float | None  # its share of unified memory
-    error: str | None
-    kv: KvRow | None
-    desired: bool = False
-    failed: bool = False
-    recent_failures: int = 0
-    parked: int | None = None  # its sleep level (0: stopped), None when it is not parked
-    restarts: int = 0
-    acceptance: float | None = None  # speculative decoding's, since the engine started
-    image: str | None = None
-    digest: str | None = None
-    verdict: str | None = None  # the image policy's: known-good, pinned, unpinned or blacklisted: why
-
-
-@dataclass(frozen=True)
-class MemoryHeld:
-    held: dict[str, float]  # each stack's share of unified memory
-    ceiling: float
-    parked: dict[str, int]  # each parked stack's sleep level
-
-
-@dataclass(frozen=True)
-class Status:
-    stacks: tuple[StatusRow, ...]
-    others: dict[str, list[str]]  # other sparkctl instances on this Docker engine, and their stacks
-    aliases: dict[str, str] = field(default_factory=dict)
-    pid: int | None = None  # the daemon's
-    instance: str = ""
-    memory: MemoryHeld | None = None
-    catalog: tuple[str, ...] = ()  # the stacks that can be deployed
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Status:
-        rows = tuple(replace(_record(StatusRow, row), kv=row.get("kv") and replace(
-            _record(KvRow, row["kv"]), warnings=tuple(row["kv"]["warnings"]))) for row in data["stacks"])
-        memory = data.get("memory")
-        return replace(_record(cls, data), stacks=rows, memory=memory and _record(MemoryHeld, memory),
-                       catalog=tuple(data.get("catalog", ())))
-
-
-@dataclass(frozen=True)
-class StackRow:
-    """A stack as `stacks list` shows it; a file left out of the catalog has `invalid` set."""
-
-    stack: str
-    kind: str
-    image: str
-    model: str
-    draft: str
-    memory: float | None  # its share of unified memory
-    port: int | None
-    refused: bool  # the image policy refuses its image
-    policy: str  # the policy's verdict, or why it refuses
-    invalid: str | None = None  # why its file is left out
-
-
-@dataclass(frozen=True)
-class EngineCounters:
-    generated: float  # tokens generated since the engine started
-    ttft_sum: float  # seconds to first token, summed over its requests
-    ttft_count: float
-
-
-@dataclass(frozen=True)
-class Engines:
-    """Each routed engine's counters as they stand: two readings give tokens/s and TTFT."""
-
-    at: float
-    engines: dict[str, EngineCounters]
-
-
-@dataclass(frozen=True)
-class RunRow:
-    id: int
-    stack: str
-    profile: str
-    started: float
-    verdict: str | None
-    rows: int
-
-
-@dataclass(frozen=True)
-class ReportRow:
-    id: str  # reports/<folder> or bench/<folder>
-    file: str  # its page
-    time: float
-
-
-@dataclass(frozen=True)
-class DeploymentRow:
-    id: int
-    stack: str
-    phase: str
-    fingerprint: str | None
-    started: float
-    finished: float | None
-    error: str | None
-    transitions: tuple[tuple[str, float, str], ...]  # phase, when, detail
-
-
-@dataclass(frozen=True)
-class EventRow:
-    at: float
-    stack: str
-    kind: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class BanRow:
-    ref: str
-    reason: str
-    date: str | None  # ISO
-
-
-@dataclass(frozen=True)
-class History:
-    deployments: tuple[DeploymentRow, ...]
-    events: tuple[EventRow, ...]
-    switches: tuple[dict[str, Any], ...]  # each switch as the store recorded it (its plan, outcome, timings)
-    bans: tuple[BanRow, ...]
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -455,7 +303,7 @@ def decode(record: dict[str, Any]) -> Event | Outcome | None:
     kind = {"phase": PhaseChanged, "progress": Progress, "note": Note, "outcome": Outcome}.get(record.get("kind"))
     if kind is None:
         return None
-    decoded = _record(kind, record)
+    decoded = from_fields(kind, record)
     if isinstance(decoded, Outcome) and decoded.result is not None:
         return replace(decoded, result=decode_done(record["result"]))
     return decoded

@@ -114,15 +114,15 @@ def _daemon_for(ctx: typer.Context, verb: str) -> DaemonClient:
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory; below, how
     many full-context requests each engine's KV cache holds, and what falls short."""
-    from sparkctl import wire
+    from sparkctl import answers
 
     rt = runtime(ctx)
     if rt.daemon.available():
-        report = wire.Status.from_json(rt.daemon.get("/v1/status"))
+        report = answers.Status.from_json(rt.daemon.get("/v1/status"))
     else:
         from sparkctl.deploy.status import other_instances, status_rows
 
-        report = wire.Status(tuple(status_rows(rt.docker, rt.store, rt.catalog)), other_instances(rt.docker))
+        report = answers.Status(tuple(status_rows(rt.docker, rt.store, rt.catalog)), other_instances(rt.docker))
     views.status(report, as_json=as_json, instance=rt.instance)
 
 

@@ -73,18 +73,18 @@ def _status(*, as_json: bool) -> bool:
 
     if not (daemon := _daemon()).available():
         return False
-    from sparkctl import wire
+    from sparkctl import answers
 
-    views.status(wire.Status.from_json(daemon.get("/v1/status")), as_json=as_json, instance=located()[0])
+    views.status(answers.Status.from_json(daemon.get("/v1/status")), as_json=as_json, instance=located()[0])
     return True
 
 
 def _stacks() -> bool:
     if not (daemon := _daemon()).available():
         return False
-    from sparkctl import wire
+    from sparkctl import answers
 
-    views.stacks(tuple(wire.StackRow(**row) for row in daemon.get("/v1/stacks")["stacks"]))
+    views.stacks(tuple(answers.StackRow(**row) for row in daemon.get("/v1/stacks")["stacks"]))
     return True
 
 

@@ -34,9 +34,9 @@ def list_(ctx: typer.Context) -> None:
     """One row per deployable stack, with what the image policy says of it."""
     rt = runtime(ctx)
     if rt.daemon.available():  # it holds the catalog and the policy read: nothing to import or parse here
-        from sparkctl import wire
+        from sparkctl import answers
 
-        rows = tuple(wire.StackRow(**row) for row in rt.daemon.get("/v1/stacks")["stacks"])
+        rows = tuple(answers.StackRow(**row) for row in rt.daemon.get("/v1/stacks")["stacks"])
     else:
         from sparkctl.spec import listing
 

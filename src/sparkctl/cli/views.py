@@ -13,8 +13,8 @@ from sparkctl.cli.console import ConsoleReporter, say, through_daemon
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from sparkctl.answers import StackRow, Status, StatusRow
     from sparkctl.cli.client import DaemonClient
-    from sparkctl.wire import StackRow, Status, StatusRow
 
 
 def status(report: Status, *, as_json: bool, instance: str) -> None:

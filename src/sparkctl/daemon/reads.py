@@ -12,6 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.adapters import engine
+from sparkctl.answers import (
+    BanRow,
+    DeploymentRow,
+    EngineCounters,
+    Engines,
+    EventRow,
+    History,
+    MemoryHeld,
+    ReportRow,
+    RunRow,
+    StackRow,
+    Status,
+    StatusRow,
+)
 from sparkctl.bench import metrics
 from sparkctl.daemon import planner
 from sparkctl.daemon.machine import DockerMachine
@@ -27,20 +41,6 @@ from sparkctl.spec import imagefile, listing
 from sparkctl.spec.load import Catalog
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
-from sparkctl.wire import (
-    BanRow,
-    DeploymentRow,
-    EngineCounters,
-    Engines,
-    EventRow,
-    History,
-    MemoryHeld,
-    ReportRow,
-    RunRow,
-    StackRow,
-    Status,
-    StatusRow,
-)
 
 REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 
 from sparkctl.adapters.docker import DockerEngine
+from sparkctl.answers import StatusRow
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.load import Catalog
 from sparkctl.state.store import Store
-from sparkctl.wire import StatusRow
 
 
 def other_instances(docker: DockerEngine) -> dict[str, list[str]]:

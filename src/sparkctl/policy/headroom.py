@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sparkctl.wire import KvRow
+from sparkctl.answers import KvRow
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ read, so the command need not import them."""
 
 from __future__ import annotations
 
+from sparkctl.answers import StackRow
 from sparkctl.errors import ImageRefused
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.spec.engine import Weights
 from sparkctl.spec.load import Catalog
-from sparkctl.wire import StackRow
 
 
 def rows(catalog: Catalog, policy: ImagePolicy) -> tuple[StackRow, ...]:
