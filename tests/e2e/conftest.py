@@ -20,7 +20,8 @@ ARGS = {
     "sim": ("--max-model-len", "2048", "--gpu-memory-utilization", "0.2", "--sim-profile", "aeon-gemma4-v2"),
     "vllm-cpu": ("--max-model-len", "2048", "--gpu-memory-utilization", "0.2", "--enforce-eager"),
 }
-SIM_ENV = {"SPARKCTL_SIM_TIME_SCALE": "0.02"}  # ~2.4 s of loading, 4000 tok/s decode
+ENV = {"sim": {"SPARKCTL_SIM_TIME_SCALE": "0.02"},  # ~2.4 s of loading, 4000 tok/s decode
+       "vllm-cpu": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # GiB of KV cache, not a share of the machine's memory
 
 
 # Real vLLM on two CPU cores: its start (up to `wait_ready`'s 180 s) lands in the first test that
@@ -31,7 +32,7 @@ def served(request, engine, images, tiny_model_dir) -> Iterator[EngineContainer]
     kind = request.param
     run_id = uuid.uuid4().hex[:10]
     container = EngineContainer(engine, images[kind], tiny_model_dir, *ARGS[kind], run_id=run_id,
-                                env=SIM_ENV if kind == "sim" else {})
+                                env=ENV[kind])
     container.kind = kind
     container.before_load = container.status()
     container.wait_ready()
