@@ -1,0 +1,53 @@
+"""The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
+
+Routes: GET /v1/status, GET /v1/stacks (`stacks list`'s rows), GET /v1/desired, POST /v1/up,
+/v1/down, /v1/switch, /v1/park, /v1/wake, /v1/retest (these stream NDJSON events until the
+outcome), GET /v1/events?since=N (long-lived),
+GET /v1/logs?stack=S&tail=N (the engine's log, its last N lines then following), GET /v1/history,
+GET /v1/runs (benchmark runs), GET /v1/engines (each routed engine's token and TTFT counters),
+GET /v1/reports and /v1/report-file?report=ID&path=P (written reports and their files), POST
+/v1/report (a comparison report of `{"runs": [...]}`), GET /metrics.
+The two long-lived streams are NDJSON, or server-sent events when the request accepts
+`text/event-stream` (the dashboard's EventSource, which resumes from `Last-Event-ID`).
+Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from sparkctl.daemon.api import actions as on_action
+from sparkctl.daemon.api import http
+from sparkctl.daemon.api import queries as on_query
+from sparkctl.daemon.api.service import CLOSING, COMMANDS, QUERIES, Commands, Queries
+
+
+def build(commands: Commands, queries: Queries, *, token: str | None = None) -> web.Application:
+    """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
+    middlewares = [http.errors] + ([http.bearer(token)] if token else [])
+    app = web.Application(client_max_size=http.MAX_BODY, middlewares=middlewares)
+    app[COMMANDS], app[QUERIES] = commands, queries
+    app[CLOSING] = asyncio.Event()
+    app.on_shutdown.append(http.closing)
+    app.router.add_get("/v1/status", on_query.status)
+    app.router.add_get("/v1/stacks", on_query.stacks)
+    app.router.add_get("/v1/desired", on_query.desired)
+    app.router.add_post("/v1/up", on_action.up)
+    app.router.add_post("/v1/down", on_action.down)
+    app.router.add_post("/v1/switch", on_action.switch)
+    app.router.add_post("/v1/route", on_action.route)
+    app.router.add_post("/v1/park", on_action.park)
+    app.router.add_post("/v1/wake", on_action.wake)
+    app.router.add_post("/v1/retest", on_action.retest)
+    app.router.add_get("/v1/events", on_query.events)
+    app.router.add_get("/v1/logs", on_query.logs)
+    app.router.add_get("/v1/runs", on_query.runs)
+    app.router.add_get("/v1/engines", on_query.engines)
+    app.router.add_get("/v1/reports", on_query.reports)
+    app.router.add_get("/v1/report-file", on_query.report_file)
+    app.router.add_post("/v1/report", on_action.compare)
+    app.router.add_get("/v1/history", on_query.history)
+    app.router.add_get("/metrics", on_query.metrics)
+    return app

@@ -1,0 +1,108 @@
+"""The API's reads: status, the stack list, the desired state, history, benchmark runs, engines'
+counters, reports and their files, the daemon's metrics, and the two long-lived streams (events,
+an engine's log)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+
+from aiohttp import web
+
+from sparkctl.daemon.api import http
+from sparkctl.daemon.api.service import COMMANDS, QUERIES
+from sparkctl.log import redact
+
+TYPES = {".md": "text/markdown; charset=utf-8", ".png": "image/png", ".json": "application/json",
+         ".csv": "text/csv; charset=utf-8"}  # of report files; anything else is sent as bytes
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(asdict(await asyncio.to_thread(request.app[QUERIES].status)))
+
+
+async def stacks(request: web.Request) -> web.Response:
+    rows = await asyncio.to_thread(request.app[QUERIES].stacks)
+    return web.json_response({"stacks": [asdict(row) for row in rows]})
+
+
+async def desired(request: web.Request) -> web.Response:
+    d = await asyncio.to_thread(request.app[QUERIES].desired)
+    return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks,
+                              "parked": d.parked,
+                              "routes": {a: [asdict(r) for r in rules] for a, rules in d.routes.items()}})
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    bus = request.app[COMMANDS].bus
+    try:
+        since = int(request.headers.get("Last-Event-ID") or request.query.get("since", bus.last))
+    except ValueError:
+        raise http.bad(400, "`since` must be an event number") from None
+    response, write = await http.lines(request)
+    while (events := await http.unless_closing(request, bus.wait_after(since, timeout=15))) is not None:
+        for event in events:
+            since = event["seq"]
+            await write(event, event["seq"])
+        if not events:
+            await write(None)  # a keep-alive: a browser that left is noticed
+    await response.write_eof()
+    return response
+
+
+async def logs(request: web.Request) -> web.StreamResponse:
+    """The stack's engine log, its last `tail` lines then each new one, until the client leaves."""
+    try:
+        tail = min(10_000, max(1, int(request.query.get("tail", "200"))))
+    except ValueError:
+        raise http.bad(400, "`tail` must be a number of lines") from None
+    stream = await asyncio.to_thread(request.app[QUERIES].logs, request.query.get("stack", ""), tail)
+    loop, lines = asyncio.get_running_loop(), asyncio.Queue()
+
+    def pump() -> None:  # on a worker thread: docker's stream blocks until a line comes
+        try:
+            for chunk in stream:
+                loop.call_soon_threadsafe(lines.put_nowait, chunk)
+        finally:
+            loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    loop.run_in_executor(None, pump)
+    try:
+        response, write = await http.lines(request)
+        while (chunk := await http.unless_closing(request, lines.get())) is not None:
+            for line in redact(chunk.decode(errors="replace")).splitlines():
+                await write({"line": line})
+    finally:
+        stream.close()  # ends the pump's iteration
+    await response.write_eof()
+    return response
+
+
+async def runs(request: web.Request) -> web.Response:
+    rows = await asyncio.to_thread(request.app[QUERIES].runs)
+    return web.json_response({"runs": [asdict(row) for row in rows]})
+
+
+async def engines(request: web.Request) -> web.Response:
+    return web.json_response(asdict(await asyncio.to_thread(request.app[QUERIES].engines)))
+
+
+async def reports(request: web.Request) -> web.Response:
+    rows = await asyncio.to_thread(request.app[QUERIES].reports)
+    return web.json_response({"reports": [asdict(row) for row in rows]})
+
+
+async def report_file(request: web.Request) -> web.FileResponse:
+    path = await asyncio.to_thread(request.app[QUERIES].report_file, request.query.get("report", ""),
+                                   request.query.get("path", ""))
+    return web.FileResponse(path, headers={"Content-Type": TYPES.get(path.suffix, "application/octet-stream"),
+                                           "X-Content-Type-Options": "nosniff"})
+
+
+async def history(request: web.Request) -> web.Response:
+    found = await asyncio.to_thread(request.app[QUERIES].history, request.query.get("stack"))
+    return web.json_response(asdict(found))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=await asyncio.to_thread(request.app[QUERIES].metrics_text), content_type="text/plain")

@@ -1,0 +1,72 @@
+"""The API's two faces, as its handlers see them: `Commands` (the actions, `daemon/actions/`) and
+`Queries` (the read model, `daemon/reads.py`), held by the app under COMMANDS and QUERIES."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiohttp import web
+
+from sparkctl import answers
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.turns import Turns
+from sparkctl.state.desired import Desired
+
+if TYPE_CHECKING:
+    from sparkctl.daemon.actions import Aliases, Deploys, Parking, Trials
+
+
+class Commands(Protocol):
+    """The actions (`daemon/actions/`), each run on a worker thread in the turn of the ticket its
+    request took as it arrived."""
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def turns(self) -> Turns: ...
+
+    @property
+    def deploys(self) -> Deploys: ...
+
+    @property
+    def parking(self) -> Parking: ...
+
+    @property
+    def aliases(self) -> Aliases: ...
+
+    @property
+    def trials(self) -> Trials: ...
+
+
+class Queries(Protocol):
+    """What the daemon answers without changing anything (`daemon/reads.py`), on a worker thread."""
+
+    def check_stack(self, name: str) -> str: ...
+
+    def desired(self) -> Desired: ...
+
+    def status(self) -> answers.Status: ...
+
+    def stacks(self) -> tuple[answers.StackRow, ...]: ...
+
+    def history(self, stack: str | None) -> answers.History: ...
+
+    def metrics_text(self) -> str: ...
+
+    def logs(self, stack: str, tail: int) -> Any: ...
+
+    def runs(self) -> tuple[answers.RunRow, ...]: ...
+
+    def engines(self) -> answers.Engines: ...
+
+    def reports(self) -> tuple[answers.ReportRow, ...]: ...
+
+    def report_file(self, report: str, path: str) -> Path: ...
+
+
+COMMANDS = web.AppKey("commands", Commands)
+QUERIES = web.AppKey("queries", Queries)
+CLOSING = web.AppKey("closing", asyncio.Event)  # set as the API stops: the long-lived streams end
