@@ -8,6 +8,7 @@ reads the refusals back to log them.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,10 +30,23 @@ class Limits:
     last_report: float = field(default=0.0)
     live: set[Connection] = field(default_factory=set)  # open connections
     finishing: bool = False  # a graceful stop began: connections close after their next answer
+    none_open: asyncio.Event = field(default_factory=asyncio.Event)  # set while `live` is empty
+
+    def __post_init__(self) -> None:
+        self.none_open.set()
 
     @property
     def open(self) -> int:
         return len(self.live)
+
+    def enter(self, conn: Connection) -> None:
+        self.live.add(conn)
+        self.none_open.clear()
+
+    def leave(self, conn: Connection) -> None:
+        self.live.discard(conn)
+        if not self.live:
+            self.none_open.set()
 
     def finish(self) -> None:
         """A graceful stop: every connection closes once the response it is giving is complete

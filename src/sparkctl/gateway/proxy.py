@@ -150,11 +150,10 @@ class Gateway:
         self.limits.finish()
         for hold in [*self.holds.values(), *self.outages.values()]:
             hold.fail("the gateway is stopping")
-        deadline = time.monotonic() + timeout
-        while self.limits.live:
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.02)
+        try:
+            await asyncio.wait_for(self.limits.none_open.wait(), timeout)
+        except TimeoutError:
+            return False
         return True
 
     async def drain(self, stack: str, timeout: float) -> bool:

@@ -142,7 +142,7 @@ class Connection(asyncio.Protocol):
             self.closed = True
             transport.close()
             return
-        self.limits.live.add(self)
+        self.limits.enter(self)
         self._idle()
         if self.limits.finishing:  # accepted just before the listener closed
             self.finish()
@@ -256,7 +256,7 @@ class Connection(asyncio.Protocol):
         return self.request is None and not self.queue
 
     def _gone(self) -> None:
-        self.limits.live.discard(self)
+        self.limits.leave(self)
         if self.closed and self.exchange is None:
             return
         self.closed = True
