@@ -70,28 +70,18 @@ class Daemon:
                              engine_auth=lambda: membership.relay_auth(settings))
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=settings.instance, resync=settings.resync_interval, after_pass=self._after_pass)
-        context = Context(settings, self.machine, self.reconciler, self.routes, self.bus, kick=self.loops.kick)
+        fleetwide = _fleetwide(settings)  # None unless this Spark heads a fleet
+        fleet = fleetwide and FleetSwitch(fleetwide, self.machine, self.routes, self.store,
+                                          total_bytes=local.memory_total(settings), wait=settings.fleet_deploy_timeout)
+        context = Context(settings, self.machine, self.reconciler, self.routes, self.bus, kick=self.loops.kick,
+                          fleet=fleet)
         self.actions = Actions.over(context)
         self.reads = Reads(settings, self.machine, self.reconciler, self.routes, context.metrics)
         self.gateway: Gateway | None = None  # once it listens
-        self.fleet_watch: FleetWatch | None = None
-        self._head_fleet(policy, wiring)
-
-    def _head_fleet(self, policy: planner.Policy, wiring: Wiring) -> None:
-        """On a Spark that heads a fleet (`sparkctl fleet init`): the watch over its hosts, and
-        switches to stacks placed across it."""
-        s = self.settings
-        record = local.read_record(s.fleet_dir / local.RECORD_FILE)
-        if record is None or not record.is_head:
-            return
-        inventory = load_fleet(s.fleet_path) if s.fleet_path.exists() else None
-        fleetwide = Fleetwide(membership.control_plane(s), s, inventory, record.head)
-        self.fleet_watch = FleetWatch(fleetwide, control=lambda: self.actions.ctx.gateway, refresh=self.routes.refresh,
-                                      bus=self.bus, wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
-                                      served_name=lambda name: wiring.catalog().stack(name).served_name,
-                                      policy=policy)
-        self.actions.ctx.fleet = FleetSwitch(fleetwide, self.machine, self.routes, self.store,
-                                            total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
+        self.fleet_watch = fleetwide and FleetWatch(
+            fleetwide, control=lambda: context.gateway, refresh=self.routes.refresh, bus=self.bus,
+            wait=settings.fleet_deploy_timeout, within=settings.fleet_replace_within,
+            served_name=lambda name: wiring.catalog().stack(name).served_name, policy=policy)
 
     def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
@@ -230,3 +220,13 @@ class Daemon:
         path.unlink(missing_ok=True)
         lock.close()
         log.info("daemon_stopped")
+
+
+def _fleetwide(settings: Settings) -> Fleetwide | None:
+    """The fleet this Spark heads (`sparkctl fleet init`), if it heads one: the daemon then
+    watches its hosts and switches to stacks placed across it."""
+    record = local.read_record(settings.fleet_dir / local.RECORD_FILE)
+    if record is None or not record.is_head:
+        return None
+    inventory = load_fleet(settings.fleet_path) if settings.fleet_path.exists() else None
+    return Fleetwide(membership.control_plane(settings), settings, inventory, record.head)
