@@ -16,8 +16,9 @@ MODULES = sorted(p for p in SRC.rglob("*.py") if "image" not in p.relative_to(SR
 
 
 def test_the_import_contracts_hold() -> None:
-    """The layers, the edge libraries and the self-contained sim, as import-linter contracts in
-    pyproject.toml (the same check `lint-imports` runs)."""
+    """The layers, the daemon's and the gateway's own layers, the fleet apart from the gateway,
+    the edge libraries and the self-contained sim, as import-linter contracts in pyproject.toml
+    (the same check `lint-imports` runs)."""
     linter = Path(sys.executable).parent / "lint-imports"
     done = subprocess.run([str(linter), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT,
                           capture_output=True, text=True)
