@@ -20,6 +20,7 @@ from sparkctl.adapters import hub
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions
 from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.fleetswitch import FleetSwitch
 from sparkctl.daemon.fleetwatch import FleetWatch
@@ -36,7 +37,7 @@ from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.login import Logins, ensure_key
-from sparkctl.gateway.proxy import Gateway, LoopControl, Waker
+from sparkctl.gateway.proxy import Gateway, Waker
 from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.ui import Dashboard
 from sparkctl.settings import Settings

@@ -36,12 +36,12 @@ from collections.abc import Callable
 import structlog
 
 from sparkctl.adapters import engine
+from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Policy, backoff
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, membership, placement, triage
 from sparkctl.fleet.deploy import Fleetwide
-from sparkctl.gateway.proxy import LoopControl
 from sparkctl.node import LABEL_ADDRESS, AgentAnswer, Node
 from sparkctl.wire import Note
 

@@ -23,7 +23,7 @@ a routed alias goes to the stack of the first rule that holds its prompt's token
 the stack's own tokenizer and chat template (`tokens.py`; long prompts are counted off the event
 loop), and is counted per rule on /metrics. Errors the
 gateway itself raises use the OpenAI envelope (`pages.py`). Optional API keys are compared in
-constant time. Built and served by the daemon, which drives a switch through `LoopControl`.
+constant time. Built and served by the daemon, which drives a switch through `daemon/bridge.py`.
 """
 
 from __future__ import annotations
@@ -393,42 +393,3 @@ def _hostname(host: str) -> str:
     if host.startswith("["):
         return host.partition("]")[0] + "]"
     return host.rpartition(":")[0] if host.count(":") == 1 else host
-
-
-class LoopControl:
-    """The gateway's hold, release and drain for a caller on another thread (the switch's)."""
-
-    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop, *, hold_queue: int, hold_timeout: float,
-                 drain_timeout: float) -> None:
-        self.gateway, self.loop = gateway, loop
-        self.hold_queue, self.hold_timeout, self.drain_timeout = hold_queue, hold_timeout, drain_timeout
-
-    def hold(self, alias: str, old: str | None, new: str) -> None:
-        self._call(lambda: self.gateway.hold(alias, old, new, limit=self.hold_queue, timeout=self.hold_timeout))
-
-    def release(self, alias: str) -> dict[str, float]:
-        return self._call(lambda: self.gateway.release(alias))
-
-    def drain(self, stack: str) -> bool:
-        return asyncio.run_coroutine_threadsafe(self.gateway.drain(stack, self.drain_timeout), self.loop).result()
-
-    def eject_host(self, address: str) -> None:
-        self._call(lambda: self.gateway.eject_host(address))
-
-    def eject_engine(self, url: str) -> None:
-        self._call(lambda: self.gateway.eject_engine(url))
-
-    def restore_engine(self, url: str) -> None:
-        self._call(lambda: self.gateway.restore_engine(url))
-
-    def restore_host(self, address: str) -> None:
-        self._call(lambda: self.gateway.restore_host(address))
-
-    def routes_changed(self) -> None:
-        self._call(self.gateway.routes_changed)
-
-    def _call(self, fn: Callable):
-        async def on_loop():
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
