@@ -52,6 +52,7 @@ WATCH_EVERY = 0.1  # s between two reads of the node table by `watch`
 REGISTRATION_MISSED = "timed out during startup"  # Ray's message when its raylet did not register in time
 REGISTRATION_WAIT = 30.0  # s: Ray's fixed wait for that (ray/_private/node.py)
 START_ATTEMPTS = 2
+START_GRACE = 10.0  # s after a node joins before the head's health checks may declare it dead
 AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
 
 
@@ -75,10 +76,12 @@ def start_command(launch: NodeLaunch, *, ray_bin: Path) -> list[str]:
 
 
 def health_check(dead_after: float) -> dict[str, int]:
-    """Ray's health-check settings that declare a silent node dead after about `dead_after` s."""
+    """Ray's health-check settings that declare a silent node dead after about `dead_after` s,
+    once it has had START_GRACE s to finish starting: a raylet still starting on a loaded machine
+    answers late, and one declared dead then never registers (`ray start` times out)."""
     period = max(100, int(dead_after * 1000 / 3))
     return {"health_check_period_ms": period, "health_check_timeout_ms": period, "health_check_failure_threshold": 3,
-            "health_check_initial_delay_ms": 0}
+            "health_check_initial_delay_ms": int(START_GRACE * 1000)}
 
 
 def ray_environment(token_file: Path, base: dict[str, str]) -> dict[str, str]:
@@ -114,8 +117,10 @@ class RayBackend:
             if code is None or attempt == START_ATTEMPTS or REGISTRATION_MISSED not in _tail(launch.log_file):
                 break
         what = f"did not finish within {self._start_deadline:g} s" if code is None else f"exited with {code}"
+        raylet = launch.temp_dir / "session_latest" / "logs" / "raylet.out"
         raise SparkctlError(f"ray start for host {launch.host!r} at {launch.endpoint} {what} ({attempt} attempt(s)); "
-                            f"its processes were stopped. Last lines of {launch.log_file}:\n{_tail(launch.log_file)}")
+                            f"its processes were stopped. Last lines of {launch.log_file}:\n{_tail(launch.log_file)}\n"
+                            f"and of {raylet}:\n{_tail(raylet, 8)}")
 
     def _start_once(self, launch: NodeLaunch) -> tuple[int | None, processes.Session]:
         """One `ray start`: its exit code (None: past the deadline) and the processes it left."""
