@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -29,21 +28,12 @@ from sparkctl.spec.load import Catalog
 from sparkctl.state import desired as desired_file
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
+from sparkctl.wire import WakeDone
 
 log = structlog.get_logger()
 
 
 GRACE = 30  # s an engine stopped with requests in flight has to finish them (Docker's stop timeout)
-
-
-@dataclass(frozen=True)
-class Woken:
-    """How a parked stack came back."""
-
-    level: int  # what it slept at (0: it was stopped, and started cold)
-    seconds: float  # from the /wake_up call to the warm-up's answer (or through the cold start's health)
-    lowest_available: int | None = None  # MemAvailable's low point while it woke, in bytes
-    killed: str | None = None  # why the watchdog killed the wake (it then started cold)
 
 
 class DockerMachine:
@@ -125,7 +115,7 @@ class DockerMachine:
                 raise
             self.store.events.record(stack, "parked", f"level {level}" if level else "stopped")
 
-    def wake(self, stack: str) -> Woken:
+    def wake(self, stack: str) -> WakeDone:
         """Wake a parked stack and warm it up with one token, under the wake watchdog. A wake that
         fails, or brings MemAvailable under the floor, is killed at once and the stack started
         cold instead; so is one whose engine died while it slept."""
@@ -144,7 +134,7 @@ class DockerMachine:
             self.update_desired(lambda d: d.awake(stack))
             how = killed or (f"from level {level}" if asleep else "started cold: it was stopped")
             self.store.events.record(stack, "woke", how)
-            return Woken(level, round(time.monotonic() - began, 3), lowest, killed)
+            return WakeDone(stack, level, round(time.monotonic() - began, 3), lowest, killed)
 
     def _wake_watched(self, stack: str, url: str, served: str, container: str, level: int
                       ) -> tuple[str | None, int | None]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -23,10 +23,7 @@ from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, 
 from sparkctl.deploy.pipeline import Staged, UpResult
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
-from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled
-
-if TYPE_CHECKING:
-    from sparkctl.daemon.machine import Woken
+from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled, WakeDone
 
 log = structlog.get_logger()
 
@@ -51,7 +48,7 @@ class Machine(Protocol):
 
     def park(self, stack: str, level: int) -> None: ...
 
-    def wake(self, stack: str) -> Woken: ...
+    def wake(self, stack: str) -> WakeDone: ...
 
     def remove(self, container: str) -> None: ...
 

@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import structlog
 
-from sparkctl.daemon.machine import Woken
 from sparkctl.daemon.reconciler import Machine, Reconciler
 from sparkctl.deploy.pipeline import Staged
 from sparkctl.deploy.progress import Reporter
@@ -73,7 +72,7 @@ class Switcher:
     bench: Callable[[str], dict[str, Any]]  # the quick benchmark of a stack; raises if it fails its gate
     bench_mode: Callable[[str], str]  # "gate", "after" or "off", from the stack's spec
     blame: Callable[[str, Exception], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
-    woke: Callable[[str, Woken], None] = lambda stack, woken: None  # e.g. record how its digest wakes
+    woke: Callable[[str, WakeDone], None] = lambda stack, woken: None  # e.g. record how its digest wakes
 
     def run(self, plan: SwitchPlan) -> SwitchDone:
         switch = Switch(plan, new_was_desired=plan.new in self.machine.desired().stacks)
@@ -108,7 +107,7 @@ class Switcher:
         return SwitchDone(plan.alias, plan.new, str(plan.mode), previous=plan.old, why=plan.why,
                           timings=dict(switch.timings), park=str(plan.park),
                           held_requests=switch.facts.get("held_requests"), bench=switch.facts.get("bench"),
-                          woken=WakeDone(plan.new, **woken) if woken else None)
+                          woken=WakeDone(**woken) if woken else None)
 
     # --- the two modes ------------------------------------------------------------------------
     def _blue_green(self, switch: Switch) -> None:

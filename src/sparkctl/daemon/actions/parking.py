@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon import planner
 from sparkctl.daemon.actions.context import Context
-from sparkctl.daemon.machine import Woken
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.parking import Park, choose
 from sparkctl.spec import imagefile
@@ -76,7 +75,7 @@ class Parking:
                 self.ctx.routes.refresh()
             self.ctx.serving_since[stack] = time.monotonic()
             self.record_wake(stack, woken)
-            return WakeDone(stack, **asdict(woken))
+            return woken
 
     def settle_parked(self) -> list[str]:
         """After a restart, `GET /is_sleeping` is the truth: a stack recorded parked that is awake
@@ -146,7 +145,7 @@ class Parking:
                     "sleep mode (vLLM's CPU backend has none) or it runs without VLLM_SERVER_DEV_MODE=1")
         return None
 
-    def record_wake(self, stack: str, woken: Woken) -> None:
+    def record_wake(self, stack: str, woken: WakeDone) -> None:
         """The first watched wake of an image digest goes into images.yaml; a failed one always."""
         latest = self.ctx.store.deployments.latest(stack)
         digest = latest.parts.get("image") if latest else None
