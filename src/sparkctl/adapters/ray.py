@@ -120,7 +120,7 @@ class RayBackend:
         raylet = launch.temp_dir / "session_latest" / "logs" / "raylet.out"
         raise SparkctlError(f"ray start for host {launch.host!r} at {launch.endpoint} {what} ({attempt} attempt(s)); "
                             f"its processes were stopped. Last lines of {launch.log_file}:\n{_tail(launch.log_file)}\n"
-                            f"and of {raylet}:\n{_tail(raylet, 8)}")
+                            f"and of {raylet} (its stack frames left out):\n{_tail(raylet, 12, frames=False)}")
 
     def _start_once(self, launch: NodeLaunch) -> tuple[int | None, processes.Session]:
         """One `ray start`: its exit code (None: past the deadline) and the processes it left."""
@@ -296,11 +296,13 @@ def _forget_cluster(temp_dir: Path) -> None:
     (temp_dir / "ray_current_cluster").unlink(missing_ok=True)
 
 
-def _tail(path: Path, lines: int = 12) -> str:
+def _tail(path: Path, lines: int = 12, *, frames: bool = True) -> str:
+    """The file's last `lines` lines; `frames=False` leaves out a crash's stack frames (`(+0x...)`)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no output)"
+    return "\n".join([line for line in text if frames or "(+0x" not in line][-lines:])
 
 
 def _child_error(op: str, head: str, output: str, token_file: Path) -> SparkctlError:
