@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from sparkctl.instance import LABEL as INSTANCE_LABEL
 from tests.fleet.cluster import Cluster
 from tests.fleet.exposure import check_closed
 from tests.fleet.head import FAULTS, HeadDaemon, Load, headed, inject
@@ -82,7 +83,8 @@ def ranks(cluster: Cluster, stack: str = "duo") -> dict[str, list[dict]]:
     """Each host's containers of `stack`, as its Docker reports them (state, rank, command, env)."""
     found = {}
     for host in cluster.hosts:
-        ids = host.docker("ps", "-aq", "--filter", f"label=sparkctl.stack={stack}").split()
+        ids = host.docker("ps", "-aq", "--filter", f"label=sparkctl.stack={stack}",
+                          "--filter", f"label={INSTANCE_LABEL}={cluster.instance}").split()
         found[host.name] = [json.loads(host.docker("inspect", i))[0] for i in ids]
     return found
 

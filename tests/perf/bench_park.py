@@ -90,10 +90,11 @@ def switches() -> tuple[list[float], list[float], list[float], float]:
                         _switch_section(stacks / f"{stack}.yaml", f"bench: 'off'\n  park: {park}")
                     for i in range(SWITCHES + (park == "auto")):  # the first `auto` switch deploys cold
                         waited, record = held_switch(client, gateway, STACKS[(i + 1) % 2], service)
-                        if park == "stop" or "woken" in record:
+                        woken = record["woken"]  # None: the new stack was not parked (the cold first)
+                        if park == "stop" or woken:
                             held[park].append(waited)
-                        if "woken" in record:
-                            costs.append(waited - record["woken"]["seconds"])
+                        if woken:
+                            costs.append(waited - woken["seconds"])
             finally:
                 stop.set()
                 loop.join()
