@@ -19,8 +19,9 @@ from sparkctl.daemon.planner import Observed
 from sparkctl.daemon.turns import Turns
 from sparkctl.daemon.watchdog import MemoryWatch
 from sparkctl.deploy import health
+from sparkctl.deploy.launch import Staged, UpResult
 from sparkctl.deploy.memory import GIB
-from sparkctl.deploy.pipeline import Deployer, Staged, UpResult
+from sparkctl.deploy.pipeline import Deployer
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.headroom import Headroom

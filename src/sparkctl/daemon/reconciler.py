@@ -20,7 +20,7 @@ import structlog
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
-from sparkctl.deploy.pipeline import Staged, UpResult
+from sparkctl.deploy.launch import Staged, UpResult
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
 from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled, WakeDone

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import structlog
 
 from sparkctl.daemon.reconciler import Machine, Reconciler
-from sparkctl.deploy.pipeline import Staged
+from sparkctl.deploy.launch import Staged
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.parking import Park

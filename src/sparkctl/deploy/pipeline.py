@@ -1,9 +1,9 @@
 """`sparkctl up` and `down`: resolve -> image -> weights -> patches -> container -> health.
 
-Every failure before the container step leaves the machine as it was. Past it, the stack's
-previous container is only stopped (and renamed) while the new one starts; if the new one
-fails its health phases it is removed and the previous one restarted, so a failed deploy
-leaves the previous state running. Each deployment and its phase transitions are recorded, and
+Every failure before the container step leaves the machine as it was. Past it, the engine's start
+(`launch.py`) only stops (and renames) the stack's previous container while the new one starts,
+and restarts it if the new one fails its health phases, so a failed deploy leaves the previous
+state running. Each deployment and its phase transitions are recorded, and
 once it runs, the KV headroom its engine reports (`capacity.py`), shown as a note with any
 warning (the daemon also logs it). A hold/swap switch splits the deploy in two: `stage` (checked,
 prepared, the container created, nothing started) while the old stack still serves, then
@@ -16,15 +16,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
-from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
-from sparkctl.deploy import capacity, health, image, patches, quick, weights
+from sparkctl.deploy import capacity, image, patches, quick, weights
+from sparkctl.deploy.launch import Launch, Prepared, Staged, UpResult
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.record import Phases
@@ -38,47 +38,9 @@ from sparkctl.spec import imagefile
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.spec.ranks import Rank
-from sparkctl.spec.render import Sources, render, spec_hash
+from sparkctl.spec.render import spec_hash
 from sparkctl.state import desired as desired_file
 from sparkctl.state.store import Store
-
-if TYPE_CHECKING:
-    from sparkctl.adapters.compose import ComposeProject
-
-
-@dataclass(frozen=True)
-class UpResult:
-    stack: str
-    fingerprint: str
-    changed: bool  # False: the running container already matched, nothing was touched
-    url: str
-    acceptance: float | None = None
-    timings: dict[str, float] = field(default_factory=dict)  # engine start, health, canary (Phases.durations)
-    headroom: Headroom | None = None  # the engine's KV headroom (None: it reported no KV-cache size)
-    watched: tuple[str, str] | None = None  # (where the registry is asked, the tag) whether the image moved
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Everything fetched and checked before a container is touched."""
-
-    image: image.ResolvedImage
-    model: weights.FetchedWeights | None
-    draft: weights.FetchedWeights | None
-    patches: patches.PatchResult
-    fingerprint: str
-    parts: dict[str, str]
-
-
-@dataclass(frozen=True)
-class Staged:
-    """A deployment prepared ahead of its start (`Deployer.stage`)."""
-
-    stack: str
-    deployment: int
-    prepared: Prepared
-    container: str | None  # started, its engine behind a gate (None: the stack had containers, or is compose)
-    sleep: bool  # the container was created with sleep mode
 
 
 @dataclass
@@ -92,6 +54,10 @@ class Deployer:
     reporter: Reporter
     placed: bool = False  # run by a fleet host's agent: its containers are labelled the fleet's
     rank: Rank | None = None  # one rank of a multi-node group (`parallel`), on this host
+
+    @cached_property
+    def launch(self) -> Launch:
+        return Launch(self.settings, self.policy, self.docker, self.reporter, placed=self.placed, rank=self.rank)
 
     def up(self, name: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None
            ) -> UpResult:
@@ -118,9 +84,9 @@ class Deployer:
             self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)
             self.store.deployments.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
             if stack.kind is Kind.COMPOSE:
-                result = self._up_compose(stack, prepared, phases)
+                result = self.launch.compose(stack, prepared, phases)
             else:
-                result = self._up_container(stack, prepared, phases, staged)
+                result = self.launch.container(stack, prepared, phases, staged)
         except SparkctlError as e:
             if staged is not None and staged.container:  # e.g. refused by admission: never started
                 self.docker.remove(staged.container)
@@ -163,9 +129,9 @@ class Deployer:
         try:
             self._check(stack)
             prepared = self.prepare(stack, deployment)
-            sleep = self._sleeps(stack, prepared)
+            sleep = self.launch.sleeps(stack, prepared)
             fresh = stack.kind is not Kind.COMPOSE and not self.docker.containers(stack.name)
-            container = self._create(stack, prepared, sleep=sleep, gated=True) if fresh else None
+            container = self.launch.create(stack, prepared, sleep=sleep, gated=True) if fresh else None
             if container:
                 self.docker.start(container)
         except SparkctlError as e:
@@ -220,7 +186,7 @@ class Deployer:
         """Stop and remove the stack's containers (state and pins are kept); how many went."""
         stack = self.catalog.stack(name)
         if stack.kind is Kind.COMPOSE:
-            self._compose(stack, {}).down()
+            self.launch.project(stack, {}).down()
         removed = [self.docker.remove(c.id) for c in self.docker.containers(name)]
         latest = self.store.deployments.latest(name)
         if latest is not None and latest.phase is Phase.RUNNING:
@@ -269,148 +235,3 @@ class Deployer:
             self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
             for c in self.docker.containers(other):
                 self.docker.remove(c.id)
-
-    def _up_container(self, stack: Stack, prepared: Prepared, phases: Phases, staged: Staged | None = None
-                      ) -> UpResult:
-        url = stack.url
-        created = staged.container if staged else None
-        current = [] if created else self.docker.containers(stack.name)  # staged: it had none
-        if any(_matches(c, prepared.fingerprint, stack) for c in current):
-            self.reporter.note(stack.name, f"{stack.name} is already running with fingerprint "
-                                           f"{prepared.fingerprint}: nothing to do")
-            return UpResult(stack.name, prepared.fingerprint, False, url)
-        previous = self._set_aside(current)
-        sleep = staged.sleep if created else self._sleeps(stack, prepared)
-        try:
-            try:
-                rate = self._start(stack, prepared, phases, sleep=sleep, created=created)
-            except health.HealthError as e:
-                if not (sleep and NO_SLEEP_MODE in str(e)):
-                    raise
-                self._without_sleep_mode(stack, prepared.image.digest)
-                rate = self._start(stack, prepared, phases, sleep=False)
-        except SparkctlError:
-            self._restore(previous, stack)
-            raise
-        for c in previous:
-            self.docker.remove(c)
-        return UpResult(stack.name, prepared.fingerprint, True, url, rate)
-
-    def _sleeps(self, stack: Stack, prepared: Prepared) -> bool:
-        """Whether the engine starts with sleep mode: the stack may park, and its image wakes."""
-        return stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
-
-    def _create(self, stack: Stack, prepared: Prepared, *, sleep: bool, gated: bool = False) -> str:
-        """Create (not start) the engine container; its name. `gated`: its engine waits for
-        `open_gate` once the container runs."""
-        plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
-                      fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
-                      instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank)
-        if gated:
-            plan = plan.gated(self.docker.entrypoint(plan.image))
-        self.docker.create(plan)
-        return plan.name
-
-    def _start(self, stack: Stack, prepared: Prepared, phases: Phases, *, sleep: bool, created: str | None = None
-               ) -> float | None:
-        """Start the engine (in the container `stage` started, by opening its gate; else in a
-        container created and started now); its health's acceptance rate. A container that
-        fails is removed."""
-        name = created or self._create(stack, prepared, sleep=sleep)
-        try:
-            if created:
-                self.docker.open_gate(name)
-            else:
-                self.docker.start(name)
-            if self.rank is not None and self.rank.headless:
-                return health.wait_started(self._engine(name))
-            return health.wait_healthy(stack, stack.url, self._engine(name), reporter=phases.health())
-        except SparkctlError:
-            self.docker.remove(name)
-            raise
-
-    def _without_sleep_mode(self, stack: Stack, digest: str) -> None:
-        """The engine refused --enable-sleep-mode (vLLM's CPU platform does): learnt for the digest
-        in images.yaml, so its stacks run without it and park by stopping from now on."""
-        reason = "its platform has no sleep mode (\"Sleep mode is not supported on current platform\")"
-        imagefile.record_wake(self.settings.images_file, digest, ok=False, reason=reason)
-        self.reporter.note(stack.name, f"image {digest} {reason}: started again without it; "
-                                       f"{stack.name} will park by stopping")
-
-    def _up_compose(self, stack: Stack, prepared: Prepared, phases: Phases) -> UpResult:
-        assert stack.compose is not None
-        url = stack.url
-        env = {"BASE_IMAGE": prepared.image.run_ref, "IMAGE": f"sparkctl/{stack.name}:{prepared.fingerprint}",
-               "FINGERPRINT": prepared.fingerprint, "PORT": str(stack.port), "HF_HUB_OFFLINE": "1",
-               "SERVED_MODEL_NAME": stack.served_name, "HF_HUB_CACHE_DIR": str(self.settings.hf_cache_dir),
-               "COMPILE_CACHE": str(self._compile_cache(stack)),
-               "GPU_MEMORY_UTILIZATION": f"{stack.resources.gpu_memory_utilization:g}", **stack.compose.env}
-        if stack.model and stack.model.repo:
-            env["MODEL_ID"] = stack.model.repo
-        self.reporter.phase(stack.name, Phase.STARTING, f"docker compose up ({stack.compose.project})")
-        project = self._compose(stack, env)
-        project.up()
-        containers = project.container_ids()
-        if not containers:
-            raise SparkctlError(f"compose project {project.name} started no container for {stack.compose.service}")
-        rate = health.wait_healthy(stack, url, self._engine(containers[0]), reporter=phases.health())
-        return UpResult(stack.name, prepared.fingerprint, True, url, rate)
-
-    def _compose(self, stack: Stack, env: dict[str, str]) -> ComposeProject:
-        from sparkctl.adapters.compose import ComposeProject  # python-on-whales only when needed
-
-        assert stack.compose is not None
-        instance = self.settings.instance
-        return ComposeProject(self.settings.compose_dir / stack.compose.project,
-                              name=instances.container_name(stack.name, instance), service=stack.compose.service,
-                              variables=env, engine_env=self.settings.engine_env, gpus=self._gpus(),
-                              labels={LABEL_STACK: stack.name, instances.LABEL: instance,
-                                      LABEL_MEMORY: f"{stack.resources.gpu_memory_utilization:g}"},
-                              work_dir=self.settings.state_dir / "compose" / stack.name,
-                              docker_host=self.docker.base_url)  # the same endpoint as the handle
-
-    def _sources(self, stack: Stack, prepared: Prepared) -> Sources:
-        assert prepared.model is not None
-        model, draft = prepared.model, prepared.draft
-        return Sources(model_dir=str(model.mount), model_subpath=model.subpath,
-                       draft_dir=str(draft.mount) if draft else None, draft_subpath=draft.subpath if draft else "",
-                       overlays=prepared.patches.mounts,
-                       compile_cache_dir=str(self._compile_cache(stack)) if stack.container.compile_cache else None)
-
-    def _compile_cache(self, stack: Stack) -> Path:
-        path = self.settings.state_dir / "compile-cache" / stack.name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def _set_aside(self, containers: list[Container]) -> list[str]:
-        """Stop the stack's current containers and move them out of the way of the new name."""
-        aside = []
-        for c in containers:
-            new_name = f"{c.name}-previous-{c.id[:8]}"
-            if c.running:
-                self.docker.stop(c.id)
-            self.docker.rename(c.id, new_name)
-            aside.append(new_name)
-        return aside
-
-    def _restore(self, previous: list[str], stack: Stack) -> None:
-        for name in previous[:1]:
-            self.docker.rename(name, instances.container_name(stack.name, self.settings.instance))
-            self.docker.start(instances.container_name(stack.name, self.settings.instance))
-            self.reporter.note(stack.name, "the previous deployment was restarted")
-
-    def _engine(self, container: str) -> health.Engine:
-        return health.Engine(state=lambda: self.docker.state(container),
-                             logs=lambda n: self.docker.logs(container, tail=n))
-
-    def _gpus(self) -> bool:
-        if self.settings.gpus == "auto":
-            return self.docker.has_gpu_runtime()
-        return self.settings.gpus == "all"
-
-
-NO_SLEEP_MODE = "Sleep mode is not supported on current platform"  # vLLM's words on CPU
-
-
-def _matches(container: Container, fingerprint: str, stack: Stack) -> bool:
-    return container.running and container.fingerprint == fingerprint and container.spec_hash == spec_hash(stack)
