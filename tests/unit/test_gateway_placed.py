@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparkctl.gateway.proxy import PLACED_RETRIES, Gateway
+from sparkctl.gateway.inflight import PLACED_RETRIES
+from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running, wait_for
 from tests.unit.test_replicas import Engines, ask, on_loop, port

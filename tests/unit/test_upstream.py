@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.gateway.upstream import Call, EngineConnection, EnginePool, UpstreamError
+from sparkctl.gateway.pool import EnginePool
+from sparkctl.gateway.upstream import Call, EngineConnection, UpstreamError
 from tests.unit.wire import Transport, split
 
 

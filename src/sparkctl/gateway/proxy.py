@@ -6,32 +6,23 @@ and each piece of the engine's answer is written to the client from the engine s
 nothing queued in between. A client that goes away cancels its upstream request. A routed
 request gets its stack's request defaults where the client left them out (`defaults.py`), and goes
 to the replica of its stack with the fewest requests in flight (`replicas.py`), which also queues
-it while every replica is at the stack's concurrency cap (a cap per engine). An engine that
-refuses or resets a connection before answering, or answers 503 (asleep without the daemon's
-word, or not serving), is ejected and the request goes to another replica of the stack (a lone
-engine's failure is passed on, but for a stack placed across a fleet, which the daemon re-places
-when its host dies); an ejected engine gets requests again after `EJECT_S`. A stream whose engine
-sends nothing for `stall` seconds is ended and its engine ejected. `eject_host` takes a host's
-replicas out of routing at once, moving their unanswered requests and ending the answers under
-way there (the client sees an incomplete response it can retry, an SSE stream an error event
-first). While a stack has no replica in routing, its requests are held (`hold.py`) until one
-returns or the hold times out. During a switch
-an alias can be held (`hold.py`): its new requests wait until the alias points at a serving stack again;
-a request that names a parked stack is held the same way while the daemon wakes it (`Waker`);
-and `drain` waits, through the `Ledger`, for a stack's accepted requests to finish. A request to
-a routed alias goes to the stack of the first rule that holds its prompt's tokens, counted with
-the stack's own tokenizer and chat template (`tokens.py`; long prompts are counted off the event
-loop), and is counted per rule on /metrics. Errors the
-gateway itself raises use the OpenAI envelope (`pages.py`). Optional API keys are compared in
-constant time. Built and served by the daemon, which drives a switch through `daemon/bridge.py`.
+it while every replica is at the stack's concurrency cap (a cap per engine); an engine that fails
+it, or that leaves routing (`eject_host`, `eject_engine`), is dealt with in `inflight.py`. While a
+stack has no replica in routing, its requests are held (`hold.py`) until one returns or the hold
+times out. During a switch an alias can be held (`hold.py`): its new requests wait until the alias
+points at a serving stack again; a request that names a parked stack is held the same way while
+the daemon wakes it (`Waker`); and `drain` waits, through the `Ledger`, for a stack's accepted
+requests to finish. A request to a routed alias goes to the stack of the first rule that holds its
+prompt's tokens, counted with the stack's own tokenizer and chat template (`tokens.py`; long
+prompts are counted off the event loop), and is counted per rule on /metrics. Errors the gateway
+itself raises use the OpenAI envelope (`pages.py`); who may reach it at all (Host names, API keys)
+is checked by `access.py`. Built and served by the daemon, which drives a switch through
+`daemon/bridge.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hmac
 import json
 import socket
 import time
@@ -41,32 +32,28 @@ from dataclasses import dataclass
 import structlog
 
 from sparkctl.errors import SparkctlError
+from sparkctl.gateway.access import Access, in_ui
 from sparkctl.gateway.defaults import with_defaults
 from sparkctl.gateway.exchange import Proxied
 from sparkctl.gateway.hold import Hold
+from sparkctl.gateway.inflight import STALL, InFlight
 from sparkctl.gateway.ledger import Ledger
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.pages import Pages
+from sparkctl.gateway.pool import EnginePool
 from sparkctl.gateway.replicas import Replicas, host_of
-from sparkctl.gateway.request import Answer, Request
+from sparkctl.gateway.request import Request
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.server import Connection, error, serve
 from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.ui import Dashboard
-from sparkctl.gateway.upstream import EnginePool, UpstreamError
 from sparkctl.policy import routing
 from sparkctl.policy.routing import Rule
 
 log = structlog.get_logger()
 RETRY_AFTER = "5"  # seconds, in the 503 of a request refused while its alias switches
 PROXIED = ("/v1/chat/completions", "/v1/completions")
-# Failed forwards a request to a placed stack may have beyond one per replica: each ejects the
-# engine for EJECT_S, so this covers a host's death until the fleet's control plane declares it.
-PLACED_RETRIES = 6
 INLINE_COUNT = 32 * 1024  # request bytes counted on the event loop; longer prompts in a thread
-# Seconds a stream's engine may send nothing (not even its first token) before the stream is ended
-# and the engine ejected: a hung engine, or one behind a cut link, which TCP takes ~15 min to notice.
-STALL = 120.0
 
 
 @dataclass(frozen=True)
@@ -84,17 +71,16 @@ class Gateway:
                  hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None,
                  hold_queue: int = 1024, hold_timeout: float = 300.0, stall: float = STALL) -> None:
         self.routes = routes
-        self.api_keys = [k.encode() for k in api_keys or []]
-        # The names clients may reach it by (DNS-rebinding protection for a loopback service); None: any.
-        self.hosts = {h.lower() for h in hosts} if hosts is not None else None
-        self.keyed = ("/v1/", "/ui", "/metrics") if metrics_key else ("/v1/", "/ui")
+        self.admit = Access(api_keys, hosts, metrics_key=metrics_key).admit  # asked once a request's head is in
         self.limits = limits or Limits()
         self.replicas = Replicas(on_return=self.routes_changed)
         self.on_engine: dict[str, set[Proxied]] = {}  # engine URL -> requests forwarded to it, not yet over
         self.outages: dict[str, Hold] = {}  # stack -> its hold while none of its replicas is in routing
-        self.hold_queue, self.hold_timeout, self.stall = hold_queue, hold_timeout, stall
+        self.hold_queue, self.hold_timeout = hold_queue, hold_timeout
         self.ledger = Ledger()
         self.upstreams = EnginePool()  # keep-alive connections to the engines
+        self.inflight = InFlight(self.on_engine, self.replicas, self.ledger, upstreams=self.upstreams,
+                                 route=self._route, stall=stall)
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches (or a parked name's, while it wakes)
         self.waker: Waker | None = None  # set by the daemon: parked stacks wake on demand
         self.waking: dict[str, asyncio.Task] = {}  # stack -> its wake on demand
@@ -108,23 +94,12 @@ class Gateway:
     def close(self) -> None:
         self.upstreams.close()
 
-    def admit(self, request: Request) -> Answer | None:
-        """Checked when a request's head is complete, before any of its body is read."""
-        host = request.headers.get("host")
-        if self.hosts is not None and host is not None and _hostname(host) not in self.hosts:
-            return lambda conn: error(conn, 421, f"Host {host[:60]!r} is not one of this gateway's names "
-                                      "(SPARKCTL_GATEWAY_HOSTNAMES)", "misdirected_request")
-        if self.api_keys and request.path.startswith(self.keyed) and not self._authorized(request):
-            ask = [("WWW-Authenticate", 'Basic realm="sparkctl", charset="UTF-8"')] if _in_ui(request.path) else []
-            return lambda conn: error(conn, 401, "missing or wrong API key", "invalid_api_key", headers=ask)
-        return None
-
     def handle(self, request: Request, conn: Connection) -> None:
         if request.path in PROXIED and request.method == "POST":
             self.proxy(request, conn)
         elif request.path in self.pages and request.method == "GET":
             self.pages[request.path](conn)
-        elif self.ui is not None and _in_ui(request.path):
+        elif self.ui is not None and in_ui(request.path):
             self.ui.handle(request, conn)
         elif request.path in PROXIED or request.path in self.pages:
             error(conn, 405, f"{request.method} is not allowed on {request.path}", "method_not_allowed")
@@ -166,26 +141,16 @@ class Gateway:
         requests forwarded there that have no answer yet to other replicas (or hold them), and end
         the answers under way there: nothing more of them will come."""
         self.replicas.eject_host(address)
-        self._evacuate([u for u in self.on_engine if host_of(u) == address], f"host {address} left routing")
+        self.inflight.evacuate([u for u in self.on_engine if host_of(u) == address], f"host {address} left routing")
 
     def eject_engine(self, url: str) -> None:
         """Take one engine out of routing until `restore_engine` (a multi-node group that failed
         its probe, to be recreated whole), moving or ending its requests as `eject_host` does."""
         self.replicas.hold_out(url)
-        self._evacuate([url], "its engine failed its probe")
+        self.inflight.evacuate([url], "its engine failed its probe")
 
     def restore_engine(self, url: str) -> None:
         self.replicas.restore(url)
-
-    def _evacuate(self, urls: list[str], why: str) -> None:
-        for url in [u for u in urls if u in self.on_engine]:
-            for exchange in list(self.on_engine[url]):
-                if exchange.started:
-                    exchange.cut(why)
-                else:
-                    exchange.call.cancel()
-                    self._leave(exchange)
-                    self._reroute(exchange)
 
     def restore_host(self, address: str) -> None:
         """The host's replicas are back in routing; requests held for them go."""
@@ -212,8 +177,8 @@ class Gateway:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             error(conn, 400, "request body must be a JSON object with a string `model`", "invalid_request_error")
             return
-        exchange = conn.exchange = Proxied(conn, request.path, body, ledger=self.ledger, done=self._finished,
-                                           retry=self._retry, size=len(request.body))
+        exchange = conn.exchange = Proxied(conn, request.path, body, ledger=self.ledger, done=self.inflight.finished,
+                                           retry=self.inflight.retry, size=len(request.body))
         hold = self.holds.get(body["model"])
         if hold is not None:
             exchange.wait(self._after_hold(exchange, hold))
@@ -249,12 +214,7 @@ class Gateway:
         exchange.payload = with_defaults(exchange.payload, upstream.request_defaults)
         exchange.payload["model"] = upstream.served_name
         exchange.upstream = upstream
-        self.ledger.accepted(upstream.stack)
-        url = self.replicas.take(upstream)
-        if url is not None:
-            self._forward(exchange, url)
-        else:
-            exchange.wait(self._after_cap(exchange))
+        self.inflight.send(exchange)
 
     async def _by_length(self, exchange: Proxied, rules: tuple[Rule, ...]) -> None:
         """Route a routed alias's request to its rule's stack, by the prompt's tokens; a prompt
@@ -279,34 +239,6 @@ class Gateway:
         tokens = counter.at_most(*args) if exchange.size < INLINE_COUNT else \
             await asyncio.to_thread(counter.at_most, *args)
         return tokens or 0
-
-    def _reroute(self, exchange: Proxied) -> None:
-        """Route an accepted request again from the start (its replica failed, or its stack's
-        replicas changed while it waited)."""
-        self.ledger.finished(exchange.upstream.stack, forwarded=exchange.forwarded)
-        exchange.upstream, exchange.forwarded, exchange.call = None, False, None
-        self._route(exchange)
-
-    def _retry(self, exchange: Proxied, e: UpstreamError) -> bool:
-        """The engine failed the request: it refused, reset or closed before answering, answered
-        503 (`unanswered`: it served none of it), or fell silent (`stalled`). Eject it, and send an
-        unanswered request to another replica, at most once per replica; False (the failure, or
-        the engine's 503, goes to the client) for a lone engine on this Spark, which is never
-        ejected. A stack placed across the fleet is held instead while none of its replicas is
-        left (its host may be dying: the daemon re-places it), through a few ejections first."""
-        upstream, url = exchange.upstream, exchange.replica
-        if url is None or (len(upstream.urls) < 2 and not upstream.placed) or not (e.unanswered or e.stalled):
-            return False
-        tries = len(upstream.urls) + (PLACED_RETRIES if upstream.placed else 0)
-        if exchange.started or not e.unanswered or exchange.tries >= tries:
-            if e.stalled:
-                self.replicas.eject(url)
-            return False
-        exchange.tries += 1
-        self.replicas.eject(url)
-        self._leave(exchange)
-        self._reroute(exchange)
-        return True
 
     def _outage(self, stack: str) -> Hold:
         hold = self.outages.get(stack)
@@ -340,56 +272,3 @@ class Gateway:
                 hold.fail(failure)
             else:
                 hold.release()
-
-    async def _after_cap(self, exchange: Proxied) -> None:
-        url = await self.replicas.wait(exchange.upstream)
-        if url is None:  # the stack's replicas changed while it waited
-            self._reroute(exchange)
-        else:
-            self._forward(exchange, url)
-
-    def _forward(self, exchange: Proxied, url: str) -> None:
-        self.ledger.forwarded(exchange.upstream.stack)
-        exchange.forwarded, exchange.replica = True, url
-        self.on_engine.setdefault(url, set()).add(exchange)
-        stall = self.stall if exchange.payload.get("stream") else None  # a whole answer may take any time
-        exchange.call = self.upstreams.post(url, exchange.path, json.dumps(exchange.payload).encode(), exchange,
-                                            exchange.upstream.headers, stall=stall)
-        if exchange.conn.paused:
-            exchange.call.pause()
-
-    def _leave(self, exchange: Proxied) -> None:
-        """The request no longer occupies its replica: the slot goes to the next waiter."""
-        url, exchange.replica = exchange.replica, None
-        self.on_engine[url].discard(exchange)
-        self.replicas.give(url, exchange.upstream.stack)
-
-    def _finished(self, exchange: Proxied) -> None:
-        if exchange.replica is not None:
-            self._leave(exchange)
-        self.ledger.finished(exchange.upstream.stack, forwarded=exchange.forwarded)
-
-    def _authorized(self, request: Request) -> bool:
-        """A key as `Bearer KEY`, or as HTTP Basic's password (how a browser sends it to /ui)."""
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        secret = given.strip().encode("latin-1")
-        if scheme.lower() == "basic":
-            try:
-                secret = base64.b64decode(secret, validate=True).partition(b":")[2]
-            except binascii.Error:
-                return False
-        elif scheme.lower() != "bearer":
-            return False
-        return any(hmac.compare_digest(secret, key) for key in self.api_keys)
-
-
-def _in_ui(path: str) -> bool:
-    return path == "/ui" or path.startswith("/ui/")
-
-
-def _hostname(host: str) -> str:
-    """The name in a Host header, without its port (`[::1]:8000` -> `[::1]`)."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host.partition("]")[0] + "]"
-    return host.rpartition(":")[0] if host.count(":") == 1 else host

@@ -21,9 +21,9 @@ import hmac
 import threading
 
 from sparkctl.gateway.passthrough import Passed
+from sparkctl.gateway.pool import EnginePool
 from sparkctl.gateway.request import Answer, Request
 from sparkctl.gateway.server import Connection, error, serve
-from sparkctl.gateway.upstream import EnginePool
 
 # What the head asks of a placed engine: its gateway's forwards, the fleet watch's probes (health,
 # and from the metrics whether it sleeps), the dashboard's counters. Nothing else of vLLM's API is passed.

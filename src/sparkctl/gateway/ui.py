@@ -29,9 +29,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from sparkctl.gateway.login import SESSION_TTL, Logins
 from sparkctl.gateway.passthrough import Passed
+from sparkctl.gateway.pool import EnginePool
 from sparkctl.gateway.request import Request
 from sparkctl.gateway.server import Connection, error
-from sparkctl.gateway.upstream import EnginePool, UpstreamError
+from sparkctl.gateway.upstream import UpstreamError
 
 PREFIX = "/ui"
 COOKIE = "sparkctl_session"

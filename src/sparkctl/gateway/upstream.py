@@ -7,11 +7,11 @@ straight from the caller, and each piece of the answer is handed to the caller's
 socket's own callback, de-chunked, in the pieces the socket delivered. That is what keeps the
 time the gateway adds to a first token near zero even when it is busy with many streams.
 
-A connection goes back to the pool only after a response that ended cleanly; any other end
-closes it, which is also how a client's disconnect reaches the engine. Idle connections are
-dropped before the engine's own keep-alive timeout could (uvicorn's is 5 s), and a request that
-finds its reused connection closed under it, before any byte of the answer, is sent again once
-on a fresh one. Flow control is the caller's: `Call.pause` stops reading from the engine.
+A connection goes back to the pool (`pool.py`, which sends every request) only after a response
+that ended cleanly; any other end closes it, which is also how a client's disconnect reaches the
+engine. A request that finds its reused connection closed under it, before any byte of the
+answer, is sent again once on a fresh one. Flow control is the caller's: `Call.pause` stops
+reading from the engine.
 
 Nothing waits on an engine for good: connecting is bounded (`connect_timeout`), and a call given a
 `stall` bound (the gateway's streams) fails once its engine has sent nothing for that long, from
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import Protocol
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Protocol
 
 from sparkctl.gateway.http1 import Dechunker, Malformed, fields, split_head
+
+if TYPE_CHECKING:
+    from sparkctl.gateway.pool import EnginePool
 
 
 class UpstreamError(Exception):
@@ -110,66 +111,6 @@ class Relay:
     def resume(self) -> None:
         if self.call is not None:
             self.call.resume()
-
-
-class EnginePool:
-    """Pooled connections per engine address (`http://host:port`, or `unix:/path` for the daemon's
-    own API, which the dashboard reaches through the gateway)."""
-
-    def __init__(self, *, connect_timeout: float = 5.0, idle_timeout: float = 4.0) -> None:
-        self.connect_timeout, self.idle_timeout = connect_timeout, idle_timeout
-        self.idle: dict[Address, list[EngineConnection]] = {}
-        self.addresses: dict[str, Address] = {}
-
-    def post(self, url: str, path: str, body: bytes, sink: Sink, headers: Sequence[tuple[str, str]] = (), *,
-             stall: float | None = None) -> Call:
-        """Send `body` as JSON to `url` + `path`; the answer goes to `sink`. Needs a running loop.
-        `stall`: fail the call once the engine has sent nothing for that many seconds."""
-        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json"), *headers], stall=stall)
-
-    def send(self, url: str, method: str, target: str, body: bytes, sink: Sink,
-             headers: Sequence[tuple[str, str]] = (), *, stall: float | None = None) -> Call:
-        """Any request to `url` (`target`: path and query); the answer goes to `sink`."""
-        address = self._address(url)
-        host = "localhost" if isinstance(address, str) else f"{address[0]}:{address[1]}"
-        head = [f"{method} {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers),
-                f"Content-Length: {len(body)}"]
-        message = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-        call = Call(self, address, message, sink, stall=stall)
-        conn = self._take(address)
-        if conn is not None:
-            conn.send(call)
-        else:
-            call.task = asyncio.ensure_future(call.connect())
-        return call
-
-    def close(self) -> None:
-        for conns in self.idle.values():
-            for conn in conns:
-                conn.close()
-        self.idle.clear()
-
-    def _address(self, url: str) -> Address:
-        address = self.addresses.get(url)
-        if address is None:
-            parts = urlsplit(url)
-            address = self.addresses[url] = parts.path if parts.scheme == "unix" else (parts.hostname or "127.0.0.1",
-                                                                                         parts.port or 80)
-        return address
-
-    def _take(self, address: Address) -> EngineConnection | None:
-        conns = self.idle.get(address)
-        horizon = time.monotonic() - self.idle_timeout
-        while conns:
-            conn = conns.pop()
-            if conn.idle_since > horizon and not conn.closed:
-                return conn
-            conn.close()
-        return None
-
-    def _give_back(self, conn: EngineConnection) -> None:
-        conn.idle_since = time.monotonic()
-        self.idle.setdefault(conn.address, []).append(conn)
 
 
 class EngineConnection(asyncio.Protocol):
@@ -262,7 +203,7 @@ class EngineConnection(asyncio.Protocol):
             self.call = None
             self._unwatch()
             if self.reusable and not self.buffer:
-                self.pool._give_back(self)
+                self.pool.give_back(self)
             else:
                 self.close()
         call.sink.body(piece, self.ended)
