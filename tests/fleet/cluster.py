@@ -27,7 +27,7 @@ from tests.fleet.hosts import Host, Hosts
 from tests.fleet.network import LINK
 
 RAY_TIMEOUT = 40
-START_TIMEOUT = 2 * (RAY_TIMEOUT + 30) + 20  # two `ray start`s (adapters.ray.START_ATTEMPTS), each up to its deadline
+START_TIMEOUT = 2 * (RAY_TIMEOUT + 30) + 20  # two `ray start`s (raynode.START_ATTEMPTS), each to its deadline
 IMAGE = "ghcr.io/sparkctl-test/fleet-sim"  # the sim image, as the hosts pull it from the bridge registry
 # Ray 2.60's raylet gives its dashboard agent a fixed 15 s to write its port file and aborts when it
 # misses it (RAY_agent_register_timeout_ms does not reach that wait). Here two tiers share 2 cores

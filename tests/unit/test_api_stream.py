@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from sparkctl import wire
+from sparkctl import results, wire
 from sparkctl.daemon import api
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
@@ -26,10 +26,10 @@ class Actions:
     def __init__(self) -> None:
         self.bus, self.turns, self.deploys = EventBus(), Turns(), self
 
-    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int) -> wire.UpDone:
+    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int) -> results.UpDone:
         with self.turns.turn(stack, ticket):
             self.bus.publish(wire.Note(stack, "deploying"))
-            return wire.UpDone(stack, "f" * 12, unchanged=True)
+            return results.UpDone(stack, "f" * 12, unchanged=True)
 
 
 class Reads:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl import wire
+from sparkctl import results, wire
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
 from sparkctl.gateway.login import Logins, login_code
@@ -46,11 +46,11 @@ class Service:
     def status(self) -> dict:
         return {"stacks": [], "aliases": {"primary": "a"}}
 
-    def switch(self, alias: str, stack: str, *, ticket: int) -> wire.SwitchDone:
+    def switch(self, alias: str, stack: str, *, ticket: int) -> results.SwitchDone:
         with self.turns.turn(f"alias:{alias}", ticket):
             self.bus.publish(wire.PhaseChanged(stack, "starting"))
             self.switched.append((alias, stack))
-            return wire.SwitchDone(alias, stack, "blue/green")
+            return results.SwitchDone(alias, stack, "blue/green")
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkctl.adapters import processes
-from sparkctl.adapters import ray as ray_adapter
-from sparkctl.adapters.ray import RayBackend, health_check, ray_environment, start_command
+from sparkctl.adapters import processes, raynode
+from sparkctl.adapters.ray import RayBackend
+from sparkctl.adapters.raynode import health_check, ray_environment, start_command
 from sparkctl.errors import SparkctlError, SpecError
 from sparkctl.fleet import local, membership, status
 from sparkctl.node import Node, NodeLaunch, NodeState
@@ -165,7 +165,7 @@ exit 0
 @pytest.mark.parametrize("again", [False, True], ids=["then registers", "misses twice"])
 def test_a_start_that_missed_rays_registration_wait_is_tried_once_more(tmp_path: Path, again: bool,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ray_adapter, "_check_ports", lambda launch: None)  # the stand-in binds none
+    monkeypatch.setattr(raynode, "_check_ports", lambda launch: None)  # the stand-in binds none
     short = Path(tempfile.mkdtemp(prefix="spr", dir="/tmp"))  # Ray's unix sockets live under its temp dir
     ray_bin = tmp_path / "ray"
     ray_bin.write_text(STAND_IN_RAY)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.adapters.ray import _check_ports
+from sparkctl.adapters.raynode import _check_ports
 from sparkctl.agent import _digest_for
 from sparkctl.fleet import agents, census, drift, local
 from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, NodeState

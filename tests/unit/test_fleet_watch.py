@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from sparkctl.daemon import fleetwatch
+from sparkctl.daemon import fleetprobe
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.planner import Policy
@@ -180,7 +180,7 @@ def test_a_group_that_fails_its_probe_is_held_out_and_recreated_until_a_crash_lo
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
     write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
     answers = {"why": "status 500"}
-    monkeypatch.setattr(fleetwatch, "probe", lambda url, model, auth: answers["why"])
+    monkeypatch.setattr(fleetprobe, "probe", lambda url, model, auth: answers["why"])
     for _ in range(4):
         watch._probe(DUO)
     url = "http://10.0.0.2:8901"
@@ -202,7 +202,7 @@ def test_a_group_recovered_meanwhile_is_not_recreated_again(watched, monkeypatch
         write_book(watch.fleetwide.settings.fleet_dir, {"duo": moved})  # its host died: the watch re-placed it
         return "no answer within 3 s"
 
-    monkeypatch.setattr(fleetwatch, "probe", failing)
+    monkeypatch.setattr(fleetprobe, "probe", failing)
     watch._probe(DUO)
     assert recorder.named("eject_engine") and not recorder.named("recover")
 
@@ -222,7 +222,7 @@ def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
     alive = dict(B_DOWN)
-    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(alive[url]))
+    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(alive[url]))
     recorder.listing = {"b": listed("b", "exited")}
     with capture_logs() as logs:
         for _ in range(4):
@@ -238,7 +238,7 @@ def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop
 
 
 def state(healthy: bool) -> str:
-    return fleetwatch.SERVING if healthy else fleetwatch.DOWN
+    return fleetprobe.SERVING if healthy else fleetprobe.DOWN
 
 
 def test_a_replica_asleep_without_the_daemons_word_is_out_of_routing_until_it_wakes(
@@ -247,12 +247,12 @@ def test_a_replica_asleep_without_the_daemons_word_is_out_of_routing_until_it_wa
     cannot see it; the probe does (`vllm:engine_sleep_state`). Alive, it is neither restarted nor
     counted as a failure."""
     watch, recorder, _ = watched
-    states = {"http://10.0.0.2:8110": fleetwatch.SERVING, "http://10.0.0.3:8110": fleetwatch.ASLEEP}
-    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: states[url])
+    states = {"http://10.0.0.2:8110": fleetprobe.SERVING, "http://10.0.0.3:8110": fleetprobe.ASLEEP}
+    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: states[url])
     with capture_logs() as logs:
         watch.check_replicas([GEMMA])
         watch.check_replicas([GEMMA])  # still asleep: ejected once
-        states["http://10.0.0.3:8110"] = fleetwatch.SERVING
+        states["http://10.0.0.3:8110"] = fleetprobe.SERVING
         watch.check_replicas([GEMMA])
     assert recorder.named("eject_engine", "restore_engine", "restart", "containers") == [
         ("eject_engine", "http://10.0.0.3:8110"), ("restore_engine", "http://10.0.0.3:8110")]
@@ -270,11 +270,11 @@ def test_engine_state_reads_health_then_the_sleep_gauge(engine: str, metrics: st
     del engine
     server = _Pages({"/health": "", "/metrics": metrics})
     try:
-        assert fleetwatch.engine_state(server.url, "Bearer k") == expected
+        assert fleetprobe.engine_state(server.url, "Bearer k") == expected
         assert server.seen == ["Bearer k", "Bearer k"]  # the relay's credential on each
     finally:
         server.close()
-    assert fleetwatch.engine_state(server.url, "Bearer k") == fleetwatch.DOWN  # closed: refused
+    assert fleetprobe.engine_state(server.url, "Bearer k") == fleetprobe.DOWN  # closed: refused
 
 
 class _Pages:
@@ -317,7 +317,7 @@ def test_a_failing_replica_whose_agent_is_silent_gets_nothing_until_rays_verdict
     agent cannot answer, so nothing is restarted there, however many passes run meanwhile; Ray's
     verdict then moves the stack elsewhere, and the dead host is not even asked any more."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": silence}
     with capture_logs() as logs:
         for _ in range(3):  # Ray still lists b alive
@@ -338,7 +338,7 @@ def test_a_host_whose_agent_answers_again_is_decided_on_from_its_answer(
     """Ray kept b alive (a slow agent, a link back up): once its agent answers that the container
     exited, the replica is started again there, and a later silence is logged anew."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": SILENT}
     with capture_logs() as logs:
         watch.check_replicas([GEMMA])
@@ -357,7 +357,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
     """The agent's answer comes after Ray declared its node dead (or after the host rejoined as a
     new node): it speaks for a host the node watch now owns, so no restart follows it."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": listed("b", "exited")}
     rejoined = [node("a"), node("b", NodeState.DEAD), node("b", node_id="bbbbnew1"), node("c")]
     now = table(dead="b") if meanwhile == "declared_dead" else rejoined
@@ -368,7 +368,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
 
 def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(False))
+    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(False))
     watch.down.add("b")
     watch.nodes = table(dead="b")
     recorder.listing = {"a": listed("a", "running")}
@@ -378,7 +378,7 @@ def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytes
 
 def test_a_replica_moved_while_its_agent_was_asked_is_not_restarted(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetwatch, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": listed("b", "exited")}
     recorder.while_asked = lambda: write_book(watch.fleetwide.settings.fleet_dir, {})  # `fleet down gemma`
     watch.check_replicas([GEMMA])
@@ -461,7 +461,7 @@ def test_a_group_being_recreated_stays_out_of_routing_though_it_answers_again(
     declared dead): the recreation holds rank 0 out, and a passing probe does not put it back."""
     watch, recorder, _ = watched
     write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
-    monkeypatch.setattr(fleetwatch, "probe", lambda url, model, auth: None)
+    monkeypatch.setattr(fleetprobe, "probe", lambda url, model, auth: None)
     inside = []
 
     def recover(placed, *, wait, within):

@@ -13,9 +13,9 @@ from sparkctl.deploy.progress import RecordingReporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.parking import Footprint, Park
 from sparkctl.policy.switch import Leaving, Memory, Mode, plan_switch
+from sparkctl.results import SwitchDone
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
-from sparkctl.wire import SwitchDone
 
 CASES = [  # (aliases, running shares, new share) -> mode, stop old
     ({"primary": "a"}, {"a": 0.4}, 0.4, Mode.BLUE_GREEN, True),

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
-from sparkctl import wire
+from sparkctl import results, wire
 
 
 @pytest.mark.parametrize(("kind", "body", "message"), [
@@ -34,19 +34,21 @@ def test_streamed_lines_decode_to_their_records() -> None:
 
 
 @pytest.mark.parametrize("result", [
-    wire.UpDone("a", "f" * 12, unchanged=False),
-    wire.DownDone("a", 1),
-    wire.SwitchDone("primary", "b", "hold/swap", previous="a", timings={"total_s": 1.5}, park="sleep1",
-                    held_requests=3, woken=wire.WakeDone("b", 1, 0.4, lowest_available=1 << 30)),
-    wire.SwitchDone("primary", "a", "unchanged", up=wire.UpDone("a", "f" * 12, unchanged=True)),
-    wire.SwitchDone("primary", "g", "fleet blue/green", hosts=("b", "c")),
-    wire.RouteDone("primary", (wire.RouteRule("a", 8192), wire.RouteRule("b")), 0.7, 0.9, ("a: fits", "b: fits")),
-    wire.RouteDone("primary"),
-    wire.ParkDone("a", "sleep1", "sleep1: fits"),
-    wire.WakeDone("a", 0, 12.5, killed="under the floor"),
-    wire.RetestDone("r:1", "a", "sha256:0", True, "pass", 3, 4, rows=({"depth": 0, "tg_tps": 9.0},), lifted=("r:1",)),
+    results.UpDone("a", "f" * 12, unchanged=False),
+    results.DownDone("a", 1),
+    results.SwitchDone("primary", "b", "hold/swap", previous="a", timings={"total_s": 1.5}, park="sleep1",
+                    held_requests=3, woken=results.WakeDone("b", 1, 0.4, lowest_available=1 << 30)),
+    results.SwitchDone("primary", "a", "unchanged", up=results.UpDone("a", "f" * 12, unchanged=True)),
+    results.SwitchDone("primary", "g", "fleet blue/green", hosts=("b", "c")),
+    results.RouteDone("primary", (results.RouteRule("a", 8192), results.RouteRule("b")), 0.7, 0.9,
+                      ("a: fits", "b: fits")),
+    results.RouteDone("primary"),
+    results.ParkDone("a", "sleep1", "sleep1: fits"),
+    results.WakeDone("a", 0, 12.5, killed="under the floor"),
+    results.RetestDone("r:1", "a", "sha256:0", True, "pass", 3, 4, rows=({"depth": 0, "tg_tps": 9.0},),
+                       lifted=("r:1",)),
 ], ids=lambda result: type(result).__name__)
-def test_each_result_comes_back_typed_through_its_outcome_line(result: wire.Done) -> None:
+def test_each_result_comes_back_typed_through_its_outcome_line(result: results.Done) -> None:
     line = json.loads(json.dumps(wire.Outcome("a", True, result=result).to_json()))
     assert line["result"]["done"] == result.done
     assert wire.decode(line) == wire.Outcome("a", True, result=result)

@@ -251,13 +251,15 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
 
 
 def _up(rt, name: str) -> None:
-    from sparkctl.wire import UpDone, UpRequest
+    from sparkctl.results import UpDone
+    from sparkctl.wire import UpRequest
 
     _deploy_step(rt, "/v1/up", UpRequest(name, replace=True), UpDone, lambda d: d.up(name, replace=True))
 
 
 def _down(rt, name: str) -> None:
-    from sparkctl.wire import DownDone, DownRequest
+    from sparkctl.results import DownDone
+    from sparkctl.wire import DownRequest
 
     _deploy_step(rt, "/v1/down", DownRequest(name), DownDone, lambda d: d.down(name))
 

@@ -40,9 +40,9 @@ def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
     rt = runtime(ctx)
     if rt.daemon.available():
-        from sparkctl import wire
+        from sparkctl import results, wire
 
-        removed = through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack), wire.DownDone).removed
+        removed = through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack), results.DownDone).removed
     else:
         with ConsoleReporter() as reporter:
             removed = rt.deployer(reporter).down(stack)
@@ -63,9 +63,9 @@ def switch(
     if not rt.daemon.available():
         raise SparkctlError("switch needs the daemon (its gateway holds and drains requests): start "
                             "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
-    from sparkctl import wire
+    from sparkctl import results, wire
 
-    result = through_daemon(rt.daemon, "/v1/switch", wire.SwitchRequest(stack, alias), wire.SwitchDone)
+    result = through_daemon(rt.daemon, "/v1/switch", wire.SwitchRequest(stack, alias), results.SwitchDone)
     if result.up is not None:
         verb = "already up, unchanged" if result.up.unchanged else "started again"
         rt.console.print(f"[green]{alias} already names {stack}[/]: nothing to switch ({stack} {verb})")
@@ -87,17 +87,17 @@ def park(
 ) -> None:
     """Put STACK to sleep (vLLM sleep mode; its process, graphs and compiled kernels stay) or stop it.
     Its requests finish first; a later request that names it (or its alias) wakes it."""
-    from sparkctl import wire
+    from sparkctl import results, wire
 
-    result = through_daemon(_daemon_for(ctx, "park"), "/v1/park", wire.ParkRequest(stack, how), wire.ParkDone)
+    result = through_daemon(_daemon_for(ctx, "park"), "/v1/park", wire.ParkRequest(stack, how), results.ParkDone)
     runtime(ctx).console.print(f"{stack}: {result.why}" if result.park != "unchanged" else f"{stack} is parked already")
 
 
 def wake(ctx: typer.Context, stack: str) -> None:
     """Wake a parked STACK (under the wake watchdog) and warm it up with one token."""
-    from sparkctl import wire
+    from sparkctl import results, wire
 
-    result = through_daemon(_daemon_for(ctx, "wake"), "/v1/wake", wire.WakeRequest(stack), wire.WakeDone)
+    result = through_daemon(_daemon_for(ctx, "wake"), "/v1/wake", wire.WakeRequest(stack), results.WakeDone)
     how = f"from level {result.level}" if result.level else "cold (it was parked stopped)"
     killed = f"; [yellow]{result.killed}[/]" if result.killed else ""
     runtime(ctx).console.print(f"[green]{stack} is awake[/] ({how}, {result.seconds:.2f} s{killed})")

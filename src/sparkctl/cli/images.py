@@ -12,7 +12,7 @@ from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from sparkctl.wire import RetestDone
+    from sparkctl.results import RetestDone
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
@@ -142,11 +142,11 @@ def retest(
     lifts the ban and pins the digest as known-good; a failure keeps the ban, with the measurement."""
     rt = runtime(ctx)
     if rt.daemon.available():
-        from sparkctl import wire
+        from sparkctl import results, wire
         from sparkctl.cli.console import through_daemon
 
         result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force),
-                                wire.RetestDone)
+                                results.RetestDone)
     else:
         from sparkctl.cli.console import ConsoleReporter
         from sparkctl.deploy import retest as retests

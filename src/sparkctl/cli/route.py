@@ -16,7 +16,7 @@ from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from sparkctl.wire import RouteDone
+    from sparkctl.results import RouteDone
 
 app = typer.Typer(help="Route an alias's requests by their prompt length.", no_args_is_help=True)
 
@@ -114,11 +114,11 @@ def _crossover(rt, fast: str, rest: str) -> tuple[int, list[str]]:  # noqa: ANN0
 
 
 def _route(ctx: typer.Context, alias: str, rules: str) -> RouteDone:
-    from sparkctl import wire
+    from sparkctl import results, wire
 
     rt = runtime(ctx)
     _need_daemon(rt)
-    return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules), wire.RouteDone)
+    return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules), results.RouteDone)
 
 
 def _need_daemon(rt) -> None:  # noqa: ANN001 - the CLI's Runtime

@@ -60,9 +60,9 @@ def stacks(rows: tuple[StackRow, ...]) -> None:
 
 def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
     """`up` through the daemon: its phases as they come, then one line."""
-    from sparkctl import wire
+    from sparkctl import results, wire
 
-    done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), wire.UpDone)
+    done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), results.UpDone)
     verb = "already up, unchanged" if done.unchanged else "up"
     say(f"{stack} {verb}", "green", rest=f" (fingerprint {done.fingerprint}; kept up by the daemon)")
 

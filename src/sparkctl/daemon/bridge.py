@@ -7,8 +7,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 from sparkctl.gateway.proxy import Gateway
+
+
+class GatewayControl(Protocol):
+    """What a switch on a worker thread asks of the gateway (`LoopControl` in the daemon, a
+    recording fake in the switch's unit tests)."""
+
+    def hold(self, alias: str, old: str | None, new: str) -> None: ...
+
+    def release(self, alias: str) -> dict[str, float]: ...
+
+    def drain(self, stack: str) -> bool: ...
+
+    def routes_changed(self) -> None: ...
 
 
 class LoopControl:

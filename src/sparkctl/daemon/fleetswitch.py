@@ -20,15 +20,16 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.routes import Routes
-from sparkctl.daemon.switch import GatewayControl, SwitchFailed
+from sparkctl.daemon.switch import SwitchFailed
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import placement
 from sparkctl.fleet.deploy import Fleetwide
+from sparkctl.results import ParkDone, SwitchDone, WakeDone
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
-from sparkctl.wire import ParkDone, SwitchDone, WakeDone
 
 log = structlog.get_logger()
 

@@ -25,11 +25,11 @@ from sparkctl.deploy.pipeline import Deployer
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.headroom import Headroom
+from sparkctl.results import WakeDone
 from sparkctl.spec.load import Catalog
 from sparkctl.state import desired as desired_file
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
-from sparkctl.wire import WakeDone
 
 log = structlog.get_logger()
 

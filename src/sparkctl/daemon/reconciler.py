@@ -22,8 +22,9 @@ from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
 from sparkctl.deploy.launch import Staged, UpResult
 from sparkctl.errors import SparkctlError
+from sparkctl.results import WakeDone
 from sparkctl.state.desired import Desired
-from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled, WakeDone
+from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled
 
 log = structlog.get_logger()
 

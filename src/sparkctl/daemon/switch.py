@@ -15,33 +15,24 @@ Called by the daemon's API on a worker thread; the gateway part runs on the gate
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
+from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.reconciler import Machine, Reconciler
 from sparkctl.deploy.launch import Staged
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.parking import Park
 from sparkctl.policy.switch import Mode, SwitchPlan
+from sparkctl.results import SwitchDone, WakeDone
 from sparkctl.state.store import Store
-from sparkctl.wire import SwitchDone, WakeDone
 
 log = structlog.get_logger()
-
-
-class GatewayControl(Protocol):
-    def hold(self, alias: str, old: str | None, new: str) -> None: ...
-
-    def release(self, alias: str) -> dict[str, float]: ...
-
-    def drain(self, stack: str) -> bool: ...
-
-    def routes_changed(self) -> None: ...
 
 
 class SwitchFailed(SparkctlError):
@@ -57,8 +48,14 @@ class Switch:
     timings: dict[str, float] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
 
-    def timed(self, name: str) -> _Timer:
-        return _Timer(self.timings, name)
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Time the block into `timings[name]` (seconds), also when it raises."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.monotonic() - start, 3)
 
 
 @dataclass
@@ -263,17 +260,6 @@ class Switcher:
 
     def _note(self, plan: SwitchPlan, text: str) -> None:
         self.reporter.note(plan.alias, text)
-
-
-class _Timer:
-    def __init__(self, timings: dict[str, float], name: str) -> None:
-        self.timings, self.name = timings, name
-
-    def __enter__(self) -> None:
-        self.start = time.monotonic()
-
-    def __exit__(self, *_: object) -> None:
-        self.timings[self.name] = round(time.monotonic() - self.start, 3)
 
 
 def recover(machine: Machine, store: Store) -> list[str]:

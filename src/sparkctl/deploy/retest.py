@@ -27,11 +27,11 @@ from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.images import Measurement, Retrial, parse_ref, plan_retest, retest_tag, retestable
+from sparkctl.results import RetestDone
 from sparkctl.spec import imagefile
 from sparkctl.spec.engine import Image
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Stack
-from sparkctl.wire import RetestDone
 
 TRIAL_SUFFIX = ".retest"
 

@@ -1,7 +1,7 @@
 """What the head's daemon does about a placed replica whose `/health` failed: pure, from one
-observation. The fleet watch (`daemon/fleetwatch.py`) observes once per probe pass (for each
+observation. The fleet watch's probes (`daemon/fleetprobe.py`) observe once per probe pass (for each
 failing replica: Ray's node table before and after its host's agent was asked, that agent's
-`containers()` answer, the book as it is after the answer), decides here, then acts and logs.
+`containers()` answer, the book as it is after the answer), decide here, then act and log.
 
 A replica is started again on its host only when that host's agent answered in this observation
 and reported the stack's container gone or exited, while Ray listed the same live node for the

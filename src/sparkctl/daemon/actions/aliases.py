@@ -15,8 +15,8 @@ from sparkctl.daemon.verdicts import Verdicts
 from sparkctl.errors import SparkctlError
 from sparkctl.policy import routing
 from sparkctl.policy.switch import Leaving, plan_switch
+from sparkctl.results import RouteDone, RouteRule, SwitchDone
 from sparkctl.spec.models import Stack
-from sparkctl.wire import RouteDone, RouteRule, SwitchDone
 
 
 @dataclass

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
-from sparkctl.daemon.switch import GatewayControl
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.settings import Settings

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.parking import Parking
 from sparkctl.errors import ImageRefused, SparkctlError
-from sparkctl.wire import DownDone, UpDone
+from sparkctl.results import DownDone, UpDone
 
 
 @dataclass

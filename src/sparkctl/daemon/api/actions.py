@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sparkctl import wire
+from sparkctl import results, wire
 from sparkctl.daemon.api import http
 from sparkctl.daemon.api.service import COMMANDS, QUERIES, Commands
 from sparkctl.errors import SparkctlError
@@ -83,7 +83,7 @@ async def compare(request: web.Request) -> web.Response:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise http.bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
     written = await asyncio.to_thread(request.app[COMMANDS].trials.compare, chosen, label)
-    return web.json_response(wire.encode_done(written))
+    return web.json_response(results.encode_done(written))
 
 
 async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Commands, Any, str, int], Any],
@@ -113,7 +113,7 @@ async def _queued(actions: Commands, key: str) -> AsyncIterator[int]:
 
 
 async def _stream_action(request: web.Request, names: tuple[str, ...],
-                         work: Callable[[], wire.Done]) -> web.StreamResponse:
+                         work: Callable[[], results.Done]) -> web.StreamResponse:
     """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with
     the outcome. The work starts before the response does: it holds a ticket that must be used.
     Its last event is its own `Finished`, published after all of its others: the stream ends
@@ -122,7 +122,7 @@ async def _stream_action(request: web.Request, names: tuple[str, ...],
     bus = request.app[COMMANDS].bus
     since = bus.last
 
-    def run() -> wire.Done:
+    def run() -> results.Done:
         try:
             return work()
         finally:
