@@ -29,11 +29,6 @@ from tests.fleet.network import LINK
 RAY_TIMEOUT = 40
 START_TIMEOUT = 2 * (RAY_TIMEOUT + 30) + 20  # two `ray start`s (raynode.START_ATTEMPTS), each to its deadline
 IMAGE = "ghcr.io/sparkctl-test/fleet-sim"  # the sim image, as the hosts pull it from the bridge registry
-# Ray 2.60's raylet gives its dashboard agent a fixed 15 s to write its port file and aborts when it
-# misses it (RAY_agent_register_timeout_ms does not reach that wait). Here two tiers share 2 cores
-# and the agent's imports can take longer, so the commands that start Ray (and so every Ray process
-# of a host) run with the scheduler's favour. Engines run in the hosts' dockerds and keep theirs.
-RAY_FAVOUR = ("nice", "-n", "-10")
 
 
 class Cluster:
@@ -50,16 +45,13 @@ class Cluster:
                 "SPARKCTL_HF_CACHE_DIR": str(self.root / host.name / "hf"), "SPARKCTL_DOCKER_HOST": host.docker_url,
                 **self.env}
 
-    def sparkctl(self, host: Host, *args: str, timeout: float = 90,
-                 favour: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-        """`sparkctl ARGS` run on `host` (inside its namespaces) with that host's state dir;
-        `favour` runs it under that prefix (RAY_FAVOUR)."""
-        return subprocess.run([*host.enter(), *favour, sys.executable, "-m", "sparkctl", *args],
-                              capture_output=True, text=True, env=self.env_for(host), timeout=timeout)
+    def sparkctl(self, host: Host, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        """`sparkctl ARGS` run on `host` (inside its namespaces) with that host's state dir."""
+        return subprocess.run([*host.enter(), sys.executable, "-m", "sparkctl", *args], capture_output=True,
+                              text=True, env=self.env_for(host), timeout=timeout)
 
     def fleet(self, *args: str, on: str = "a", timeout: float = 90) -> subprocess.CompletedProcess[str]:
-        favour = RAY_FAVOUR if args[0] in ("init", "join") else ()
-        return self.sparkctl(self.hosts[on], "fleet", *args, timeout=timeout, favour=favour)
+        return self.sparkctl(self.hosts[on], "fleet", *args, timeout=timeout)
 
     def up(self, stack: str, *, wait: float = 240) -> tuple[int, str]:
         """`sparkctl fleet up STACK` on the head: its exit code and output."""

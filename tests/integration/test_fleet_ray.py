@@ -48,9 +48,11 @@ hosts:
     subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
-def sparkctl(root: Path, state: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": str(root / state), "SPARKCTL_FLEET_FILE": str(root / "fleet.yaml"),
-           "SPARKCTL_FLEET_NUM_CPUS": "1", "SPARKCTL_FLEET_OBJECT_STORE_MIB": "100", "SPARKCTL_FLEET_DEAD_AFTER": "2",
+def sparkctl(root: Path, state: str, *args: str, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {}), "SPARKCTL_STATE_DIR": str(root / state),
+           "SPARKCTL_FLEET_FILE": str(root / "fleet.yaml"), "SPARKCTL_FLEET_NUM_CPUS": "1",
+           "SPARKCTL_FLEET_OBJECT_STORE_MIB": "100", "SPARKCTL_FLEET_DEAD_AFTER": "2",
            "SPARKCTL_FLEET_RAY_TIMEOUT": "40", "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "sparkctl", "fleet", *args], capture_output=True, text=True, env=env,
                           timeout=90)
@@ -100,3 +102,25 @@ def test_head_and_worker_on_loopback(fleet_dirs: Path) -> None:
     assert left.returncode == 0, left.stdout + left.stderr
     assert not backend.running(records["a"])
     assert not (root / "a" / "fleet" / local.RECORD_FILE).exists()
+
+
+SLOW_AGENT = """import sys, time
+if any(arg.endswith("dashboard/agent.py") for arg in sys.argv):
+    time.sleep(20)  # Ray 2.60's raylet waits 15 s for this agent's port file unless it is told the port
+"""
+
+
+def test_a_dashboard_agent_slower_than_the_raylets_wait_does_not_fail_the_start(fleet_dirs: Path) -> None:
+    """As on a loaded machine, where the agent's imports take longer than the raylet's fixed wait:
+    `ray start` through `adapters/raystart.py` tells the raylet the port, so the node starts."""
+    site = fleet_dirs / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_AGENT)  # run by every Python process Ray starts
+    done = sparkctl(fleet_dirs, "a", "init", "--host", "a", env={"PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    time.sleep(22)  # the agent has written its port by now; the raylet must still run
+    record = local.read_record(fleet_dirs / "a" / "fleet" / local.RECORD_FILE)
+    assert record is not None
+    running = [Path(f"/proc/{p.pid}/comm").read_text().strip()
+               for p in processes.alive(processes.Session.from_dict(record.handle))]
+    assert "raylet" in running and "gcs_server" in running, running

@@ -133,7 +133,7 @@ def launch(head: str | None) -> NodeLaunch:
 
 
 def test_the_head_command_leaves_nothing_to_ray() -> None:
-    command = start_command(launch(None), ray_bin=Path("/v/bin/ray"))
+    command = start_command(launch(None), ray=["/v/bin/ray"])
     assert "--head" in command and "--port=6379" in command and "--node-ip-address=10.0.0.1" in command
     assert "--include-dashboard=false" in command and "--disable-usage-stats" in command
     assert "--temp-dir=/s/fleet/ray" in command and '--resources={"spark:a": 1}' in command
@@ -145,7 +145,7 @@ def test_the_head_command_leaves_nothing_to_ray() -> None:
 
 
 def test_a_worker_joins_the_head_it_is_given() -> None:
-    command = start_command(launch("10.0.0.9:6379"), ray_bin=Path("ray"))
+    command = start_command(launch("10.0.0.9:6379"), ray=["ray"])
     assert "--address=10.0.0.9:6379" in command and "--head" not in command
     assert not any(part.startswith(("--system-config", "--port=")) for part in command)
 
@@ -173,7 +173,7 @@ def test_a_start_that_missed_rays_registration_wait_is_tried_once_more(tmp_path:
     if again:
         (tmp_path / "ray.fail-again").touch()
     backend = RayBackend(token_file=tmp_path / "token", timeout=10, namespace="t")
-    backend.ray_bin = ray_bin
+    backend.launcher = [str(ray_bin)]
     here = NodeLaunch(host="a", address="127.0.0.1", port=47000, head=None, memory_bytes=GIB,
                       temp_dir=short / "r", log_file=tmp_path / "ray-start.log", object_store_bytes=100 << 20)
     try:

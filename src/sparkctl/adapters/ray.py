@@ -2,7 +2,7 @@
 place or remove placement groups.
 
 Every call is bounded. `ray start` runs as a child with a deadline (`raynode.py`). Ray's client
-calls run in a child too (`adapters/raychild.py`, the only module that imports `ray`): its
+calls run in a child too (`adapters/raychild.py`; it and `raystart.py` alone import `ray`): its
 C++ client retries an absent GCS for 40 s and then aborts the whole process, which a CLI or a
 daemon must not suffer.
 Token authentication is always on: the token is read from a 0600 file whose path (not the token)
@@ -17,7 +17,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ class RayBackend:
 
     def __init__(self, *, token_file: Path, timeout: float, namespace: str) -> None:
         self.token_file, self.timeout, self.namespace = token_file, timeout, namespace
-        self.ray_bin = Path(sys.executable).parent / "ray"
+        self.launcher: Sequence[str] = raynode.LAUNCHER  # what runs `ray start`
 
     # -- this Spark's node --------------------------------------------------------------------
     def start_node(self, launch: NodeLaunch) -> NodeRecord:
@@ -53,7 +53,7 @@ class RayBackend:
         if launch.head is not None:
             self._reachable(launch.head)
         env = raynode.ray_environment(self.token_file, dict(os.environ))
-        return raynode.start(launch, ray_bin=self.ray_bin, env=env, deadline=self.timeout + raynode.REGISTRATION_WAIT)
+        return raynode.start(launch, ray=self.launcher, env=env, deadline=self.timeout + raynode.REGISTRATION_WAIT)
 
     def running(self, record: NodeRecord) -> list[int]:
         return raynode.running(record)

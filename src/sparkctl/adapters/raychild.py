@@ -1,4 +1,4 @@
-"""The child process of the Ray adapter (`adapters/ray.py`), the only module that imports `ray`:
+"""The child process of the Ray adapter (`adapters/ray.py`), which with `raystart.py` alone imports `ray`:
 `python -m sparkctl.adapters.raychild OP` reads its arguments as JSON on stdin, does one thing
 against the head (the node table, a placement group, the host agents; or watches the node
 table) and prints its answer as the last line starting with RESULT. Ray's C++ client aborts the

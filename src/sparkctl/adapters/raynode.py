@@ -10,6 +10,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from sparkctl.adapters import processes
@@ -26,12 +28,15 @@ DASHBOARD_OFFSET = 7  # the head's minimal dashboard process binds one even with
 REGISTRATION_MISSED = "timed out during startup"  # Ray's message when its raylet did not register in time
 REGISTRATION_WAIT = 30.0  # s: Ray's fixed wait for that (ray/_private/node.py)
 START_ATTEMPTS = 2
+# `ray start` through raystart.py, which tells the raylet its agent's port (Ray 2.60 does not)
+LAUNCHER = (sys.executable, "-m", "sparkctl.adapters.raystart")
 START_GRACE = 10.0  # s after a node joins before the head's health checks may declare it dead
 
 
-def start_command(launch: NodeLaunch, *, ray_bin: Path) -> list[str]:
-    """The `ray start` command line for `launch`: every address and port explicit, no token."""
-    command = [str(ray_bin), "start", f"--node-ip-address={launch.address}", f"--temp-dir={launch.temp_dir}",
+def start_command(launch: NodeLaunch, *, ray: Sequence[str] = LAUNCHER) -> list[str]:
+    """The `ray start` command line for `launch` (through `ray`, the launcher): every address and
+    port explicit, no token."""
+    command = [*ray, "start", f"--node-ip-address={launch.address}", f"--temp-dir={launch.temp_dir}",
                f"--resources={json.dumps({host_resource(launch.host): 1})}", f"--memory={launch.memory_bytes}",
                f"--object-store-memory={launch.object_store_bytes}", f"--labels={_labels(launch)}",
                "--disable-usage-stats", f"--min-worker-port={launch.port + WORKER_PORTS[0]}",
@@ -64,13 +69,13 @@ def ray_environment(token_file: Path, base: dict[str, str]) -> dict[str, str]:
     return env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def start(launch: NodeLaunch, *, ray_bin: Path, env: dict[str, str], deadline: float) -> NodeRecord:
+def start(launch: NodeLaunch, *, ray: Sequence[str], env: dict[str, str], deadline: float) -> NodeRecord:
     """Start the node; on any failure stop what the attempt started and say why. A start that
     missed Ray's own fixed wait for its raylet to register (a loaded machine) is tried again, up
     to START_ATTEMPTS times; each has `deadline` s."""
     launch.log_file.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, START_ATTEMPTS + 1):
-        code, session = _start_once(launch, start_command(launch, ray_bin=ray_bin), env=env, deadline=deadline)
+        code, session = _start_once(launch, start_command(launch, ray=ray), env=env, deadline=deadline)
         if code == 0:
             return NodeRecord(host=launch.host, address=launch.address, head=launch.endpoint,
                               is_head=launch.head is None, temp_dir=str(launch.temp_dir), handle=session.to_dict())
