@@ -145,7 +145,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def cli(capsys: pytest.CaptureFixture[str]):
     """Run `sparkctl ARGS...` in-process; returns (exit code, stdout, stderr)."""
     from sparkctl.cli import app as cli_app
-    from sparkctl.cli.main import main
+    from sparkctl.cli.app import main
 
     def run(*args: str) -> tuple[int, str, str]:
         cli_app._runtime.__dict__.clear()

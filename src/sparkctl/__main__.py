@@ -1,5 +1,5 @@
 """`python -m sparkctl` runs the CLI."""
 
-from sparkctl.cli.main import command
+from sparkctl.cli.app import command
 
 command()

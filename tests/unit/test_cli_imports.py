@@ -17,10 +17,3 @@ def test_the_cli_entry_imports_no_heavy_library() -> None:
              f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == [], f"sparkctl.cli.app imports {loaded} at start: import them inside the commands that use them"
-
-
-def test_the_console_script_loads_neither_typer_nor_rich_before_it_knows_the_daemon_answers() -> None:
-    probe = ("import sys, sparkctl.cli.main; "
-             f"print(' '.join(m for m in {HEAVY + ('typer', 'rich', 'sparkctl.wire')!r} if m in sys.modules))")
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert loaded == [], f"sparkctl.cli.main imports {loaded} at start"

@@ -1,15 +1,15 @@
-"""The root `sparkctl` command and its error boundary.
-
-`main()` runs the typer app for the console script (`cli/main.py`) and turns any failure into
-one red line and exit code 1 (the traceback only with `--debug`).
+"""The `sparkctl` console script: the root command, its command groups, and the CLI's one error
+boundary. `main()` runs the typer app and turns any failure into one red line and exit code 1
+(the traceback only with `--debug`; 130 on Ctrl-C).
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -17,8 +17,8 @@ from typer.core import TyperGroup
 from sparkctl import __version__
 from sparkctl.cli import deploy, service
 from sparkctl.cli.console import fail
-from sparkctl.cli.main import failed
 from sparkctl.cli.runtime import Runtime
+from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
     from typer._click import Command, Context
@@ -73,6 +73,14 @@ def version() -> None:
     print(__version__)
 
 
+def command() -> NoReturn:
+    """The console script: `main`, then an exit whose teardown does not walk every object the
+    imports made (`gc.freeze`: about 60 ms less per call, docs/perf.md)."""
+    code = main(sys.argv[1:])
+    gc.freeze()
+    sys.exit(code)
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the typer app; every error ends here as one line and exit code 1."""
     try:
@@ -102,3 +110,15 @@ def _fail(line: str) -> None:
 
         line = Redactor(settings.secrets()).scrub(line)
     fail(line)
+
+
+def failed(e: BaseException, say_error: Callable[[str], None]) -> int:
+    """The boundary's answer to `e`: one line through `say_error`, and the exit code."""
+    if isinstance(e, KeyboardInterrupt):
+        fail("aborted")
+        return 130
+    if isinstance(e, SparkctlError):
+        say_error(f"error: {e}")
+    else:
+        say_error(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+    return 1

@@ -28,7 +28,7 @@ def up(
     if rt.daemon.available():
         views.up(rt.daemon, stack, refresh=refresh, replace=replace)
         return
-    views.no_daemon()  # an unchanged stack was confirmed by the console script already, or by the pipeline next
+    views.no_daemon()
     with ConsoleReporter() as reporter:
         result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
     extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""

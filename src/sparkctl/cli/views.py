@@ -1,6 +1,5 @@
 """What `status`, `stacks list` and `up` print, from the daemon's answer or from this process's
-own reading: one rendering for both, shared by the typer commands and the console script's fast
-path (`cli/main.py`). Rich is imported where a table is drawn, never at import."""
+own reading: one rendering for both. Rich is imported where a table is drawn, never at import."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.cli.console import ConsoleReporter, say, through_daemon
+from sparkctl.cli.console import say, through_daemon
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -65,32 +64,6 @@ def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool
     done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), results.UpDone)
     verb = "already up, unchanged" if done.unchanged else "up"
     say(f"{stack} {verb}", "green", rest=f" (fingerprint {done.fingerprint}; kept up by the daemon)")
-
-
-def up_unchanged(stack: str) -> bool:
-    """`up` without a daemon, answered from the record of the stack's last in-process `up` if it
-    runs as that left it (deploy/quick.py). Opens the state database without loading the
-    settings; False: run the pipeline."""
-    from sparkctl.deploy import quick
-    from sparkctl.locate import STORE_FILE, located
-    from sparkctl.state.store import Store
-
-    path = located()[1] / STORE_FILE
-    if not path.is_file():
-        return False
-    store = Store(path)
-    try:
-        answered = quick.unchanged(store, stack)
-    finally:
-        store.close()
-    if answered is None:
-        return False
-    made, notes = answered
-    no_daemon()
-    for note in notes:
-        ConsoleReporter().note(stack, note)
-    say(f"{stack} already up, unchanged", "green", rest=f": {made.url}/v1 (fingerprint {made.fingerprint})")
-    return True
 
 
 def no_daemon() -> None:

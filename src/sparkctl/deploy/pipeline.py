@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
 from sparkctl.deploy import capacity, image, patches, quick, weights
@@ -66,7 +65,7 @@ class Deployer:
         its last deployment's record when nothing it was made from changed (deploy/quick.py)."""
         stack = self.catalog.stack(name)
         remembered = staged is None and self._remembers(stack)
-        if remembered and not (refresh or replace) and (answered := quick.unchanged(self.store, name)):
+        if remembered and not (refresh or replace) and (answered := quick.unchanged(self.store, name, self.docker)):
             made, notes = answered
             for note in notes:
                 self.reporter.note(name, note)
@@ -102,9 +101,7 @@ class Deployer:
         if files_then is not None:
             quick.made(self.store, stack=name, folders=self._folders(), files_then=files_then,
                        fingerprint=result.fingerprint, parts=prepared.parts, spec_hash=spec_hash(stack),
-                       container=instances.container_name(name, self.settings.instance),
-                       docker_host=self.settings.docker_host, url=result.url,
-                       warnings=[why for _, why in stack.risks()], watch=watched)
+                       url=result.url, warnings=[why for _, why in stack.risks()], watch=watched)
         return dataclasses.replace(result, timings=phases.durations(), headroom=headroom,  # `replace`: a flag here
                                    watched=watched)
 

@@ -3,14 +3,12 @@
 After an `up` ends with its stack running, the pipeline keeps what that deployment was made from:
 the settings' inputs (hashed), the stack, patch and image-policy files (name, inode, size, mtime),
 the newest resolved digest, sparkctl's own code, and the fingerprint and container that came of
-them. The next `up` of the stack compares those with what they are now and asks Docker, over its
-socket, whether that container still runs with that fingerprint. If all agree the pipeline would
-find the same fingerprint running and do nothing, so the call records an unchanged deployment and
-stops there. The CLI asks before it loads anything else (no settings' models, Docker SDK or Hub
-client: docs/perf.md), and the pipeline asks first in its `up`, so a daemon answers a repeated
-`up` the same way. Like the pipeline it asks the registry whether the pinned tag moved (an answer
-is reused for a minute: `Answers`), and says so. Anything else, including `--refresh` and a
-registry that does not answer, runs the pipeline.
+them. The pipeline's `up` first compares those with what they are now and asks Docker whether
+that container still runs with that fingerprint. If all agree the rest of the pipeline would find
+the same fingerprint running and do nothing, so the call records an unchanged deployment and stops
+there: no image resolve, no weights or patches looked at. Like the pipeline it asks the registry
+whether the pinned tag moved (an answer is reused for a minute: `Answers`), and says so. Anything
+else, including `--refresh` and a registry that does not answer, runs the whole pipeline.
 """
 
 from __future__ import annotations
@@ -18,13 +16,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 
 from sparkctl import locate
-from sparkctl.adapters import dockersock
-from sparkctl.container import LABEL_FINGERPRINT, LABEL_SPEC_HASH
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.deploy.progress import moved_note
+from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.state.store import Store
 
@@ -40,8 +37,6 @@ class Made:
     fingerprint: str
     parts: dict[str, str]
     spec_hash: str
-    container: str
-    socket: str  # Docker's
     url: str
     warnings: list[str]  # the stack's opted-in risks, said again on every `up`
     watch: list[str] | None  # (where the registry is asked, the tag): did the pinned tag move?
@@ -60,42 +55,35 @@ def files(folders: list[str]) -> list:
 
 
 def made(store: Store, *, stack: str, folders: list[Path], files_then: list, fingerprint: str,
-         parts: dict[str, str], spec_hash: str, container: str, docker_host: str | None, url: str,
-         warnings: list[str], watch: tuple[str, str] | None, environ: Mapping[str, str] = os.environ) -> None:
+         parts: dict[str, str], spec_hash: str, url: str, warnings: list[str], watch: tuple[str, str] | None,
+         environ: Mapping[str, str] = os.environ) -> None:
     """Keep what a running deployment was made from; `files_then` was read before it began, so an
-    edit during the deploy is seen as a change. Nothing is kept for an engine Docker serves over
-    TCP or SSH: only a socket is asked without the SDK."""
-    socket = dockersock.socket_of(docker_host, environ)
-    if socket is None:
-        return
+    edit during the deploy is seen as a change."""
     record = Made(locate.inputs(environ), [str(f) for f in folders], files_then, store.digests.newest(),
-                  fingerprint, parts, spec_hash, container, str(socket), url, warnings, list(watch) if watch else None)
+                  fingerprint, parts, spec_hash, url, warnings, list(watch) if watch else None)
     store.deployments.remember(stack, asdict(record))
 
 
-def unchanged(store: Store, stack: str, environ: Mapping[str, str] = os.environ) -> tuple[Made, list[str]] | None:
+def unchanged(store: Store, stack: str, docker: DockerEngine, environ: Mapping[str, str] = os.environ
+              ) -> tuple[Made, list[str]] | None:
     """The record of `stack`'s running deployment and the notes to show, if nothing it was made
     from changed and its container runs with its fingerprint; that `up` is then recorded. None:
     run the pipeline."""
     kept = store.deployments.made(stack)
-    if kept is None:
+    try:
+        record = Made(**kept) if kept is not None else None
+    except TypeError:  # kept by an older sparkctl
         return None
-    record = Made(**kept)
-    if (record.inputs != locate.inputs(environ) or record.digests != store.digests.newest()
+    if (record is None or record.inputs != locate.inputs(environ) or record.digests != store.digests.newest()
             or _listed(record.files) != _listed(files(record.folders))):
         return None
-    socket = Path(record.socket)
     try:
-        labels = dockersock.running_labels(socket, record.container)
-        if not labels or labels.get(LABEL_FINGERPRINT) != record.fingerprint \
-                or labels.get(LABEL_SPEC_HASH) != record.spec_hash:
+        running = [c for c in docker.containers(stack) if c.running]
+        if [(c.fingerprint, c.spec_hash) for c in running] != [(record.fingerprint, record.spec_hash)]:
             return None
-        asker = partial(dockersock.registry_digest, socket)
-        moved = store.answers.ask(record.watch[0], asker) if record.watch else None
-    except OSError:
-        return None  # the pipeline says what is wrong with Docker
-    if record.watch and moved is None:
-        return None  # the pipeline asks with the SDK's credentials, and names what failed
+        moved = store.answers.ask(record.watch[0], docker.registry_digest) if record.watch else None
+    except SparkctlError:
+        return None  # the pipeline asks again, and names what failed
     notes = [f"warning: {why}" for why in record.warnings]
     if record.watch and moved != record.parts["image"]:
         notes.append(moved_note(record.watch[1], record.parts["image"], moved))
