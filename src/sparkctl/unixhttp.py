@@ -1,7 +1,6 @@
-"""HTTP/1.1 over a unix socket: how the CLI asks the daemon's API and, for its one read that must
-not wait for the Docker SDK's import, Docker's. A request per connection; responses are framed by
-llhttp (httptools, as the gateway's are). Not `http.client`: its email-parser and ssl imports
-cost a CLI call about 45 ms (docs/perf.md)."""
+"""HTTP/1.1 over a unix socket: how the CLI asks the daemon's API. A request per connection;
+responses are framed by llhttp (httptools, as the gateway's are). Not `http.client`: its
+email-parser and ssl imports cost a CLI call about 45 ms (docs/perf.md)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ arrives, so it needs far less than a general HTTP client, and it works without a
 through the event loop's queue: a request is written to a pooled connection in one `write`
 straight from the caller, and each piece of the answer is handed to the caller's `Sink` from the
 socket's own callback, de-chunked, in the pieces the socket delivered. That is what keeps the
-time the gateway adds to a first token near zero even when it is busy with many streams.
+time the gateway adds to a first token near zero even when it is busy with many streams. The
+answer is framed by llhttp (httptools' response parser), as the client's request is.
 
 A connection goes back to the pool (`pool.py`, which sends every request) only after a response
 that ended cleanly; any other end closes it, which is also how a client's disconnect reaches the
@@ -25,7 +26,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from sparkctl.gateway.http1 import Dechunker, Malformed, fields, split_head
+import httptools
 
 if TYPE_CHECKING:
     from sparkctl.gateway.pool import EnginePool
@@ -123,7 +124,6 @@ class EngineConnection(asyncio.Protocol):
         self.closed = self.paused = False
         self.uses = 0
         self.idle_since = 0.0
-        self.buffer = b""
         self.heard = 0.0  # when the engine last sent a byte, or reading last resumed (monotonic)
         self.watch: asyncio.TimerHandle | None = None  # the stall check of a call with a bound
 
@@ -133,9 +133,10 @@ class EngineConnection(asyncio.Protocol):
             return
         self.call, call.conn = call, self
         self.uses += 1
-        self.buffer, self.answered, self.headed, self.ended = b"", False, False, False
-        self.length: int | None = None  # bytes of body left (Content-Length framing)
-        self.dechunker: Dechunker | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.answered = self.headed = self.ended = self.framed = False
+        self.headers: list[tuple[str, str]] = []
+        self.pieces: list[bytes] = []  # the body's bytes of one `data_received`
         self.reusable = True
         self.reading(not call.paused)
         assert self.transport is not None
@@ -177,7 +178,7 @@ class EngineConnection(asyncio.Protocol):
         elif not self.headed:
             call.sink.failed(UpstreamError("the engine closed the connection before answering",
                                            unanswered=not self.answered))
-        elif self.length is None and self.dechunker is None:
+        elif not self.framed:
             call.sink.body(b"", True)  # a body framed by the connection's end
         else:
             call.sink.failed(UpstreamError("the engine closed the connection mid-response"))
@@ -189,24 +190,54 @@ class EngineConnection(asyncio.Protocol):
             return
         self.answered, self.heard = True, time.monotonic()
         try:
-            if not self.headed:
-                data = self._head(self.buffer + data, call)
-                if data is None or self.call is None:
-                    return
-            piece = self._body(data)
-        except Malformed as e:
-            self.call = None
-            self.close()
-            call.sink.failed(UpstreamError(f"bad response from the engine: {e}"))
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            if not self.ended:
+                self.call = None
+                self.close()
+                call.sink.failed(UpstreamError(f"bad response from the engine: {e}"))
+                return
+            self.reusable = False  # bytes after the answer: the connection is not trusted again
+        if self.call is None:  # the sink cancelled the call while taking the head
             return
+        piece, self.pieces = b"".join(self.pieces), []
         if self.ended:
             self.call = None
             self._unwatch()
-            if self.reusable and not self.buffer:
+            if self.reusable:
                 self.pool.give_back(self)
             else:
                 self.close()
-        call.sink.body(piece, self.ended)
+        if self.headed:
+            call.sink.body(piece, self.ended)
+
+    # --- httptools' callbacks: one answer, after any interim (1xx) ones ----------------------------
+    def on_message_begin(self) -> None:
+        self.headers = []
+        if self.ended:  # the engine sent more than the answer
+            self.reusable = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 or self.ended or self.call is None:
+            return
+        named = {name.lower(): value for name, value in self.headers}
+        length = 0 if status in (204, 304) else named.get("content-length")
+        self.framed = length is not None or "transfer-encoding" in named
+        self.reusable = self.reusable and self.framed and self.parser.should_keep_alive()
+        self.headed = True
+        self.call.sink.head(status, self.headers, None if length is None else int(length))
+
+    def on_body(self, body: bytes) -> None:
+        if not self.ended:
+            self.pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.headed:
+            self.ended = True
 
     def _check_stall(self) -> None:
         """The call's bound: fail it once its engine has been silent that long (while reading)."""
@@ -227,47 +258,3 @@ class EngineConnection(asyncio.Protocol):
         if self.watch is not None:
             self.watch.cancel()
             self.watch = None
-
-    def _head(self, data: bytes, call: Call) -> bytes | None:
-        """Parses the status line and headers; the bytes after them, None while incomplete."""
-        while True:
-            split = split_head(data)
-            if split is None:
-                self.buffer = data
-                return None
-            lines, start = split
-            data = data[start:]
-            version, _, rest = lines[0].partition(" ")
-            if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
-                raise Malformed(f"status line {lines[0][:40]!r}")
-            status = int(rest[:3])
-            if not 100 <= status < 200:  # else an interim response: the real one follows
-                break
-        headers = fields(lines[1:])
-        named = {name.lower(): value.lower() for name, value in headers}
-        self.reusable = version == "HTTP/1.1" and "close" not in named.get("connection", "")
-        if status in (204, 304):
-            self.length = 0
-        elif "chunked" in named.get("transfer-encoding", ""):
-            self.dechunker = Dechunker()
-        elif "content-length" in named:
-            if not named["content-length"].isdigit():
-                raise Malformed(f"Content-Length {named['content-length'][:20]!r}")
-            self.length = int(named["content-length"])
-        else:
-            self.reusable = False  # the body runs until the connection closes
-        self.headed, self.buffer = True, b""
-        call.sink.head(status, headers, self.length)
-        return data
-
-    def _body(self, data: bytes) -> bytes:
-        if self.length is not None:
-            piece = data[:self.length]
-            self.length -= len(piece)
-            self.ended, self.buffer = self.length == 0, data[len(piece):]
-            return piece
-        if self.dechunker is not None:
-            piece = self.dechunker.feed(data)
-            self.ended, self.buffer = self.dechunker.ended, self.dechunker.rest
-            return piece
-        return data
