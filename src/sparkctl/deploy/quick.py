@@ -2,9 +2,9 @@
 
 After an `up` ends with its stack running, the pipeline keeps what that deployment was made from:
 the settings' inputs (hashed), the stack, patch and image-policy files (name, inode, size, mtime),
-the newest resolved digest, sparkctl's own code, and the fingerprint and container that came of
-them. The pipeline's `up` first compares those with what they are now and asks Docker whether
-that container still runs with that fingerprint. If all agree the rest of the pipeline would find
+the newest resolved digest, sparkctl's own code, and the fingerprint that came of them. The
+pipeline's `up` first compares those with what they are now and asks Docker whether the stack's
+one running container has that fingerprint. If all agree the rest of the pipeline would find
 the same fingerprint running and do nothing, so the call records an unchanged deployment and stops
 there: no image resolve, no weights or patches looked at. Like the pipeline it asks the registry
 whether the pinned tag moved (an answer is reused for a minute: `Answers`), and says so. Anything
