@@ -82,9 +82,12 @@ def overhead(env: dict[str, str], *, settle: float = 0) -> tuple[float, float, f
 
 
 def repeated(env: dict[str, str]) -> float:
+    name = container_name(STACK, env["SPARKCTL_INSTANCE"])
+    # if the `up` is not unchanged: was the container still running before it?
+    state = subprocess.run(["docker", "inspect", "-f", "{{json .State}}", name], capture_output=True, text=True).stdout
     start = time.perf_counter()
     out = sparkctl(env, "up", STACK).stdout
-    assert "unchanged" in out, out
+    assert "unchanged" in out, f"{out}\nthe container before this `up`: {state}"
     return time.perf_counter() - start
 
 
