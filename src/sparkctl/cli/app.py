@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
@@ -95,7 +95,7 @@ def main(argv: Sequence[str]) -> int:
         e.show()
         return getattr(e, "exit_code", 2)
     except Exception as e:  # noqa: BLE001 - the boundary: a bug must still end in one line
-        return failed(e, _fail)
+        return failed(e)
     return code if isinstance(code, int) else 0
 
 
@@ -112,13 +112,13 @@ def _fail(line: str) -> None:
     fail(line)
 
 
-def failed(e: BaseException, say_error: Callable[[str], None]) -> int:
-    """The boundary's answer to `e`: one line through `say_error`, and the exit code."""
+def failed(e: BaseException) -> int:
+    """The boundary's answer to `e`: one line (`_fail`), and the exit code."""
     if isinstance(e, KeyboardInterrupt):
         fail("aborted")
         return 130
     if isinstance(e, SparkctlError):
-        say_error(f"error: {e}")
+        _fail(f"error: {e}")
     else:
-        say_error(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+        _fail(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
     return 1
