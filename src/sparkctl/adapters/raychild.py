@@ -48,28 +48,50 @@ def _child_agents(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     pending: dict[str, Any] = {}
     for host in args["hosts"]:
         try:
-            actor = ray.get_actor(agent_name(host), namespace=namespace)
+            pending[host] = ray.get_actor(agent_name(host), namespace=namespace)
         except ValueError:
             answers[host] = {"error": f"no agent runs for host {host!r}: start its node (`sparkctl fleet join` "
                                       "on that Spark), then retry"}
-            continue
-        pending[host] = actor.call.remote(args["method"], *args["args"])
-    ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=args["wait"]) if pending else ([], [])
-    for host, ref in pending.items():
-        answers[host] = _agent_result(ray, ref) if ref in ready else {
-            "error": f"its agent did not answer within {args['wait']:g} s (host down, or Ray has not seen it back)"}
+    answers.update(_calls(ray, pending, args["method"], args["args"], args["wait"]))
     return answers
 
 
-def _agent_result(ray: Any, ref: Any) -> dict[str, Any]:
-    try:
-        return {"value": ray.get(ref, timeout=1)}
-    except Exception as e:  # noqa: BLE001 - any failure is that host's answer, not the whole call's
-        cause = getattr(e, "cause", None) or e
-        if isinstance(cause, RuntimeError):  # the agent's own refusal (`HostAgent.call`), whole
-            return {"error": str(cause)[:2000]}
-        text = " ".join(line.strip() for line in str(cause).splitlines() if line.strip())
-        return {"error": f"{type(cause).__name__}: {text}"[:500]}
+def _calls(ray: Any, actors: dict[str, Any], method: str, call_args: list, wait: float) -> dict[str, dict[str, Any]]:
+    """Each host's answer to one call, within `wait`. An agent Ray is restarting (its node just came
+    back) refuses calls until it runs again: such a call is sent again, as it never reached the agent."""
+    import time
+
+    from ray.exceptions import ActorUnavailableError
+
+    deadline = time.monotonic() + wait
+    answers: dict[str, dict[str, Any]] = {}
+    pending = {host: actor.call.remote(method, *call_args) for host, actor in actors.items()}
+    while pending:
+        left = deadline - time.monotonic()
+        ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=max(left, 0))
+        if not ready:
+            break
+        host = next(host for host, ref in pending.items() if ref == ready[0])
+        try:
+            answers[host] = {"value": ray.get(pending.pop(host), timeout=1)}
+        except Exception as e:  # noqa: BLE001 - any failure is that host's answer, not the whole call's
+            if not isinstance(getattr(e, "cause", None) or e, ActorUnavailableError):
+                answers[host] = _agent_error(e)
+                continue
+            time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
+            pending[host] = actors[host].call.remote(method, *call_args)
+    for host in pending:
+        answers[host] = {"error": f"its agent did not answer within {wait:g} s (host down, or Ray has not seen "
+                                  "it back)"}
+    return answers
+
+
+def _agent_error(e: Exception) -> dict[str, Any]:
+    cause = getattr(e, "cause", None) or e
+    if isinstance(cause, RuntimeError):  # the agent's own refusal (`HostAgent.call`), whole
+        return {"error": str(cause)[:2000]}
+    text = " ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+    return {"error": f"{type(cause).__name__}: {text}"[:500]}
 
 
 def _child_nodes(head: str, client: Any = None) -> list[dict[str, Any]]:
