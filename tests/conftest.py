@@ -122,10 +122,19 @@ def wait_for(check, timeout: float = 30, what: str = "", logs=lambda: "") -> Non
         time.sleep(0.02)
 
 
+def stop_daemon(state_dir: Path) -> None:
+    """Stop the daemon a command of the test started on `state_dir` (the CLI starts one when none
+    runs), before the test's containers are removed: it would start them again."""
+    from sparkctl.cli.client import DaemonClient
+
+    DaemonClient(state_dir / "sparkctl.sock").stop()
+
+
 @pytest.fixture
-def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A copy of stacks/ and patches/, with settings pointed at it, a private state dir, and an
-    instance of its own on free ports: safe beside an owner's live stacks."""
+    instance of its own on free ports: safe beside an owner's live stacks. The daemon its
+    commands start is stopped at the end."""
     for name in ("stacks", "patches", "compose"):
         shutil.copytree(ROOT / name, tmp_path / name)
     for key, value in sandbox.environment("test").items():
@@ -138,7 +147,8 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("SPARKCTL_HF_TOKEN", raising=False)
     monkeypatch.chdir(tmp_path)
-    return tmp_path
+    yield tmp_path
+    stop_daemon(tmp_path / "state")
 
 
 @pytest.fixture
@@ -343,6 +353,7 @@ def world(workspace, published, hub, monkeypatch, engine):
     monkeypatch.setenv("SPARKCTL_GPUS", "none")
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
     yield workspace
+    stop_daemon(workspace / "state")
     sandbox.remove(instance())
 
 

@@ -17,6 +17,8 @@ class UpDone:
     stack: str
     fingerprint: str
     unchanged: bool
+    url: str = ""  # the engine's, without /v1
+    acceptance: float | None = None  # a DFlash stack's speculative acceptance, measured at its canary
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def test_a_stack_on_real_vllm_goes_through_every_phase_and_parks_by_stopping(wor
         assert code == 0, err + out
         for phase in ("starting", "loading", "ready", "canary", "running"):
             assert phase in out
-        assert "local build" in out and "tiny-cpu up (fingerprint" in out
+        assert "local build" in out and "tiny-cpu up: http://127.0.0.1:" in out
         assert "its platform has no sleep mode" in out and "started again without it" in out
         assert "full-context requests fit (KV cache" in out  # read from the real engine, through the daemon
         [row] = json.loads(cli("status", "--json")[1])

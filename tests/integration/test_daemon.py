@@ -46,12 +46,11 @@ def fresh_cli(*args: str) -> str:
 
 
 def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, cli, engine) -> None:
-    listed = cli("stacks", "list")[1]  # in-process, before the daemon runs
     daemon = start_daemon()
-    assert daemon.client.get("/v1/stacks")["stacks"] and cli("stacks", "list")[1] == listed  # the same, from it
+    assert daemon.client.get("/v1/stacks")["stacks"] and "qwen36-dflash" in cli("stacks", "list")[1]
     assert (world / "state" / "sparkctl.sock").stat().st_mode & 0o777 == 0o600
     code, out, err = cli("up", "qwen36-dflash")
-    assert code == 0 and "kept up by the daemon" in out and "resolving" in out, err
+    assert code == 0 and "qwen36-dflash up: http://127.0.0.1:" in out and "resolving" in out, err
     assert daemon.client.get("/v1/desired")["stacks"] == ["qwen36-dflash"]
     out = fresh_cli("up", "qwen36-dflash")  # again: confirmed from its deployment's record, no pipeline
     assert "already up, unchanged" in out and "resolving" not in out and out.rstrip().endswith("0 []"), out
@@ -65,6 +64,35 @@ def test_socket_is_private_and_up_goes_through_the_daemon(start_daemon, world, c
                                                             text=True).stdout.splitlines()
                  if f"pid={daemon.proc.pid}," in line]
     assert listening == [f"127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"]  # the gateway only; no TCP API
+
+
+def test_a_command_without_a_daemon_starts_one_that_outlives_it(world, engine) -> None:
+    """Deploys run in the daemon only: two commands that find none start one between them, detached
+    (it outlives them); `daemon --stop` ends it, its stack keeps running, and the next command's
+    daemon adopts it."""
+    def sparkctl(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "sparkctl", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    both = [sparkctl("status", "--json"), sparkctl("status", "--json")]
+    answers = [(p.communicate(timeout=120), p.returncode) for p in both]
+    assert [(json.loads(out), code) for (out, _), code in answers] == [([], 0), ([], 0)], answers
+    said = [err for (_, err), _ in answers if "started the sparkctl daemon" in err]
+    client = DaemonClient(world / "state" / "sparkctl.sock")
+    pid = client.holder()
+    assert len(said) == 1 and f"(pid {pid}, log {world / 'state' / 'daemon.log'})" in said[0], answers
+    assert client.available()  # after both commands ended
+    up = sparkctl("up", "qwen36-dflash")
+    out, err = up.communicate(timeout=180)
+    assert up.returncode == 0 and "qwen36-dflash up: http://127.0.0.1:" in out and "started" not in err, err
+    stop = subprocess.run([sys.executable, "-m", "sparkctl", "daemon", "--stop"], capture_output=True, text=True,
+                          timeout=60)
+    assert stop.returncode == 0 and f"stopped the daemon (pid {pid})" in stop.stdout, stop.stderr
+    assert client.holder() is None and engine.client.containers.get(name("qwen36-dflash")).status == "running"
+    again = sparkctl("status", "--json")
+    out, err = again.communicate(timeout=120)
+    [row] = json.loads(out)
+    assert row["stack"] == "qwen36-dflash" and row["phase"] == "running" and client.holder() not in (None, pid)
 
 
 def test_a_killed_engine_is_restarted_and_the_crash_recorded(start_daemon, cli, engine) -> None:
@@ -131,7 +159,7 @@ def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine
     rng = random.Random(20261129)
     daemon = start_daemon()
     for point in range(POINTS):
-        worker = threading.Thread(target=cli, args=("up", "qwen36-dflash"))
+        worker = threading.Thread(target=asking, args=(daemon.client, "/v1/up", {"stack": "qwen36-dflash"}))
         if point % 2:  # also while a previous version is running: a changed engine env recreates it
             monkeypatch.setenv("SPARKCTL_ENGINE_ENV", f"SPARKCTL_SIM_TIME_SCALE=0.01,RUN={point}")
         worker.start()
@@ -148,6 +176,16 @@ def test_kill9_at_random_points_of_up_converges(start_daemon, world, cli, engine
     assert store.integrity_ok()
     assert all(d.phase.is_terminal() for d in store.deployments.history("qwen36-dflash"))
     assert len(containers(engine)) <= 1
+
+
+def asking(client, path: str, body: dict) -> None:  # noqa: ANN001 - a DaemonClient
+    """An action asked of `client` (not through the CLI, which would start a daemon if it found
+    none), followed to its end or to its daemon's death."""
+    try:
+        for _ in client.stream(path, body):
+            pass
+    except (OSError, SparkctlError):
+        pass
 
 
 def test_concurrent_ups_make_one_container_and_up_down_race_ends_in_the_later(start_daemon, cli, engine) -> None:

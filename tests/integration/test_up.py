@@ -6,10 +6,8 @@ container, and the previous deployment still running."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -89,13 +87,8 @@ def test_up_again_is_a_no_op_and_status_shows_it(world, cli, engine) -> None:
 def test_an_unchanged_up_is_answered_from_its_record_until_anything_it_was_made_from_changes(
         world, cli, engine, monkeypatch) -> None:
     assert cli("up", "qwen36-dflash")[0] == 0
-    # a fresh CLI process answers from the record: no phase of the pipeline runs, the Hub client never loads
-    probe = ("import sys; from sparkctl.cli.app import main; code = main(['up', 'qwen36-dflash']); print(code, "
-             "'huggingface_hub' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe], env=os.environ, capture_output=True, text=True).stdout
-    assert "already up, unchanged" in out and out.rstrip().endswith("0 False") and "resolving" not in out, out
-    from sparkctl.state.store import Store
-
+    code, out, _ = cli("up", "qwen36-dflash")  # the daemon answers from the record: no phase of the pipeline runs
+    assert code == 0 and "already up, unchanged" in out and "resolving" not in out, out
     store = Store(world / "state" / "sparkctl.db")
     [latest, previous, *_] = store.deployments.history("qwen36-dflash")
     assert latest.phase == "running" and latest.fingerprint == previous.fingerprint
@@ -111,14 +104,16 @@ def test_an_unchanged_up_is_answered_from_its_record_until_anything_it_was_made_
     stack = world / "stacks" / "qwen36-dflash.yaml"
     stack.write_text(stack.read_text() + "# an edit that changes nothing the engine sees\n")
     through_the_pipeline()
-    monkeypatch.setenv("SPARKCTL_GATEWAY_PORT", "1")  # a setting
+    monkeypatch.setenv("SPARKCTL_RESYNC_INTERVAL", "29")  # a setting, which a daemon reads at its start
+    assert cli("daemon", "--stop")[0] == 0
     through_the_pipeline()
     through_the_pipeline("--refresh")
     store.digests.record("hf:elsewhere@main", "0" * 40)  # a pin or revision resolved since
     through_the_pipeline()
     engine.client.containers.get(name("qwen36-dflash")).stop(timeout=0)  # the container stopped behind its back
-    code, out, _ = cli("up", "qwen36-dflash")
-    assert code == 0 and "starting" in out and "qwen36-dflash up:" in out, out
+    code, out, _ = cli("up", "qwen36-dflash")  # the daemon starts it again (the `up` shows it), or the `up` does
+    assert code == 0 and "starting" in out, out
+    assert engine.client.containers.get(name("qwen36-dflash")).status == "running"
 
 
 def test_without_the_shim_the_engine_fails_and_sparkctl_names_the_hint(world, cli, engine) -> None:
@@ -219,11 +214,19 @@ def assert_still_running(engine, container_id: str) -> None:
     assert (c["Id"], c["State"]) == (container_id, "running")
 
 
+def test_a_multi_node_stack_does_not_start_on_one_spark(world, cli, engine) -> None:
+    stack_file(world, "group", "extends: qwen36-dflash\nparallel: {tensor: 2, nodes: 2}\n")
+    code, _, err = cli("up", "group")
+    assert code == 1 and "multi-node stack (2 ranks)" in err and "sparkctl fleet up group" in err
+    assert not ours(engine)
+
+
 def test_blacklisted_tag(world, cli, engine) -> None:
     stack_file(world, "gemma-latest", "extends: aeon-gemma4-v2\nimage:\n  tag: latest\n  allow_latest: true\n")
     code, _, err = cli("up", "gemma-latest")
-    assert code == 1 and err.count("\n") == 1
-    assert "blacklisted since 2026-06-10: DFlash acceptance dropped to ~10%" in err
+    [started, error] = err.splitlines()  # the daemon this command started, then one line for the refusal
+    assert code == 1 and started.startswith("started the sparkctl daemon")
+    assert "blacklisted since 2026-06-10: DFlash acceptance dropped to ~10%" in error
     assert not ours(engine)
 
 
@@ -283,8 +286,8 @@ def test_patch_target_missing_from_the_image(world, cli, engine) -> None:
         "    attributes: {x: '()'}\n")
     stack_file(world, "wrong", "extends: qwen36-dflash\npatches: [dspark-dflash, wrong]\n")
     code, _, err = cli("up", "wrong")
-    assert code == 1 and err.count("\n") == 1
-    assert f"patch target {VLLM}/v1/spec_decode/nope.py is missing from the image" in err
+    [_started, error] = err.splitlines()
+    assert code == 1 and f"patch target {VLLM}/v1/spec_decode/nope.py is missing from the image" in error
     assert not ours(engine)
 
 
@@ -307,11 +310,13 @@ def test_failed_redeploy_keeps_the_previous_one_running(world, cli, engine, monk
         (world / "stacks" / "qwen36-dflash.yaml").read_text() + "health:\n  load: 10\n")  # the first up's too
     running = up_ok_then(cli, engine)
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", f"{FAST},SPARKCTL_SIM_FAULTS={fault}")
+    assert cli("daemon", "--stop")[0] == 0  # the next one reads the setting
     code, _, err = cli("up", "qwen36-dflash")
     assert code == 1 and words in err, err
     assert_still_running(engine, running)
     assert engine.client.containers.get(name("qwen36-dflash")).id == running
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", FAST)
+    assert cli("daemon", "--stop")[0] == 0
     code, out, _ = cli("up", "qwen36-dflash")
     assert code == 0 and "unchanged" in out
 

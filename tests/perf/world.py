@@ -91,6 +91,9 @@ def world(*, time_scale: str = "0.01") -> Iterator[tuple[dict[str, str], Hub]]:
             try:
                 yield env, hub.hub
             finally:
+                from sparkctl.cli.client import DaemonClient
+
+                DaemonClient(root / "state" / "sparkctl.sock").stop()  # one a command started, before its stacks go
                 sandbox.remove(instance["SPARKCTL_INSTANCE"])
                 stop(registry.proc, 10)
 

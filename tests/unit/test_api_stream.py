@@ -63,7 +63,7 @@ def test_the_stream_ends_when_the_action_does_not_when_its_result_arrives() -> N
     lines, took = asyncio.run(main())
     assert [line["kind"] for line in lines] == ["note", "outcome"]
     assert lines[-1]["ok"] and lines[-1]["result"] == {"done": "up", "stack": "a", "fingerprint": "f" * 12,
-                                                   "unchanged": True}
+                                                   "unchanged": True, "url": "", "acceptance": None}
     assert took < 5, f"the stream waited {took:.1f} s for the next event poll"
 
 

@@ -415,8 +415,3 @@ def test_a_stack_that_would_listen_beyond_loopback_is_not_placed() -> None:
     with pytest.raises(SparkctlError, match="listen beyond loopback"):
         placeable(wide)
     assert placeable(Stack.model_validate(MINIMAL)).vllm.host == "127.0.0.1"
-
-
-def test_a_group_does_not_start_on_one_spark(group_workspace: Path, cli) -> None:
-    code, _, err = cli("up", "group")
-    assert code == 1 and "multi-node stack (2 ranks)" in err and "sparkctl fleet up group" in err

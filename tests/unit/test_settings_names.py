@@ -55,7 +55,7 @@ def test_the_names_are_the_prefixed_field_or_its_aliases() -> None:
 @pytest.mark.parametrize("name", ["SPARKCTL_HF_TOKEN", "HF_TOKEN"])
 def test_a_bad_token_names_the_variable_set_and_never_the_token(workspace: Path, cli, monkeypatch, name: str) -> None:
     monkeypatch.setenv(name, TOKEN)
-    code, out, err = cli("stacks", "list")
+    code, out, err = cli("stacks", "show", "qwen36-dflash")
     assert code == 1 and err.startswith(f"error: setting {name} is invalid: holds whitespace"), err
     assert "SPARKCTL_SPARKCTL" not in err and "abcdefghij" not in out + err and "klmnop" not in out + err
 

@@ -139,8 +139,6 @@ def agent_cmd(
     from sparkctl.report import agent as agent_report
 
     rt = runtime(ctx)
-    if not rt.daemon.available():
-        raise SparkctlError("the agent benchmark goes through the gateway: start `sparkctl daemon` first")
     spec, settings = agent.shape(session), rt.settings
     routes = rt.daemon.get("/v1/desired").get("routes", {})
     stacks: dict[str, list[str]] = {}  # target -> the stacks that may answer it
@@ -251,25 +249,16 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
 
 
 def _up(rt, name: str) -> None:
+    from sparkctl.cli.console import through_daemon
     from sparkctl.results import UpDone
     from sparkctl.wire import UpRequest
 
-    _deploy_step(rt, "/v1/up", UpRequest(name, replace=True), UpDone, lambda d: d.up(name, replace=True))
+    through_daemon(rt.daemon, "/v1/up", UpRequest(name, replace=True), UpDone)
 
 
 def _down(rt, name: str) -> None:
+    from sparkctl.cli.console import through_daemon
     from sparkctl.results import DownDone
     from sparkctl.wire import DownRequest
 
-    _deploy_step(rt, "/v1/down", DownRequest(name), DownDone, lambda d: d.down(name))
-
-
-def _deploy_step(rt, path: str, request, done, in_process) -> None:
-    """Through the daemon when it runs (it must not find a stack it didn't deploy), else here."""
-    from sparkctl.cli.console import ConsoleReporter, through_daemon
-
-    if rt.daemon.available():
-        through_daemon(rt.daemon, path, request, done)
-        return
-    with ConsoleReporter() as reporter:
-        in_process(rt.deployer(reporter))
+    through_daemon(rt.daemon, "/v1/down", DownRequest(name), DownDone)

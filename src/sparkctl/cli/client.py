@@ -1,11 +1,17 @@
 """The CLI's client for the daemon's unix-socket API (stdlib and httptools, so a call through the daemon
-starts fast; `locate` finds the socket without loading the settings)."""
+starts fast; `locate` finds the socket without loading the settings), and the daemon's start and
+stop from the CLI: every action runs in the daemon, so a command that finds none starts one."""
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +19,10 @@ from typing import Any
 from sparkctl.errors import SparkctlError
 from sparkctl.locate import LOCK_FILE
 from sparkctl.unixhttp import Response, UnixHTTP
+
+DAEMON_LOG = "daemon.log"  # a daemon the CLI started writes its log here, in its state dir
+STARTS_WITHIN = 60.0  # s for a started daemon to answer (its imports and recovery, on a loaded machine)
+STOPS_WITHIN = 30.0  # s for a daemon to end after SIGTERM (it finishes what it is doing first)
 
 
 class DaemonClient:
@@ -23,15 +33,8 @@ class DaemonClient:
         """Whether a daemon runs on this state dir: it holds the dir's lock file for its lifetime,
         and its socket accepts connections. Neither depends on the daemon's event loop, so a busy
         daemon (or one whose desired.yaml is broken) is never mistaken for none."""
-        try:
-            with open(self.path.with_name(LOCK_FILE)) as lock:
-                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                fcntl.flock(lock, fcntl.LOCK_UN)
-                return False  # nobody holds it: no daemon (a socket file left behind is stale)
-        except BlockingIOError:
-            pass
-        except FileNotFoundError:
-            return False
+        if self.holder() is None:
+            return False  # no daemon (a socket file left behind is stale)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(5)
@@ -39,6 +42,58 @@ class DaemonClient:
         except OSError:
             return False  # starting: it holds the lock but does not listen yet
         return True
+
+    def holder(self) -> int | None:
+        """The pid of the daemon holding the state dir's lock, None when no process holds it."""
+        try:
+            with open(self.path.with_name(LOCK_FILE)) as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return int(lock.read().strip() or 0)  # the daemon writes its pid there
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                return None
+        except FileNotFoundError:
+            return None
+
+    def ensure(self) -> int | None:
+        """Start a daemon when none runs, detached (its own session, outliving this command), with
+        this process's environment and working directory as its settings and its log in DAEMON_LOG;
+        wait until it answers. Returns the started daemon's pid, None when another one answers. Two
+        commands that start one at once end up with the same daemon: the second one's finds the
+        lock held and exits, and both wait for the first."""
+        if self.available():
+            return None
+        state = self.path.parent
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(state / DAEMON_LOG, "ab") as log:
+            child = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + STARTS_WITHIN
+        while not self.available():
+            if child.poll() is not None and self.holder() is None:
+                raise SparkctlError(f"the daemon did not start (exit code {child.returncode}): "
+                                    f"{_last_line(state / DAEMON_LOG)}; its log: {state / DAEMON_LOG}")
+            if time.monotonic() > deadline:
+                raise SparkctlError(f"the daemon (pid {child.pid}) did not answer within {STARTS_WITHIN:g} s of "
+                                    f"its start; its log: {state / DAEMON_LOG}")
+            time.sleep(0.02)
+        return child.pid if self.holder() == child.pid else None  # else another command's start won
+
+    def stop(self) -> int | None:
+        """SIGTERM to the daemon on this state dir, and wait until it has ended; its engines keep
+        running, for the next daemon to adopt. Returns its pid, None when none ran."""
+        pid = self.holder()
+        if not pid:
+            return None
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOPS_WITHIN
+        while self.holder() == pid:
+            if time.monotonic() > deadline:
+                raise SparkctlError(f"the daemon (pid {pid}) did not end within {STOPS_WITHIN:g} s of SIGTERM; "
+                                    f"its log: {self.path.with_name(DAEMON_LOG)}")
+            time.sleep(0.02)
+        return pid
 
     def get(self, path: str, *, timeout: float | None = None) -> Any:
         return self._call("GET", path, None, timeout)
@@ -65,6 +120,14 @@ def _events(response: Response) -> Iterator[dict[str, Any]]:
         for line in response.lines():
             if line.strip():
                 yield json.loads(line)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1][:500] if lines else "an empty log"
 
 
 def _message(response: Response) -> str:

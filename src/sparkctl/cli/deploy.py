@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import typer
 
 from sparkctl.cli import views
-from sparkctl.cli.console import ConsoleReporter, say, through_daemon
+from sparkctl.cli.console import ConsoleReporter, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
-
-if TYPE_CHECKING:
-    from sparkctl.cli.client import DaemonClient
 
 patch_app = typer.Typer(help="Check a stack's patches against its image.", no_args_is_help=True)
 
@@ -24,28 +19,15 @@ def up(
     replace: bool = typer.Option(False, "--replace", help="Stop the stacks in the way if memory is short."),
 ) -> None:
     """Bring STACK up: image by digest, weights, patches, container, health checks."""
-    rt = runtime(ctx)
-    if rt.daemon.available():
-        views.up(rt.daemon, stack, refresh=refresh, replace=replace)
-        return
-    views.no_daemon()
-    with ConsoleReporter() as reporter:
-        result = rt.deployer(reporter).up(stack, refresh=refresh, replace=replace)
-    extra = f", speculative acceptance {result.acceptance:.2f}" if result.acceptance is not None else ""
-    verb = "up" if result.changed else "already up, unchanged"
-    say(f"{stack} {verb}", "green", rest=f": {result.url}/v1 (fingerprint {result.fingerprint}{extra})")
+    views.up(runtime(ctx).daemon, stack, refresh=refresh, replace=replace)
 
 
 def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
-    rt = runtime(ctx)
-    if rt.daemon.available():
-        from sparkctl import results, wire
+    from sparkctl import results, wire
 
-        removed = through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack), results.DownDone).removed
-    else:
-        with ConsoleReporter() as reporter:
-            removed = rt.deployer(reporter).down(stack)
+    rt = runtime(ctx)
+    removed = through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack), results.DownDone).removed
     rt.console.print(f"{stack}: {'removed ' + str(removed) + ' container(s)' if removed else 'was not running'}")
 
 
@@ -60,9 +42,6 @@ def switch(
         raise SparkctlError(f"switch takes [ALIAS] STACK, got {' '.join(names)}")
     alias, stack = names if len(names) == 2 else ("primary", names[0])
     rt = runtime(ctx)
-    if not rt.daemon.available():
-        raise SparkctlError("switch needs the daemon (its gateway holds and drains requests): start "
-                            "`sparkctl daemon` or `sparkctl service install`, then `sparkctl up` what you run")
     from sparkctl import results, wire
 
     result = through_daemon(rt.daemon, "/v1/switch", wire.SwitchRequest(stack, alias), results.SwitchDone)
@@ -89,7 +68,7 @@ def park(
     Its requests finish first; a later request that names it (or its alias) wakes it."""
     from sparkctl import results, wire
 
-    result = through_daemon(_daemon_for(ctx, "park"), "/v1/park", wire.ParkRequest(stack, how), results.ParkDone)
+    result = through_daemon(runtime(ctx).daemon, "/v1/park", wire.ParkRequest(stack, how), results.ParkDone)
     runtime(ctx).console.print(f"{stack}: {result.why}" if result.park != "unchanged" else f"{stack} is parked already")
 
 
@@ -97,18 +76,10 @@ def wake(ctx: typer.Context, stack: str) -> None:
     """Wake a parked STACK (under the wake watchdog) and warm it up with one token."""
     from sparkctl import results, wire
 
-    result = through_daemon(_daemon_for(ctx, "wake"), "/v1/wake", wire.WakeRequest(stack), results.WakeDone)
+    result = through_daemon(runtime(ctx).daemon, "/v1/wake", wire.WakeRequest(stack), results.WakeDone)
     how = f"from level {result.level}" if result.level else "cold (it was parked stopped)"
     killed = f"; [yellow]{result.killed}[/]" if result.killed else ""
     runtime(ctx).console.print(f"[green]{stack} is awake[/] ({how}, {result.seconds:.2f} s{killed})")
-
-
-def _daemon_for(ctx: typer.Context, verb: str) -> DaemonClient:
-    rt = runtime(ctx)
-    if not rt.daemon.available():
-        raise SparkctlError(f"{verb} needs the daemon (it owns the parked state and the wake watchdog): start "
-                            "`sparkctl daemon` or `sparkctl service install`")
-    return rt.daemon
 
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
@@ -117,13 +88,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     from sparkctl import answers
 
     rt = runtime(ctx)
-    if rt.daemon.available():
-        report = answers.Status.from_json(rt.daemon.get("/v1/status"))
-    else:
-        from sparkctl.deploy.status import other_instances, status_rows
-
-        report = answers.Status(tuple(status_rows(rt.docker, rt.store, rt.catalog)), other_instances(rt.docker))
-    views.status(report, as_json=as_json, instance=rt.instance)
+    views.status(answers.Status.from_json(rt.daemon.get("/v1/status")), as_json=as_json, instance=rt.instance)
 
 
 def logs(

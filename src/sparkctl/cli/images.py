@@ -140,21 +140,11 @@ def retest(
     """Measure what the blacklisted tag REF names on its registry now: deployed alone as a trial of
     its stack (not desired, in no alias, removed afterwards) and judged by the stack's gate. A pass
     lifts the ban and pins the digest as known-good; a failure keeps the ban, with the measurement."""
+    from sparkctl import results, wire
+    from sparkctl.cli.console import through_daemon
+
     rt = runtime(ctx)
-    if rt.daemon.available():
-        from sparkctl import results, wire
-        from sparkctl.cli.console import through_daemon
-
-        result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force),
-                                results.RetestDone)
-    else:
-        from sparkctl.cli.console import ConsoleReporter
-        from sparkctl.deploy import retest as retests
-
-        with ConsoleReporter() as reporter:
-            deployer = rt.deployer(reporter)
-            trial = retests.prepare(ref, stack=stack, force=force, deployer=deployer)
-            result = retests.run(trial, deployer)
+    result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force), results.RetestDone)
     _show_retest(rt, result)
 
 

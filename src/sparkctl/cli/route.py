@@ -50,7 +50,6 @@ def rm(ctx: typer.Context, alias: str) -> None:
 def show(ctx: typer.Context) -> None:
     """Every routed alias and its rules, as the daemon has them."""
     rt = runtime(ctx)
-    _need_daemon(rt)
     routes = rt.daemon.get("/v1/desired").get("routes", {})
     table = Table("alias", "rule", "prompt tokens", "stack", title="routed aliases")
     for alias, rules in sorted(routes.items()):
@@ -117,11 +116,4 @@ def _route(ctx: typer.Context, alias: str, rules: str) -> RouteDone:
     from sparkctl import results, wire
 
     rt = runtime(ctx)
-    _need_daemon(rt)
     return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules), results.RouteDone)
-
-
-def _need_daemon(rt) -> None:  # noqa: ANN001 - the CLI's Runtime
-    if not rt.daemon.available():
-        raise SparkctlError("routed aliases live in the daemon's gateway: start `sparkctl daemon` or "
-                            "`sparkctl service install` first")

@@ -97,13 +97,32 @@ class Runtime:
         return located()[0]
 
     @cached_property
-    def daemon(self) -> DaemonClient:
+    def client(self) -> DaemonClient:
+        """The client of this instance's daemon, whether or not one runs."""
         from sparkctl.cli.client import DaemonClient
         from sparkctl.locate import socket_path
 
         return DaemonClient(socket_path())  # the settings are not loaded for a call the daemon answers
 
+    @cached_property
+    def daemon(self) -> DaemonClient:
+        """The client of this instance's daemon, started first when none runs: every action runs
+        there (detached: `sparkctl service install` runs it under systemd instead)."""
+        if not self.client.available():
+            self.settings  # noqa: B018 - settings a daemon would refuse are said here, as this command's error
+        if pid := self.client.ensure():
+            import sys
+
+            from sparkctl.cli.client import DAEMON_LOG
+            from sparkctl.cli.console import paint
+
+            print(paint(f"started the sparkctl daemon (pid {pid}, log {self.client.path.with_name(DAEMON_LOG)}); "
+                        "`sparkctl daemon --stop` stops it", "dim", sys.stderr), file=sys.stderr, flush=True)
+        return self.client
+
+
     def deployer(self, reporter: Reporter) -> Deployer:
+        """For `patch check`, which prepares a stack here without starting anything."""
         return self.wiring.deployer(reporter, catalog=self.catalog, policy=self.policy)
 
 

@@ -57,20 +57,29 @@ WantedBy=sockets.target
 """
 
 
-def daemon(ctx: typer.Context) -> None:
-    """Run the daemon in the foreground (structured logs; SIGTERM/SIGINT stop it cleanly)."""
-    import asyncio
-
-    from sparkctl.daemon.app import Daemon
-
+def daemon(ctx: typer.Context,
+           stop: bool = typer.Option(False, "--stop", help="Stop the daemon running on this instance (its "
+                                                           "engines keep running; the next one adopts them).")
+           ) -> None:
+    """Run the daemon in the foreground (structured logs; SIGTERM/SIGINT stop it cleanly). Any
+    other command starts one in the background when none runs."""
+    client = runtime(ctx).client
+    if stop:
+        pid = client.stop()
+        typer.echo(f"stopped the daemon (pid {pid})" if pid else f"no daemon runs on {client.path.parent}")
+        return
     if "MALLOC_ARENA_MAX" not in os.environ:
         # glibc gives each thread its own malloc arena; two keep a long-lived daemon's RSS flat.
         os.execve(sys.executable, [sys.executable, "-m", "sparkctl", *sys.argv[1:]],
                   {**os.environ, "MALLOC_ARENA_MAX": "2"})
+    import asyncio
+
+    from sparkctl.daemon.app import Daemon
+
     rt = runtime(ctx)
     rt.configure_logging()
-    if rt.daemon.available():
-        raise SparkctlError(f"a daemon already answers on {rt.daemon.path}")
+    if client.available():
+        raise SparkctlError(f"a daemon already answers on {client.path}")
     asyncio.run(Daemon(rt.settings).serve())
 
 

@@ -32,16 +32,10 @@ class Format(StrEnum):
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """One row per deployable stack, with what the image policy says of it."""
-    rt = runtime(ctx)
-    if rt.daemon.available():  # it holds the catalog and the policy read: nothing to import or parse here
-        from sparkctl import answers
+    from sparkctl import answers
 
-        rows = tuple(answers.StackRow(**row) for row in rt.daemon.get("/v1/stacks")["stacks"])
-    else:
-        from sparkctl.spec import listing
-
-        rows = listing.rows(rt.catalog, rt.policy)
-    views.stacks(rows)
+    rows = runtime(ctx).daemon.get("/v1/stacks")["stacks"]
+    views.stacks(tuple(answers.StackRow(**row) for row in rows))
 
 
 @app.command()

@@ -62,13 +62,9 @@ def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool
     from sparkctl import results, wire
 
     done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), results.UpDone)
+    extra = f", speculative acceptance {done.acceptance:.2f}" if done.acceptance is not None else ""
     verb = "already up, unchanged" if done.unchanged else "up"
-    say(f"{stack} {verb}", "green", rest=f" (fingerprint {done.fingerprint}; kept up by the daemon)")
-
-
-def no_daemon() -> None:
-    say("note", "yellow", rest=": no daemon is running; deploying in this process. The gateway and "
-                               "auto-restart need `sparkctl daemon` (or `sparkctl service install`).")
+    say(f"{stack} {verb}", "green", rest=f": {done.url}/v1 (fingerprint {done.fingerprint}{extra})")
 
 
 def duration(seconds: float | None) -> str:

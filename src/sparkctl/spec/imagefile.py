@@ -33,7 +33,7 @@ def policy_for(settings: Settings) -> ImagePolicy:
         key = kept.signature(path)
     except OSError:  # replaced while we looked
         return load_policy(path)
-    return kept.cached(settings.state_dir / "cache" / "policy.pickle", key, lambda: load_policy(path), ImagePolicy)
+    return kept.cached("policy", (path, key), lambda: load_policy(path))
 
 
 def load_policy(path: Path) -> ImagePolicy:

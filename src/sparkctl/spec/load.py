@@ -102,15 +102,16 @@ def load_catalog(stacks_dir: Path, patches_dir: Path | None = None, *, port_offs
 def catalog_for(settings: Settings) -> Catalog:
     """The stacks and patch sets as this instance sees them (ports shifted by its offset), read
     again only when a file in either folder changed: an edit applies at the next call, and a
-    daemon's passes or a CLI call do not parse every file each time (`spec.kept`)."""
+    daemon's passes do not parse every file each time (`spec.kept`)."""
     def read() -> Catalog:
         return load_catalog(settings.stacks_dir, settings.patches_dir, port_offset=settings.port_offset)
 
     try:
-        key = (settings.port_offset, kept.signature(settings.stacks_dir, settings.patches_dir))
+        key = (settings.stacks_dir, settings.patches_dir, settings.port_offset,
+               kept.signature(settings.stacks_dir, settings.patches_dir))
     except OSError:  # a file went away while we looked: read what is there now
         return read()
-    return kept.cached(settings.state_dir / "cache" / "catalog.pickle", key, read, Catalog)
+    return kept.cached("catalog", key, read)
 
 
 def load_stacks(files: Iterable[Path], *, patch_files: Iterable[Path] = (), port_offset: int = 0) -> Catalog:

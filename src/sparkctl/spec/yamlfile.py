@@ -29,7 +29,7 @@ def read(path: Path) -> Any:
         raise SpecError(str(path), "", f"cannot read: {e}") from None
     if len(text) > MAX_BYTES:
         raise SpecError(str(path), "", f"{len(text)} bytes: over the {MAX_BYTES >> 20} MiB a sparkctl file may hold")
-    from ruamel.yaml import YAML  # only when a file is read: kept catalogs need no parser
+    from ruamel.yaml import YAML  # only when a file is read
     from ruamel.yaml.error import YAMLError
 
     try:

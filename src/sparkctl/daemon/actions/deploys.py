@@ -48,7 +48,8 @@ class Deploys:
         self.ctx.metrics.outcome(stack, ok=True)
         self.ctx.metrics.phase("deploy", time.time() - started)
         self.ctx.serving_since[stack] = time.monotonic()
-        return UpDone(stack, result.fingerprint, unchanged=not result.changed)
+        return UpDone(stack, result.fingerprint, unchanged=not result.changed, url=result.url,
+                      acceptance=result.acceptance)
 
     def down(self, stack: str, *, ticket: int | None = None) -> DownDone:
         with self.ctx.turns.turn(stack, ticket):
