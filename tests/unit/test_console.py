@@ -1,31 +1,18 @@
-"""The CLI's plain lines and its reporter: colour where rich would put it, and progress bars that
+"""The CLI's plain lines and its reporter: user text printed as it is, and progress bars that
 parallel downloads can report to at once."""
 
 from __future__ import annotations
 
-import io
 import threading
 
-import pytest
-
-from sparkctl.cli.console import ConsoleReporter, paint
+from sparkctl.cli.console import ConsoleReporter, fail, say
 
 
-@pytest.mark.parametrize(("env", "terminal", "coloured"), [
-    ({}, True, True),
-    ({}, False, False),  # a pipe or a file
-    ({"NO_COLOR": "1"}, True, False),
-    ({"TERM": "dumb"}, True, False),
-    ({"FORCE_COLOR": "1"}, False, True),
-])
-def test_lines_are_coloured_where_rich_would_colour_them(monkeypatch, env, terminal, coloured) -> None:
-    for key in ("NO_COLOR", "FORCE_COLOR", "TERM"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    stream = io.StringIO()
-    stream.isatty = lambda: terminal
-    assert paint("up", "green", stream) == ("\x1b[32mup\x1b[0m" if coloured else "up")
+def test_lines_are_plain_off_a_terminal_and_markup_in_them_is_text(capsys) -> None:
+    say("[red]up[/]", "green", rest=" [bold]x")
+    fail("error: [x]")
+    out, err = capsys.readouterr()
+    assert (out, err) == ("[red]up[/] [bold]x\n", "error: [x]\n")
 
 
 def test_threads_reporting_at_once_share_one_set_of_bars() -> None:

@@ -1,14 +1,13 @@
-"""The CLI's lines for people: coloured phase lines and notes, rich's progress bars for long work,
-and the stream of events a daemon action sends back. Standard library at import: a call the
-daemon answers at once prints its lines without loading rich, which comes in with the first bar.
-"""
+"""The CLI's lines for people, all through rich: coloured phase lines and notes, progress bars for
+long work, and the stream of events a daemon action sends back."""
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rich.console import Console
+from rich.markup import escape
 
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
@@ -19,26 +18,22 @@ if TYPE_CHECKING:
 
 D = TypeVar("D")
 STYLE = {Phase.FAILED: "red", Phase.RUNNING: "green", Phase.STOPPED: "yellow"}
-CODES = {"red": 31, "green": 32, "yellow": 33, "cyan": 36, "dim": 2}
 
 
-def paint(text: str, style: str, stream: TextIO | None = None) -> str:
-    """`text` in `style` where rich would colour it: on a terminal, unless NO_COLOR (or TERM=dumb)
-    says not to, or FORCE_COLOR asks for it anyway."""
-    stream = stream or sys.stdout
-    if os.environ.get("NO_COLOR") or not (os.environ.get("FORCE_COLOR") or _terminal(stream)):
-        return text
-    return f"\x1b[{CODES[style]}m{text}\x1b[0m"
+def out(*, stderr: bool = False) -> Console:
+    """A console on stdout (or stderr) as it is now (COLUMNS, a terminal): rich colours on a
+    terminal only, and honours NO_COLOR."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
-def say(text: str, style: str | None = None, *, rest: str = "") -> None:
-    """One line on stdout: `text` painted, then `rest` as it is."""
-    print((paint(text, style) if style else text) + rest, flush=True)
+def say(text: str, style: str | None = None, *, rest: str = "", stderr: bool = False) -> None:
+    """One line: `text` in `style`, then `rest` as it is."""
+    out(stderr=stderr).print((f"[{style}]{escape(text)}[/]" if style else escape(text)) + escape(rest))
 
 
 def fail(line: str) -> None:
     """The CLI's error line, on stderr."""
-    print(paint(line, "red", sys.stderr), file=sys.stderr, flush=True)
+    say(line, "red", stderr=True)
 
 
 class ConsoleReporter:
@@ -59,15 +54,14 @@ class ConsoleReporter:
             self.bars.stop()
 
     def phase(self, stack: str, phase: Phase, detail: str = "") -> None:
-        say(f"{phase:>9}", STYLE.get(phase, "cyan"), rest=f" {stack}" + (f" {paint(detail, 'dim')}" if detail else ""))
+        shown = f" [dim]{escape(detail)}[/]" if detail else ""
+        out().print(f"[{STYLE.get(phase, 'cyan')}]{phase:>9}[/] {escape(stack)}{shown}")
 
     def progress(self, stack: str, task: str, done: int, total: int) -> None:
         with self.lock:
             if self.bars is None:
                 self.bars = _bars()
             if task not in self.tasks:
-                from rich.markup import escape
-
                 self.tasks[task] = self.bars.add_task(escape(task), total=total)
             self.bars.update(self.tasks[task], completed=done, total=total)
 
@@ -100,15 +94,10 @@ def through_daemon(daemon: DaemonClient, path: str, request: wire.Request, expec
     raise SparkctlError("the daemon closed the connection before reporting an outcome; see `sparkctl status`")
 
 
-def _terminal(stream: TextIO) -> bool:
-    return stream.isatty() and os.environ.get("TERM") != "dumb"
-
-
 def _bars() -> Any:
-    from rich.console import Console  # ~60 ms: only once there is a bar to draw
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     bars = Progress(TextColumn("  {task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    console=Console(highlight=False), transient=True)
+                    console=out(), transient=True)
     bars.start()
     return bars

@@ -31,9 +31,11 @@ if TYPE_CHECKING:  # imported lazily: a CLI call that only asks the daemon must 
 class Runtime:
     debug: bool = False
 
-    @cached_property
+    @property
     def console(self) -> Console:
-        return Console(highlight=False, soft_wrap=True)
+        from sparkctl.cli.console import out
+
+        return out()
 
     @cached_property
     def settings(self) -> Settings:
@@ -66,13 +68,11 @@ class Runtime:
     def warn_invalid(self, invalid: Invalid) -> None:
         """A stack or patch-set file left out of the catalog: said once, on stderr, and the command
         goes on (it fails only if it is about that stack)."""
-        from rich.console import Console
-        from rich.markup import escape
+        from sparkctl.cli.console import say
 
         built_on = f", with {', '.join(invalid.dependents)} built on it" if invalid.dependents else ""
-        Console(stderr=True, highlight=False, soft_wrap=True).print(
-            f"[yellow]warning[/]: {escape(str(invalid.error))} ({invalid.kind} {escape(repr(invalid.name))} is left out"
-            f"{escape(built_on)}; the others load)")
+        say("warning", "yellow", rest=f": {invalid.error} ({invalid.kind} {invalid.name!r} is left out{built_on}; "
+                                      "the others load)", stderr=True)
 
     @cached_property
     def catalog(self) -> Catalog:
@@ -111,13 +111,11 @@ class Runtime:
         if not self.client.available():
             self.settings  # noqa: B018 - settings a daemon would refuse are said here, as this command's error
         if pid := self.client.ensure():
-            import sys
-
             from sparkctl.cli.client import DAEMON_LOG
-            from sparkctl.cli.console import paint
+            from sparkctl.cli.console import say
 
-            print(paint(f"started the sparkctl daemon (pid {pid}, log {self.client.path.with_name(DAEMON_LOG)}); "
-                        "`sparkctl daemon --stop` stops it", "dim", sys.stderr), file=sys.stderr, flush=True)
+            say(f"started the sparkctl daemon (pid {pid}, log {self.client.path.with_name(DAEMON_LOG)}); "
+                "`sparkctl daemon --stop` stops it", "dim", stderr=True)
         return self.client
 
 

@@ -1,5 +1,4 @@
-"""What `status`, `stacks list` and `up` print, from the daemon's answer or from this process's
-own reading: one rendering for both. Rich is imported where a table is drawn, never at import."""
+"""What `status`, `stacks list` and `up` print, from the daemon's answers."""
 
 from __future__ import annotations
 
@@ -7,11 +6,9 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from sparkctl.cli.console import say, through_daemon
+from sparkctl.cli.console import out, say, through_daemon
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from sparkctl.answers import StackRow, Status, StatusRow
     from sparkctl.cli.client import DaemonClient
 
@@ -23,7 +20,7 @@ def status(report: Status, *, as_json: bool, instance: str) -> None:
     if as_json:
         print(json.dumps([asdict(row) for row in rows], indent=2))
         return
-    console = _console()
+    console = out()
     if rows:
         console.print(_status_table(rows, wide=console.width >= 100))
     else:
@@ -54,7 +51,7 @@ def stacks(rows: tuple[StackRow, ...]) -> None:
         verdict = f"[red]refused[/]: {escape(row.policy)}" if row.refused else escape(row.policy)
         table.add_row(row.stack, row.kind, row.image, row.model, row.draft, f"{row.memory:.2f}", str(row.port),
                       verdict)
-    _console().print(table)
+    out().print(table)
 
 
 def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
@@ -90,9 +87,3 @@ def _status_table(rows: tuple[StatusRow, ...], *, wide: bool) -> Any:
         table.add_row(row.stack, row.phase, row.endpoint, *fingerprint, duration(row.uptime_s),
                       f"{row.memory:.2f}" if row.memory is not None else "")
     return table
-
-
-def _console() -> Console:
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
