@@ -226,7 +226,8 @@ def test_crash_above_concurrency(sim) -> None:
 
     engine = sim("--sim-profile", "aeon-gemma4-latest-broken", "--sim-crash-above", "2", scale=0.01)
     engine.wait_ready()
-    body = {"model": "tiny", "prompt": "x", "max_tokens": 200, "ignore_eos": True}
+    # ~2 s of decoding each at this scale, so the three overlap however late a loaded machine starts one
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 16000, "ignore_eos": True}
 
     def call() -> None:
         try:
