@@ -140,8 +140,7 @@ class HostAgent:
         from sparkctl.spec.render import spec_hash
         from sparkctl.wiring import Wiring
 
-        wiring = Wiring(self.settings)
-        wiring.docker = self.engine  # type: ignore[misc] - this agent's own handle on the host's Docker
+        wiring = Wiring(self.settings, docker=self.engine)  # this agent's own handle on the host's Docker
         catalog = wiring.catalog()
         stack = catalog.stack(name)
         if spec_hash(stack) != spec:

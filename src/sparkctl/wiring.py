@@ -1,10 +1,10 @@
-"""The composition root: the Docker adapter, the state store, the image policy, the catalog and
-the deploy pipeline, built from the settings in one way for the CLI's in-process commands and
-for the daemon. Stack files (when one changed) and the image policy are read again on each
-call, so edits apply without a restart (a file that does not load is reported once, and left
-out); the adapters and the store are made once per process.
-Each part is imported when first asked for: `sparkctl stacks list` must not pay for the Docker
-SDK."""
+"""The parts every process builds from the settings, one way: the Docker adapter, the state
+store, the image policy, the catalog and the deploy pipeline, for the daemon (whose composition
+root is `daemon/app.Daemon`), a host agent and the CLI's file-reading commands. Stack files (when
+one changed) and the image policy are read again on each call, so edits apply without a restart
+(a file that does not load is reported once, and left out); the adapters and the store are made
+once per process. Each part is imported when first asked for: `sparkctl stacks render` does not
+pay for the Docker SDK."""
 
 from __future__ import annotations
 
@@ -25,21 +25,26 @@ if TYPE_CHECKING:
 
 
 class Wiring:
-    def __init__(self, settings: Settings, *, on_invalid: Callable[[Invalid], None] | None = None) -> None:
-        """`on_invalid` hears of each stack or patch-set file left out of the catalog (with the
-        stacks built on it), once while it stays as it is; by default a warning in the log (the
-        daemon's, an agent's)."""
+    def __init__(self, settings: Settings, *, docker: DockerEngine | None = None,
+                 on_invalid: Callable[[Invalid], None] | None = None) -> None:
+        """`docker`: a handle already made (a host agent's on its host's engine), else one is made
+        from the settings when first asked for. `on_invalid` hears of each stack or patch-set file
+        left out of the catalog (with the stacks built on it), once while it stays as it is; by
+        default a warning in the log (the daemon's, an agent's)."""
         self.settings = settings
+        self._docker = docker
         self.on_invalid = on_invalid or _log_invalid
         self._reported: frozenset[Invalid] = frozenset()
         self._reporting = threading.Lock()
 
-    @cached_property
+    @property
     def docker(self) -> DockerEngine:
         """The handle on this instance's Docker engine (one per endpoint: `SPARKCTL_DOCKER_HOST`)."""
-        from sparkctl.adapters.docker import DockerEngine
+        if self._docker is None:
+            from sparkctl.adapters.docker import DockerEngine
 
-        return DockerEngine(self.settings.docker_host, instance=self.settings.instance)
+            self._docker = DockerEngine(self.settings.docker_host, instance=self.settings.instance)
+        return self._docker
 
     @cached_property
     def store(self) -> Store:

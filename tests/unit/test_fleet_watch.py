@@ -107,7 +107,7 @@ def watched(tmp_path: Path) -> tuple[FleetWatch, Recorder, EventBus]:
     recorder, bus = Recorder(settings, load_fleet(tmp_path / "fleet.yaml")), EventBus()
     write_book(settings.fleet_dir, {"gemma": GEMMA})
     local.ensure_token(membership.token_path(settings))  # the fleet's token: placed engines' relays ask for it
-    watch = FleetWatch(recorder, control=lambda: recorder, refresh=lambda: recorder.calls.append(("refresh",)),
+    watch = FleetWatch(recorder, control=recorder, refresh=lambda: recorder.calls.append(("refresh",)),
                        bus=bus, wait=30.0, within=12.0, background=lambda work: work(), clock=lambda: NOW)
     watch.nodes = table()
     return watch, recorder, bus

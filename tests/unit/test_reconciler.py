@@ -3,6 +3,7 @@ the machine, with an injected clock and no sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
@@ -227,7 +228,10 @@ def test_an_oom_kill_is_reported_as_such(workspace) -> None:
     from sparkctl.daemon.app import Daemon
     from sparkctl.settings import Settings
 
-    daemon = Daemon(Settings())
+    async def made() -> Daemon:  # inside an event loop, as `daemon.app.run` makes it
+        return Daemon(Settings())
+
+    daemon = asyncio.run(made())
     seen = []
     daemon.reconciler.died = lambda stack, *, oom, exit_code: seen.append((stack, oom, exit_code)) or True
     actor = {"Attributes": {"sparkctl.stack": "qwen36-dflash", "sparkctl.instance": daemon.settings.instance,

@@ -74,13 +74,13 @@ def daemon(ctx: typer.Context,
                   {**os.environ, "MALLOC_ARENA_MAX": "2"})
     import asyncio
 
-    from sparkctl.daemon.app import Daemon
+    from sparkctl.daemon import app
 
     rt = runtime(ctx)
     rt.configure_logging()
     if client.available():
         raise SparkctlError(f"a daemon already answers on {client.path}")
-    asyncio.run(Daemon(rt.settings).serve())
+    asyncio.run(app.run(rt.settings))
 
 
 def dashboard(ctx: typer.Context) -> None:

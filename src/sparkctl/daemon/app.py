@@ -37,6 +37,7 @@ from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.login import Logins, ensure_key
+from sparkctl.gateway.pool import EnginePool
 from sparkctl.gateway.proxy import Gateway, Waker
 from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.ui import Dashboard
@@ -50,45 +51,58 @@ SLOW_STOP = 10.0  # seconds: a stop still running then dumps every thread's stac
 
 
 class Daemon:
-    """The composition of the daemon's parts (actions and reads, reconcile loop, event watcher, API,
-    gateway) and their lifecycle."""
+    """The daemon's composition root: every part built here once, in dependency order, each handed
+    what it uses at construction (actions and reads, reconcile loop, event watcher, API, gateway,
+    fleet watch); then their lifecycle. Made inside the event loop it serves on (`run`): the
+    bridge to the gateway holds that loop."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        policy = planner.Policy(crash_loop=settings.crash_loop, window=settings.crash_window,
-                                backoff_base=settings.restart_backoff_base, backoff_max=settings.restart_backoff_max)
+        self.settings = s = settings
+        policy = planner.Policy(crash_loop=s.crash_loop, window=s.crash_window,
+                                backoff_base=s.restart_backoff_base, backoff_max=s.restart_backoff_max)
         self.bus = EventBus()
-        wiring, reporter = Wiring(settings), BusReporter(self.bus)
+        wiring, reporter = Wiring(s), BusReporter(self.bus)
         self.docker, self.store = wiring.docker, wiring.store
         self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter),
-                                     catalog=wiring.catalog, desired_path=settings.state_dir / "desired.yaml",
+                                     catalog=wiring.catalog, desired_path=s.state_dir / "desired.yaml",
                                      reporter=reporter, store=self.store, turns=Turns(),
-                                     wake_floor=int(settings.wake_memory_floor_gib * GIB))
+                                     wake_floor=int(s.wake_memory_floor_gib * GIB))
+        # The reconciler asks the loop that runs it for the next pass: the one cycle, closed by a lambda.
         self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
                                      settled=lambda: self.loops.kick())
         self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired,
-                             placed=lambda: placement.read_book(settings.fleet_dir),
-                             engine_auth=lambda: membership.relay_auth(settings))
+                             placed=lambda: placement.read_book(s.fleet_dir),
+                             engine_auth=lambda: membership.relay_auth(s))
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
-                           instance=settings.instance, resync=settings.resync_interval, after_pass=self._after_pass)
-        fleetwide = _fleetwide(settings)  # None unless this Spark heads a fleet
+                           instance=s.instance, resync=s.resync_interval, after_pass=self._after_pass)
+        self.limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
+        upstreams = EnginePool()
+        self.gateway = Gateway(
+            lambda: self.routes.table, api_keys=[k.get_secret_value() for k in s.gateway_api_keys],
+            hosts=s.gateway_names, metrics_key=s.gateway_metrics_key, limits=self.limits,
+            hold_queue=s.switch_hold_queue, hold_timeout=s.switch_hold_timeout, stall=s.gateway_stream_stall,
+            upstreams=upstreams,
+            waker=Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout),
+            counters=Counters(self._model_dir),
+            ui=Dashboard(f"unix:{s.socket_path}", upstreams, Logins(ensure_key(s.dashboard_key_path))))
+        control = LoopControl(self.gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
+                              hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
+        fleetwide = _fleetwide(s)  # None unless this Spark heads a fleet
         fleet = fleetwide and FleetSwitch(fleetwide, self.machine, self.routes, self.store,
-                                          total_bytes=local.memory_total(settings), wait=settings.fleet_deploy_timeout)
-        context = Context(settings, self.machine, self.reconciler, self.routes, self.bus, kick=self.loops.kick,
+                                          total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
+        context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
                           fleet=fleet)
         self.actions = Actions.over(context)
-        self.reads = Reads(settings, self.machine, self.reconciler, self.routes, context.metrics)
-        self.gateway: Gateway | None = None  # once it listens
+        self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics)
         self.fleet_watch = fleetwide and FleetWatch(
-            fleetwide, control=lambda: context.gateway, refresh=self.routes.refresh, bus=self.bus,
-            wait=settings.fleet_deploy_timeout, within=settings.fleet_replace_within,
+            fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
+            wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
             served_name=lambda name: wiring.catalog().stack(name).served_name, policy=policy)
 
     def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
         self.routes.refresh()
-        if self.gateway is not None:
-            self.actions.parking.park_idle(self.gateway.ledger.quiet_since)
+        self.actions.parking.park_idle(self.gateway.ledger.quiet_since)
 
     def _recover(self) -> None:
         """What a killed daemon left: unfinished deployments and switches, parked stacks awake,
@@ -122,26 +136,15 @@ class Daemon:
             raise SparkctlError(f"{stack} names no model repo, so it has no tokenizer to count prompts with")
         return hub.cached_snapshot(self.settings.hf_cache_dir, model.repo, model.revision)
 
-    async def _serve_gateway(self) -> tuple[Gateway, asyncio.Server]:
+    async def _serve_gateway(self) -> asyncio.Server:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
         s = self.settings
-        keys = [k.get_secret_value() for k in s.gateway_api_keys]
-        limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
-        gateway = Gateway(lambda: self.routes.table, api_keys=keys, hosts=s.gateway_names,
-                          metrics_key=s.gateway_metrics_key, limits=limits, hold_queue=s.switch_hold_queue,
-                          hold_timeout=s.switch_hold_timeout, stall=s.gateway_stream_stall)
-        gateway.waker = Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout)
-        gateway.counters = Counters(self._model_dir)
-        gateway.ui = Dashboard(f"unix:{s.socket_path}", gateway.upstreams, Logins(ensure_key(s.dashboard_key_path)))
-        self.gateway = gateway
-        self.actions.ctx.gateway = LoopControl(gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
-                                              hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
         handed = process.handed_socket()
-        server = await gateway.serve(s.gateway_host, s.gateway_port, sock=handed)
+        server = await self.gateway.serve(s.gateway_host, s.gateway_port, sock=handed)
         log.info("gateway_listening", address=str(handed.getsockname() if handed else (s.gateway_host, s.gateway_port)),
-                 max_connections=limits.connections, socket="handed over by systemd" if handed else "own")
-        asyncio.get_running_loop().create_task(self._report_refusals(limits))
-        return gateway, server
+                 max_connections=self.limits.connections, socket="handed over by systemd" if handed else "own")
+        asyncio.get_running_loop().create_task(self._report_refusals(self.limits))
+        return server
 
     async def _wake_on_demand(self, stack: str) -> str | None:
         """A parked stack a request named: woken on a worker thread; None once it serves."""
@@ -187,7 +190,7 @@ class Daemon:
         process.freeze_startup()
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
-        gateway, gateway_server = await self._serve_gateway()  # before the API: a switch needs it
+        gateway, gateway_server = self.gateway, await self._serve_gateway()  # before the API: a switch needs it
         runner = web.AppRunner(api.build(self.actions, self.reads), access_log=None)
         await runner.setup()
         old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
@@ -221,6 +224,11 @@ class Daemon:
         path.unlink(missing_ok=True)
         lock.close()
         log.info("daemon_stopped")
+
+
+async def run(settings: Settings) -> None:
+    """Make the daemon inside the event loop it serves on, and serve until SIGTERM/SIGINT."""
+    await Daemon(settings).serve()
 
 
 def _fleetwide(settings: Settings) -> Fleetwide | None:

@@ -118,9 +118,7 @@ class FleetProbe:
             log.error("fleet_replica_restart_failed", stack=seen.stack, host=seen.host, error=str(e))
             return
         log.info("fleet_replica_restarted", stack=seen.stack, host=seen.host)
-        control = self.control()
-        if control is not None:
-            control.restore_engine(seen.url)  # back in routing now, not after the gateway's own ejection
+        self.control.restore_engine(seen.url)  # back in routing now, not after the gateway's own ejection
 
     def _await_ray(self, decision: triage.Leave) -> None:
         """Say once per episode that a failing replica's host goes unjudged until Ray's verdict."""
@@ -139,13 +137,12 @@ class FleetProbe:
         url = placed.replicas[0].url
         failed_at = time.time()
         why = probe(url, self.served_name(placed.stack), self.auth())
-        control = self.control()
         if why is None:
             if self._recovering_now(placed.stack):  # a recreation runs: it puts the group back when done
                 return
-            if url in self.held_out and control is not None:  # it answers again (or was brought up again)
+            if url in self.held_out:  # it answers again (or was brought up again)
                 self.held_out.discard(url)
-                control.restore_engine(url)
+                self.control.restore_engine(url)
             self.given_up.discard(placed.stack)
             return
         if placed.stack in self.given_up:  # a crash loop: left out until it answers again
@@ -181,25 +178,23 @@ class FleetProbe:
                   note="left out of routing until it answers: `sparkctl fleet up` it again once fixed")
 
     def _hold_out(self, url: str) -> None:
-        control = self.control()
-        if control is not None and url not in self.held_out:
-            control.eject_engine(url)
+        if url not in self.held_out:
+            self.control.eject_engine(url)
             self.held_out.add(url)
 
     def _route_awake(self, stack: str, url: str, *, asleep: bool) -> None:
         """A placed engine asleep without the daemon's word (it parks placed stacks by removing
         them) is out of routing until it wakes: vLLM queues a sleeping engine's requests without an
         answer. It needs no restart: it is alive."""
-        control = self.control()
-        if control is None or asleep == (url in self.asleep):
+        if asleep == (url in self.asleep):
             return
         if asleep:
             self.asleep.add(url)
-            control.eject_engine(url)
+            self.control.eject_engine(url)
             log.warning("fleet_replica_asleep", stack=stack, url=url, note="out of routing until it wakes")
         else:
             self.asleep.discard(url)
-            control.restore_engine(url)
+            self.control.restore_engine(url)
             log.info("fleet_replica_awake", stack=stack, url=url)
 
 

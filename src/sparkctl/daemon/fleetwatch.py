@@ -39,7 +39,7 @@ RETRY = 1.0  # s before watching again after the head stopped answering
 
 
 class FleetWatch(FleetProbe):
-    def __init__(self, fleetwide: Fleetwide, *, control: Callable[[], LoopControl | None],
+    def __init__(self, fleetwide: Fleetwide, *, control: LoopControl,
                  refresh: Callable[[], None], bus: EventBus, wait: float, within: float,
                  served_name: Callable[[str], str] = str, policy: Policy = Policy(),
                  background: Callable[[Callable[[], object]], None] = lambda work: threading.Thread(
@@ -105,10 +105,9 @@ class FleetWatch(FleetProbe):
                 self._recover_later(placed)
 
     def _eject(self, host: str, nodes: list[Node]) -> None:
-        control = self.control()
         address = self._address(host, nodes)
-        if control is not None and address is not None:
-            control.eject_host(address)
+        if address is not None:
+            self.control.eject_host(address)
         self.down.add(host)
         died = max((n.died_at for n in nodes if n.host == host and n.died_at), default=None)
         now = time.time()
@@ -123,9 +122,9 @@ class FleetWatch(FleetProbe):
             log.warning("fleet_host_sweep_failed", host=host, error=str(e))
             return  # stays down: tried again at the next change
         self.down.discard(host)
-        control, address = self.control(), self._address(host, nodes)
-        if control is not None and address is not None:
-            control.restore_host(address)
+        address = self._address(host, nodes)
+        if address is not None:
+            self.control.restore_host(address)
         log.info("fleet_host_back", host=host, removed=strays)
 
     def _recover_later(self, placed: placement.Placed) -> None:
@@ -153,12 +152,10 @@ class FleetWatch(FleetProbe):
         finally:
             lock.release()
         self.refresh()
-        control = self.control()
-        if control is not None:
-            if placed.replicas and placed.replicas[0].url in self.held_out:  # the routes now say where rank 0 is
-                self.held_out.discard(placed.replicas[0].url)
-                control.restore_engine(placed.replicas[0].url)
-            control.routes_changed()
+        if placed.replicas and placed.replicas[0].url in self.held_out:  # the routes now say where rank 0 is
+            self.held_out.discard(placed.replicas[0].url)
+            self.control.restore_engine(placed.replicas[0].url)
+        self.control.routes_changed()
         log.info("fleet_replaced", stack=placed.stack, hosts=done.entry.hosts, failed=done.failed,
                  seconds=round(time.monotonic() - started, 3), engine_s=done.engine_s)
         self.bus.publish(Note(placed.stack, f"{placed.stack} re-placed on {', '.join(done.entry.hosts)}"))

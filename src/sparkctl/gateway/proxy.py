@@ -69,7 +69,11 @@ class Waker:
 class Gateway:
     def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None,
                  hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None,
-                 hold_queue: int = 1024, hold_timeout: float = 300.0, stall: float = STALL) -> None:
+                 hold_queue: int = 1024, hold_timeout: float = 300.0, stall: float = STALL,
+                 upstreams: EnginePool | None = None, waker: Waker | None = None, counters: Counters | None = None,
+                 ui: Dashboard | None = None) -> None:
+        """`waker` wakes parked stacks on demand, `counters` count each stack's prompt tokens (for
+        routed aliases), `ui` is the dashboard under /ui, on the keep-alive pool `upstreams`."""
         self.routes = routes
         self.admit = Access(api_keys, hosts, metrics_key=metrics_key).admit  # asked once a request's head is in
         self.limits = limits or Limits()
@@ -78,15 +82,15 @@ class Gateway:
         self.outages: dict[str, Hold] = {}  # stack -> its hold while none of its replicas is in routing
         self.hold_queue, self.hold_timeout = hold_queue, hold_timeout
         self.ledger = Ledger()
-        self.upstreams = EnginePool()  # keep-alive connections to the engines
+        self.upstreams = upstreams or EnginePool()  # keep-alive connections to the engines
         self.inflight = InFlight(self.on_engine, self.replicas, self.ledger, upstreams=self.upstreams,
                                  route=self._route, stall=stall)
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches (or a parked name's, while it wakes)
-        self.waker: Waker | None = None  # set by the daemon: parked stacks wake on demand
+        self.waker = waker
         self.waking: dict[str, asyncio.Task] = {}  # stack -> its wake on demand
-        self.counters: Counters | None = None  # set by the daemon: each stack's prompt-token counter
+        self.counters = counters
         self.pages = Pages(routes, self.holds, self.ledger).by_path
-        self.ui: Dashboard | None = None  # set by the daemon: the dashboard under /ui
+        self.ui = ui
 
     async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
         return await serve(self.handle, host, port, admit=self.admit, limits=self.limits, sock=sock)

@@ -34,7 +34,6 @@ class Aliases:
                                     f"change its rules with `sparkctl route set {alias} ...`, or `sparkctl route rm "
                                     f"{alias}` and switch it then")
             if self.ctx.fleet is not None and self.ctx.fleet.applies(spec):
-                assert self.ctx.gateway is not None, "the gateway starts before the API"
                 return self.ctx.fleet.run(alias, spec, self.ctx.gateway)
             if self.ctx.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
                 return SwitchDone(alias, spec.name, "unchanged", up=self.deploys.up(spec.name))
@@ -49,7 +48,6 @@ class Aliases:
                                        for i, r in enumerate(rules)}
             plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=named,
                                memory=memory, leaving=leaving)
-            assert self.ctx.gateway is not None, "the gateway starts before the API"
             self.ctx.reconciler.forget(spec.name)
             ctx, catalog = self.ctx, self.ctx.machine.catalog
             verdicts = Verdicts(ctx.settings, ctx.store, ctx.bus, lambda name: catalog().stack(name),

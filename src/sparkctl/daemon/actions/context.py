@@ -31,9 +31,9 @@ class Context:
     reconciler: Reconciler
     routes: Routes
     bus: EventBus
+    gateway: GatewayControl  # the gateway's hold, release and drain, from a worker thread
     kick: Callable[[], None]  # ask the reconcile loop for a pass
     metrics: DaemonMetrics = field(default_factory=DaemonMetrics)
-    gateway: GatewayControl | None = None  # set once the gateway listens; a switch needs it
     # When each stack last came up or woke (monotonic): its idle time counts from there at least.
     serving_since: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)

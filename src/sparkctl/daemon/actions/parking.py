@@ -50,8 +50,7 @@ class Parking:
         """Before a stack sleeps: the gateway stops routing to it (its names now wake it) and its
         accepted requests finish."""
         self.ctx.routes.refresh()
-        if self.ctx.gateway is not None:
-            self.ctx.gateway.drain(stack)
+        self.ctx.gateway.drain(stack)
 
     def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
         """Wake a parked stack, if its wake peak fits beside what runs."""
