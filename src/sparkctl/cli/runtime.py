@@ -1,8 +1,6 @@
-"""What every command needs, built once per invocation: settings, catalog, image policy.
-
-The root callback puts a `Runtime` on the typer context; commands take it from there. This
-is the one place settings are read from the environment.
-"""
+"""What a command needs, built when first asked for: the daemon's client (starting a daemon when
+none runs), and for the commands that read files themselves the settings, catalog and image
+policy. The root callback puts a `Runtime` on the typer context; commands take it from there."""
 
 from __future__ import annotations
 
