@@ -123,13 +123,19 @@ def serve_forwarder(port: int, upstream: str) -> None:
     asyncio.run(main())
 
 
+STARTS_WITHIN = 120  # s: a Python server's imports alone take seconds with two test tiers beside it
+
+
 def start(command: list[str], url: str, env: dict | None = None) -> subprocess.Popen:
+    """`command`, once `url` answers; one that does not within STARTS_WITHIN is stopped, not left."""
     proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + STARTS_WITHIN
     while http_status(url) is None:
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{command[0]} did not start ({url})")
+            stop(proc, 10)
+            raise SystemExit(f"{command[0]} did not start within {STARTS_WITHIN} s ({url}; exit code "
+                             f"{proc.returncode})")
         time.sleep(0.05)
     return proc
 
