@@ -102,7 +102,7 @@ class Daemon:
     def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
         self.routes.refresh()
-        self.actions.parking.park_idle(self.gateway.ledger.quiet_since)
+        self.actions.parking.park_idle()
 
     def _recover(self) -> None:
         """What a killed daemon left: unfinished deployments and switches, parked stacks awake,

@@ -24,6 +24,8 @@ class GatewayControl(Protocol):
 
     def routes_changed(self) -> None: ...
 
+    def quiet_since(self, stack: str) -> float | None: ...
+
 
 class LoopControl:
     """The gateway's hold, release and drain for a caller on another thread (the switch's)."""
@@ -56,6 +58,10 @@ class LoopControl:
 
     def routes_changed(self) -> None:
         self._call(self.gateway.routes_changed)
+
+    def quiet_since(self, stack: str) -> float | None:
+        """When the stack's last request through the gateway finished (its ledger's, read on the loop)."""
+        return self._call(lambda: self.gateway.ledger.quiet_since(stack))
 
     def _call(self, fn: Callable):
         async def on_loop():

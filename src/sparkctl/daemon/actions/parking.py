@@ -98,17 +98,16 @@ class Parking:
                     done.append(f"{stack} could not be stopped either: {again}")
         return done
 
-    def park_idle(self, quiet_since: Callable[[str], float | None]) -> None:
+    def park_idle(self) -> None:
         """Park each stack whose `switch.idle_park` went by without a request through the gateway
-        (`quiet_since`: when its last one finished, None while it has some). Called after each
-        reconcile pass."""
+        (its ledger, read on the gateway's loop). Called after each reconcile pass."""
         catalog, desired = self.ctx.machine.catalog(), self.ctx.machine.desired()
         for c in self.ctx.machine.docker.containers():
             spec = catalog.stacks.get(c.stack)
             if not c.running or c.stack in desired.parked or spec is None or spec.switch.idle_park is None:
                 continue
             def idle(stack: str = c.stack, ttl: float = spec.switch.idle_park) -> bool:
-                quiet = quiet_since(stack)
+                quiet = self.ctx.gateway.quiet_since(stack)
                 busy = self.ctx.reconciler.history.get(stack, planner.History()).busy
                 since = max(quiet or 0.0, self.ctx.serving_since.get(stack, self.ctx.started))
                 return quiet is not None and not busy and time.monotonic() - since >= ttl
