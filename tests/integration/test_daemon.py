@@ -82,6 +82,7 @@ def test_a_command_without_a_daemon_starts_one_that_outlives_it(world, engine) -
     pid = client.holder()
     assert len(said) == 1 and f"(pid {pid}, log {world / 'state' / 'daemon.log'})" in said[0], answers
     assert client.available()  # after both commands ended
+    assert (world / "state" / "daemon.log").stat().st_mode & 0o777 == 0o600
     up = sparkctl("up", "qwen36-dflash")
     out, err = up.communicate(timeout=180)
     assert up.returncode == 0 and "qwen36-dflash up: http://127.0.0.1:" in out and "started" not in err, err

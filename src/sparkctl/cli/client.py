@@ -66,7 +66,7 @@ class DaemonClient:
             return None
         state = self.path.parent
         state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(state / DAEMON_LOG, "ab") as log:
+        with os.fdopen(os.open(state / DAEMON_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             child = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + STARTS_WITHIN
