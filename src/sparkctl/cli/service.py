@@ -84,11 +84,14 @@ def daemon(ctx: typer.Context,
 
 
 def dashboard(ctx: typer.Context) -> None:
-    """Print a one-time login URL for the dashboard: open it in a browser on this Spark (good for 5
-    minutes, once); the browser can then act (up, down, park, switch) for 30 days."""
+    """Print a one-time login URL for the dashboard (the daemon serves it: started if none runs):
+    open it in a browser on this Spark (good for 5 minutes, once); the browser can then act (up,
+    down, park, switch) for 30 days."""
     from sparkctl.gateway.login import CODE_TTL, ensure_key, login_code
 
-    settings = runtime(ctx).settings
+    rt = runtime(ctx)
+    rt.daemon  # noqa: B018 - it serves the page the URL names
+    settings = rt.settings
     code = login_code(ensure_key(settings.dashboard_key_path))
     typer.echo(f"{settings.gateway_url}/ui/login?code={code}")
     typer.echo(f"(one use, within {CODE_TTL / 60:g} minutes; reading the dashboard needs no login: "
