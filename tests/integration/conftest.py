@@ -42,12 +42,13 @@ class DaemonProcess:
                                      pass_fds=(handed.fileno(),) if handed else ())
         self.client = DaemonClient(state_dir / "sparkctl.sock")
         deadline = time.monotonic() + STARTS_WITHIN
-        while not self.client.available():
+        while not self.client.available() or self.client.holder() != self.proc.pid:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 stop(self.proc, 0)  # a daemon that did not come up is not left behind
                 self.log.close()
                 raise AssertionError(f"the daemon did not answer within {STARTS_WITHIN:g} s (exit "
-                                     f"{self.proc.returncode}):\n{self.logs()[-3000:]}")
+                                     f"{self.proc.returncode}; the state dir's daemon: pid {self.client.holder()}, "
+                                     f"one a command started?):\n{self.logs()[-3000:]}")
             time.sleep(0.05)
 
     def logs(self) -> str:
