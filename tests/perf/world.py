@@ -107,7 +107,7 @@ def daemon(env: dict[str, str]) -> Iterator[subprocess.Popen]:
     client = DaemonClient(Path(env["SPARKCTL_STATE_DIR"]) / "sparkctl.sock")
     try:
         deadline = time.monotonic() + 60
-        while not client.available():
+        while not client.available() or client.holder() != proc.pid:  # its own, not one a command started
             assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not start"
             time.sleep(0.05)
         yield proc
