@@ -110,7 +110,7 @@ def headed(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path, stac
            memory: dict[str, str] | None = None, wait: float = 240,
            daemon_env: dict[str, str] | None = None) -> Iterator[tuple[Cluster, HeadDaemon]]:
     """A fleet on `hosts` serving `stacks` (those in `up` placed with `fleet up`, each given
-    `wait` seconds), and the head's daemon; every stack taken down at the end."""
+    `wait` seconds), and the head's daemon; at the end the cluster's containers are removed on every host."""
     with (deployable(hosts, sim_image, model_dir, stacks_dir, stacks) as env,
           cluster(hosts, instance=instance, port=port, memory=memory, env=env) as made):
         for stack in up:
@@ -120,9 +120,7 @@ def headed(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path, stac
         try:
             yield made, daemon
         finally:
-            daemon.stop()
-            for stack in stacks:
-                made.fleet("down", stack)
+            daemon.stop()  # the cluster's end then removes its containers on every host, and its Ray
 
 
 @contextmanager
