@@ -106,8 +106,9 @@ class Runtime:
     def daemon(self) -> DaemonClient:
         """The client of this instance's daemon, started first when none runs: every action runs
         there (detached: `sparkctl service install` runs it under systemd instead)."""
-        if not self.client.available():
-            self.settings  # noqa: B018 - settings a daemon would refuse are said here, as this command's error
+        if self.client.available():  # the common case: one probe, nothing else
+            return self.client
+        self.settings  # noqa: B018 - settings a daemon would refuse are said here, as this command's error
         if pid := self.client.ensure():
             from sparkctl.cli.client import DAEMON_LOG
             from sparkctl.cli.console import say
