@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.adapters.docker import DockerEngine
+from sparkctl.container import Image, Inspected
 from sparkctl.errors import DockerError, SparkctlError
 from sparkctl.fleet.local import relay_key
 from sparkctl.fleet.membership import token_path
@@ -95,11 +96,11 @@ class HostAgent:
         listed = []
         for container in self.engine.containers():
             info = self._inspect(container.id)
-            image_ref = (info or {}).get("Config", {}).get("Image", "")
-            image = self._image((info or {}).get("Image", "")) if info else None
+            image = self._image(info.image_id) if info else None
+            image_ref = info.image_ref if info else ""
             listed.append({"host": self.host, "stack": container.stack, "name": container.name,
                            "state": container.state, "image": image_ref, "placed": container.placed,
-                           "repo_digest": _digest_for(image_ref, image["RepoDigests"]) if image else None})
+                           "repo_digest": _digest_for(image_ref, image.repo_digests) if image else None})
         return listed
 
     def image_digest(self, ref: str) -> dict[str, Any]:
@@ -108,8 +109,8 @@ class HostAgent:
         image = self._image(ref)
         if image is None:
             return {"host": self.host, "ref": ref, "present": False, "image_id": None, "repo_digest": None}
-        return {"host": self.host, "ref": ref, "present": True, "image_id": image["Id"],
-                "repo_digest": _digest_for(ref, image["RepoDigests"])}
+        return {"host": self.host, "ref": ref, "present": True, "image_id": image.id,
+                "repo_digest": _digest_for(ref, image.repo_digests)}
 
     def pull(self, ref: str) -> dict[str, Any]:
         """Pull `repository@sha256:...` into the host's Docker; then what it holds."""
@@ -175,13 +176,13 @@ class HostAgent:
         check_on_interface(host.interface, host.address, self.host)
         return Rank(index=int(data["index"]), master=str(data["master"]), host=host)
 
-    def _inspect(self, container_id: str) -> dict[str, Any] | None:
+    def _inspect(self, container_id: str) -> Inspected | None:
         try:
             return self.engine.inspect(container_id)
         except DockerError:
             return None  # removed between the listing and now
 
-    def _image(self, ref: str) -> dict[str, Any] | None:
+    def _image(self, ref: str) -> Image | None:
         try:
             return self.engine.image(ref)
         except DockerError as e:
@@ -203,7 +204,7 @@ def placeable(stack: Stack) -> Stack:
     return stack
 
 
-def _digest_for(ref: str, repo_digests: list[str]) -> str | None:
+def _digest_for(ref: str, repo_digests: tuple[str, ...]) -> str | None:
     """The RepoDigest that stands for `ref`: the digest it names if the image has it, else the
     first one of the ref's repository, else the only one; None when Docker records none."""
     entries = [entry.split("@", 1) for entry in repo_digests or [] if "@" in entry]

@@ -1,7 +1,10 @@
-"""A sparkctl engine container as Docker reports it, typed, and the labels that make it one.
+"""Docker's answers about sparkctl's containers and images, typed, and the labels that make a
+container one of sparkctl's.
 
-The Docker adapter turns each listing into a `Container`; the pipeline, status, the reconciler
-and the daemon read these fields instead of Docker's dicts. Plain model, imported by every layer.
+The Docker adapter turns each listing into a `Container`, each inspect into an `Inspected`, each
+image record into an `Image` and each event into an `Event`; the pipeline, status, the
+reconciler, the daemon and the host agent read these fields instead of Docker's dicts. Plain
+models, imported by every layer.
 """
 
 from __future__ import annotations
@@ -52,3 +55,64 @@ class Container:
                    fingerprint=labels.get(LABEL_FINGERPRINT), spec_hash=labels.get(LABEL_SPEC_HASH),
                    memory=float(memory) if memory else None, placed=LABEL_PLACED in labels,
                    relay=int(labels[LABEL_RELAY]) if labels.get(LABEL_RELAY, "").isdigit() else None)
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """One container as `docker inspect` reports it: what sparkctl reads of it."""
+
+    status: str  # Docker's: created, running, exited, dead, ...
+    exit_code: int
+    oom_killed: bool
+    labels: dict[str, str]
+    image_id: str  # the image it runs
+    image_ref: str  # the reference it was created from
+    command: tuple[str, ...]  # its entrypoint, then its command
+
+    @property
+    def stack(self) -> str | None:
+        return self.labels.get(LABEL_STACK)
+
+    @classmethod
+    def from_inspect(cls, raw: dict[str, Any]) -> Inspected:
+        state, config = raw.get("State") or {}, raw.get("Config") or {}
+        return cls(status=state.get("Status", ""), exit_code=int(state.get("ExitCode") or 0),
+                   oom_killed=bool(state.get("OOMKilled")), labels=config.get("Labels") or {},
+                   image_id=raw.get("Image", ""), image_ref=config.get("Image", ""),
+                   command=(*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])))
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image as Docker records it (`docker image inspect`)."""
+
+    id: str
+    repo_digests: tuple[str, ...]  # `repository@sha256:...`, one per registry it came from
+    entrypoint: tuple[str, ...] | None
+
+    @classmethod
+    def from_inspect(cls, raw: dict[str, Any]) -> Image:
+        entrypoint = (raw.get("Config") or {}).get("Entrypoint")
+        return cls(id=raw["Id"], repo_digests=tuple(raw.get("RepoDigests") or ()),
+                   entrypoint=tuple(entrypoint) if entrypoint is not None else None)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A container event from Docker's stream: die, oom, start, stop, destroy, ..."""
+
+    action: str
+    container: str
+    labels: dict[str, str]  # the container's labels, with Docker's `exitCode` on a death
+    exit_code: int | None
+
+    @property
+    def stack(self) -> str | None:
+        return self.labels.get(LABEL_STACK)
+
+    @classmethod
+    def from_stream(cls, raw: dict[str, Any]) -> Event:
+        attributes = (raw.get("Actor") or {}).get("Attributes") or {}
+        code = attributes.get("exitCode")
+        return cls(action=raw.get("Action", ""), container=raw.get("id", ""), labels=attributes,
+                   exit_code=int(code) if code else None)

@@ -34,7 +34,7 @@ from tests.integration.conftest import SMALL, containers, wait_for
 
 
 def started_at(engine, name: str) -> str:
-    return engine.inspect(name)["State"]["StartedAt"]
+    return engine.client.api.inspect_container(name)["State"]["StartedAt"]
 
 
 def fresh_cli(*args: str) -> str:

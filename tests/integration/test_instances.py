@@ -110,7 +110,7 @@ def test_containers_from_before_instances_are_adopted_by_the_default_instance(wo
 
 
 def _identity(engine, container: str) -> tuple:
-    state = engine.inspect(container)
+    state = engine.client.api.inspect_container(container)
     return state["Id"], state["State"]["Status"], state["State"]["StartedAt"], state["RestartCount"]
 
 

@@ -28,7 +28,7 @@ def test_qwen36_dflash_container_as_docker_sees_it(engine, base_image, run_id, t
     plan = replace(plan, name=f"{plan.name}-{run_id}")
     try:
         engine.create(plan, labels={TEST_LABEL: run_id})
-        info = engine.inspect(plan.name)
+        info = engine.client.api.inspect_container(plan.name)
     finally:
         subprocess.run(["docker", "rmi", stack.image.ref], check=True, capture_output=True)
 

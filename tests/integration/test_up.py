@@ -143,7 +143,7 @@ def test_compose_stack_comes_up_and_down(world, cli, engine, monkeypatch) -> Non
     assert code == 0, err + out
     assert f"diffusiongemma up: http://127.0.0.1:{port(8111)}/v1" in out
     [container] = ours(engine)
-    info = engine.inspect(container["Id"])
+    info = engine.client.api.inspect_container(container["Id"])
     assert info["Config"]["Labels"]["com.docker.compose.project"] == name("diffusiongemma")
     assert not any("hf_test_token_123" in e for e in info["Config"]["Env"])
     assert "sim profile diffusiongemma" in engine.logs(container["Id"], tail=50)
@@ -196,7 +196,7 @@ def test_a_compose_file_cannot_hand_the_token_to_its_container(world, cli, engin
     code, out, err = cli("up", "diffusiongemma")
     assert code == 0, err + out
     [container] = ours(engine)
-    info = engine.inspect(container["Id"])
+    info = engine.client.api.inspect_container(container["Id"])
     assert "LEAK_A=none" in info["Config"]["Env"] and "LEAK_B=none" in info["Config"]["Env"]
     assert "hf_test_token_123" not in json.dumps(info)
 

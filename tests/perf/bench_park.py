@@ -121,7 +121,7 @@ def memory() -> None:
         with daemon(env):
             sparkctl(env, "up", "memo")
             docker = DockerEngine(instance=env["SPARKCTL_INSTANCE"])
-            pid = docker.inspect(docker.containers("memo")[0].id)["State"]["Pid"]
+            pid = docker.client.api.inspect_container(docker.containers("memo")[0].id)["State"]["Pid"]
             seen["awake"] = (footprint.held(0), *_settled(pid))
             for level in (1, 2):
                 with Sampler(pid) as sample:

@@ -18,6 +18,7 @@ from sparkctl.bench import corpus, environment, metrics, runner
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import judge
 from sparkctl.bench.profiles import PROFILES
+from sparkctl.container import Inspected
 from sparkctl.spec.load import load_catalog
 from sparkctl.spec.models import Expectations
 from sparkctl.state.bench import BenchRun
@@ -225,8 +226,8 @@ class FakeDocker:
     def containers(self, stack: str) -> list:
         return [SimpleNamespace(id="c1", running=True)] if self.config is not None else []
 
-    def inspect(self, _: str) -> dict:
-        return {"Config": self.config}
+    def inspect(self, _: str) -> Inspected:
+        return Inspected.from_inspect({"Config": self.config})
 
 
 def test_the_engine_a_run_measures() -> None:

@@ -10,8 +10,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from sparkctl.bench.metrics import kv_tokens
+from sparkctl.container import Inspected
 from sparkctl.daemon.machine import log_headroom
-from sparkctl.deploy.capacity import command_line, flag
+from sparkctl.deploy.capacity import flag
 from sparkctl.phase import Phase
 from sparkctl.policy.headroom import Headroom, tokens
 from sparkctl.state.db import MIGRATIONS
@@ -115,10 +116,10 @@ def test_flags_read_as_vllm_reads_them(argv: list[str], expected: int | None) ->
     assert flag(argv, "--max-num-seqs") == expected
 
 
-def test_command_line_joins_entrypoint_and_command() -> None:
+def test_the_command_joins_entrypoint_and_command() -> None:
     inspected = {"Config": {"Entrypoint": ["vllm"], "Cmd": ["serve", "/model", "--max-model-len", "131072"]}}
-    assert flag(command_line(inspected), "--max-model-len") == 131072
-    assert command_line({"Config": {"Entrypoint": None, "Cmd": None}}) == []
+    assert flag(list(Inspected.from_inspect(inspected).command), "--max-model-len") == 131072
+    assert Inspected.from_inspect({"Config": {"Entrypoint": None, "Cmd": None}}).command == ()
 
 
 def test_headroom_is_kept_per_build_and_survives_a_restart(tmp_path: Path) -> None:

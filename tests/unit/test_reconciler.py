@@ -225,6 +225,7 @@ def test_backoff_wait_sets_the_next_wake() -> None:
 
 
 def test_an_oom_kill_is_reported_as_such(workspace) -> None:
+    from sparkctl.container import Event
     from sparkctl.daemon.app import Daemon
     from sparkctl.settings import Settings
 
@@ -236,13 +237,12 @@ def test_an_oom_kill_is_reported_as_such(workspace) -> None:
     daemon.reconciler.died = lambda stack, *, oom, exit_code: seen.append((stack, oom, exit_code)) or True
     actor = {"Attributes": {"sparkctl.stack": "qwen36-dflash", "sparkctl.instance": daemon.settings.instance,
                             "exitCode": "137"}}
-    daemon.loops.on_event({"Action": "oom", "id": "c1", "Actor": actor})
-    daemon.loops.on_event({"Action": "die", "id": "c1", "Actor": actor})
-    daemon.loops.on_event({"Action": "die", "id": "c1", "Actor": actor})
+    for action in ("oom", "die", "die"):  # as Docker's stream decodes them
+        daemon.loops.on_event(Event.from_stream({"Action": action, "id": "c1", "Actor": actor}))
     assert seen == [("qwen36-dflash", True, 137), ("qwen36-dflash", False, 137)]
     for other in ({"sparkctl.instance": "default"}, {}):  # another instance's, or one made before instances
-        daemon.loops.on_event({"Action": "die", "id": "c2", "Actor": {"Attributes": {
-            "sparkctl.stack": "qwen36-dflash", "exitCode": "1", **other}}})
+        daemon.loops.on_event(Event.from_stream({"Action": "die", "id": "c2", "Actor": {"Attributes": {
+            "sparkctl.stack": "qwen36-dflash", "exitCode": "1", **other}}}))
     assert len(seen) == 2
     assert [e["detail"] for e in daemon.store.events.list("qwen36-dflash")] == ["exit code 137", "OOM-killed"]
 

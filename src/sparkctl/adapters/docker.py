@@ -21,7 +21,7 @@ from docker.types import DeviceRequest, Mount
 
 from sparkctl import instance as instances
 from sparkctl.adapters.retry import transient
-from sparkctl.container import LABEL_STACK, Container
+from sparkctl.container import LABEL_STACK, Container, Event, Image, Inspected
 from sparkctl.errors import DockerError, TransientError
 from sparkctl.policy.images import mirrored, parse_ref
 from sparkctl.spec.render import ContainerPlan
@@ -88,12 +88,12 @@ class DockerEngine:
             finally:
                 sock.close()
 
-    def entrypoint(self, image: str) -> list[str] | None:
+    def entrypoint(self, image: str) -> tuple[str, ...] | None:
         """The image's ENTRYPOINT (None if it has none)."""
         info = self.image(image)
         if info is None:
             raise DockerError(f"image {image} is not on this engine")
-        return info["Config"].get("Entrypoint")
+        return info.entrypoint
 
     @transient()
     def registry_digest(self, ref: str, *, mirrors: Mapping[str, str] = {}) -> str:
@@ -118,12 +118,12 @@ class DockerEngine:
         info = self.image(ref)
         if info is None:
             return None
-        return None if built_here and info.get("RepoDigests") else info["Id"]
+        return None if built_here and info.repo_digests else info.id
 
-    def image(self, ref: str) -> dict[str, Any] | None:
-        """Docker's record of the image `ref` names (`Id`, `RepoDigests`, ...), or None."""
+    def image(self, ref: str) -> Image | None:
+        """Docker's record of the image `ref` names, or None."""
         try:
-            return self.client.api.inspect_image(ref)
+            return Image.from_inspect(self.client.api.inspect_image(ref))
         except docker.errors.ImageNotFound:
             return None
         except docker.errors.APIError as e:
@@ -195,15 +195,10 @@ class DockerEngine:
         with _translated(f"follow the logs of {name_or_id}"):
             return self.client.api.logs(name_or_id, tail=tail, stream=True, follow=True)
 
-    def events(self) -> Iterator[dict[str, Any]]:
+    def events(self) -> Events:
         """The engine's container events (die, oom, start, destroy, ...) of sparkctl's containers,
-        decoded, as they happen; `close()` on the returned stream ends it."""
-        return self.client.events(decode=True, filters={"type": "container", "label": LABEL_STACK})
-
-    def state(self, name_or_id: str) -> tuple[str, int, bool]:
-        """(status, exit code, OOM-killed) of a container."""
-        s = self.inspect(name_or_id)["State"]
-        return s["Status"], s.get("ExitCode", 0), bool(s.get("OOMKilled"))
+        as they happen; `close()` on the returned stream ends it."""
+        return Events(self.client.events(decode=True, filters={"type": "container", "label": LABEL_STACK}))
 
     @transient()
     def stop(self, name_or_id: str, *, timeout: int = 30) -> None:
@@ -226,9 +221,9 @@ class DockerEngine:
         with _translated("read the engine's info"):
             return "nvidia" in (self.client.info().get("Runtimes") or {})
 
-    def inspect(self, name_or_id: str) -> dict[str, Any]:
+    def inspect(self, name_or_id: str) -> Inspected:
         with _translated(f"inspect container {name_or_id}"):
-            return self.client.api.inspect_container(name_or_id)
+            return Inspected.from_inspect(self.client.api.inspect_container(name_or_id))
 
     def remove(self, name_or_id: str) -> bool:
         """Remove a container (running or not); False if there was none (or it is already going)."""
@@ -271,6 +266,22 @@ def _gpus(gpus: str | int) -> list[DeviceRequest]:
         return []
     count = -1 if gpus == "all" else int(gpus)
     return [DeviceRequest(count=count, capabilities=[["gpu"]])]
+
+
+class Events:
+    """Docker's event stream, each event typed; `close()` ends a wait for the next one."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Events:
+        return self
+
+    def __next__(self) -> Event:
+        return Event.from_stream(next(self._stream))
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 @contextmanager

@@ -101,10 +101,9 @@ def _container_command(stack: Stack, docker: DockerEngine | None) -> str | None:
         return None
     try:
         running = [c for c in docker.containers(stack.name) if c.running]
-        config = (docker.inspect(running[0].id).get("Config") or {}) if running else {}
+        command = docker.inspect(running[0].id).command if running else ()
     except SparkctlError:
         return None
-    command = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
     return shlex.join(command) if command else None
 
 

@@ -10,13 +10,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
 from sparkctl import instance as instances
-from sparkctl.adapters.docker import DockerEngine
-from sparkctl.container import LABEL_STACK
+from sparkctl.adapters.docker import DockerEngine, Events
+from sparkctl.container import Event
 from sparkctl.daemon import process
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.state.store import Store
@@ -33,7 +32,7 @@ class Loops:
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._oom: set[str] = set()
-        self._events_stream: Any = None  # the open Docker event stream, closed on shutdown
+        self._events_stream: Events | None = None  # the open Docker event stream, closed on shutdown
         self._stopping = False
 
     def kick(self) -> None:
@@ -96,21 +95,17 @@ class Loops:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Event) -> None:
         """One Docker event: a death counts towards the crash-loop rule; any change asks for a pass."""
-        action = event.get("Action", "")
-        attributes = event.get("Actor", {}).get("Attributes", {})
-        if not instances.owned(attributes, self.instance):
+        if not instances.owned(event.labels, self.instance):
             return  # another instance's container: its own daemon handles it
-        stack, container = attributes.get(LABEL_STACK), event.get("id", "")
-        if action == "oom":
-            self._oom.add(container)
-        elif action == "die" and stack:
-            code = attributes.get("exitCode")
-            oom = container in self._oom
-            self._oom.discard(container)
-            if self.reconciler.died(stack, oom=oom, exit_code=int(code) if code else None):
-                self.store.events.record(stack, "died", "OOM-killed" if oom else f"exit code {code}")
+        if event.action == "oom":
+            self._oom.add(event.container)
+        elif event.action == "die" and event.stack:
+            oom = event.container in self._oom
+            self._oom.discard(event.container)
+            if self.reconciler.died(event.stack, oom=oom, exit_code=event.exit_code):
+                self.store.events.record(event.stack, "died", "OOM-killed" if oom else f"exit code {event.exit_code}")
             self.kick()
-        elif action in ("destroy", "stop"):
+        elif event.action in ("destroy", "stop"):
             self.kick()

@@ -14,7 +14,6 @@ import structlog
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.sleepmode import SleepMode
-from sparkctl.container import LABEL_STACK
 from sparkctl.daemon.planner import Observed
 from sparkctl.daemon.turns import Turns
 from sparkctl.daemon.watchdog import MemoryWatch
@@ -90,12 +89,12 @@ class DockerMachine:
 
     def start(self, container: str) -> None:
         """Restart a dead engine container as it was, and wait until it is healthy again."""
-        stack_name = self.docker.inspect(container)["Config"]["Labels"][LABEL_STACK]
+        stack_name = self.docker.inspect(container).stack
         with self.turns.turn(stack_name):
             self.docker.start(container)
             self.store.events.record(stack_name, "restarted", container[:12])
             stack = self.catalog().stack(stack_name)
-            engine = health.Engine(state=lambda: self.docker.state(container),
+            engine = health.Engine(inspect=lambda: self.docker.inspect(container),
                                    logs=lambda n: self.docker.logs(container, tail=n))
             health.wait_healthy(stack, stack.url, engine, reporter=self.reporter)
 
@@ -127,7 +126,7 @@ class DockerMachine:
             if container is None:
                 raise SparkctlError(f"{stack} is parked but has no container; `sparkctl up {stack}` deploys it again")
             killed, lowest, began = None, None, time.monotonic()
-            asleep = level and self.docker.state(container)[0] == "running"
+            asleep = level and self.docker.inspect(container).status == "running"
             if asleep:
                 killed, lowest = self._wake_watched(stack, spec.url, spec.served_name, container, level)
             if not asleep or killed:

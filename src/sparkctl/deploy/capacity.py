@@ -11,7 +11,6 @@ the stack's. The comparison itself is `policy.headroom`.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from sparkctl.adapters import engine
 from sparkctl.adapters.docker import DockerEngine
@@ -29,7 +28,7 @@ def read(stack: Stack, url: str, container: str, docker: DockerEngine) -> Headro
     """The running engine's headroom; a SparkctlError when it reports no KV-cache size."""
     try:
         text = engine.text(url, "/metrics", timeout=10)
-        command = command_line(docker.inspect(container))
+        command = list(docker.inspect(container).command)
         found = kv_tokens(text + "\n" + docker.logs(container, tail=LOG_LINES))
         served = _served_len(url, stack.served_name)
     except (OSError, ValueError) as e:
@@ -42,12 +41,6 @@ def read(stack: Stack, url: str, container: str, docker: DockerEngine) -> Headro
                     max_model_len=served or flag(command, "--max-model-len") or (vllm.max_model_len if vllm else None),
                     max_num_seqs=flag(command, "--max-num-seqs") or (vllm.max_num_seqs if vllm else None),
                     min_kv_tokens=stack.expectations.min_kv_tokens)
-
-
-def command_line(inspected: dict[str, Any]) -> list[str]:
-    """The container's entrypoint and command, from `docker inspect`."""
-    config = inspected.get("Config") or {}
-    return [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
 
 
 def flag(argv: list[str], name: str) -> int | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sparkctl.adapters import engine as engine_http
 from sparkctl.bench.metrics import between, parse
+from sparkctl.container import Inspected
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
@@ -56,7 +57,7 @@ class HealthError(SparkctlError):
 class Engine:
     """What health checks need from the container: its state and its log."""
 
-    state: Callable[[], tuple[str, int, bool]]  # (status, exit code, OOM-killed)
+    inspect: Callable[[], Inspected]
     logs: Callable[[int], str]
 
 
@@ -136,12 +137,12 @@ def wait_started(engine: Engine, *, settle: float = HEADLESS_SETTLE, clock: Call
 
 
 def _alive(engine: Engine, phase: Phase) -> str:
-    status, code, oom = engine.state()
-    if status in ("exited", "dead"):
-        cause = "was OOM-killed" if oom else f"exited with code {code}"
+    found = engine.inspect()
+    if found.status in ("exited", "dead"):
+        cause = "was OOM-killed" if found.oom_killed else f"exited with code {found.exit_code}"
         raise HealthError(f"engine container {cause} while {phase}", phase=phase, logs=engine.logs(30)
-                          + ("\nOOMKilled" if oom else ""))
-    return status
+                          + ("\nOOMKilled" if found.oom_killed else ""))
+    return found.status
 
 
 def _within(deadline: float, clock: Callable[[], float], phase: Phase, budget: float, engine: Engine) -> None:

@@ -209,7 +209,7 @@ class Launch:
             self.reporter.note(stack.name, "the previous deployment was restarted")
 
     def _engine(self, container: str) -> health.Engine:
-        return health.Engine(state=lambda: self.docker.state(container),
+        return health.Engine(inspect=lambda: self.docker.inspect(container),
                              logs=lambda n: self.docker.logs(container, tail=n))
 
     def _gpus(self) -> bool:

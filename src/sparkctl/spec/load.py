@@ -1,11 +1,11 @@
 """Load stack and patch-set files into validated, frozen models.
 
 A stack file holds one mapping with a `name`; `extends: other` deep-merges it over another
-stack (mappings merge key by key, anything else is replaced, `null` clears). Every problem
-becomes a `SpecError` naming the file, the line, the dotted key and what is allowed. A file
-with a problem is left out of the catalog and listed in `Catalog.invalid`, as is a stack built
-on it (`extends`, `patches`): the other stacks load, and only asking for that one fails. Called
-by the CLI and the daemon through `catalog_for`; the composition root reports the files left out.
+stack (mappings merge key by key, anything else is replaced, `null` clears). Every problem is a
+`SpecError` naming the file, the line, the dotted key and what is allowed. A file with a problem
+is left out of the catalog and listed in `Catalog.invalid`, as is a stack built on it
+(`extends`, `patches`): the others load, and only asking for that one fails. Called by the CLI
+and the daemon through `catalog_for`; the composition root reports the files left out.
 """
 
 from __future__ import annotations

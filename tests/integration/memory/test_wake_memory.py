@@ -58,7 +58,7 @@ def rss(engine, stack: str) -> int:
     [c] = [c for c in containers(engine, stack) if c["State"] == "running"] or [None]
     if c is None:
         return 0
-    pid = engine.inspect(c["Id"])["State"]["Pid"]
+    pid = engine.client.api.inspect_container(c["Id"])["State"]["Pid"]
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("RssAnon:")[1].split()[0]) * 1024
 
