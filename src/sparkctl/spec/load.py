@@ -269,8 +269,7 @@ def _spec_error(model: type[BaseModel], error: ValidationError, path: Path) -> S
 
 
 def _at(path: Path, loc: list[str], problem: str) -> SpecError:
-    """An error at the key `loc` of `path` (the top level when empty), on the line the file
-    writes it when it does."""
+    """An error at the key `loc` of `path` (the top level when empty), on its line when known."""
     line = yamlfile.line_of(path, loc) if loc else None
     return SpecError(str(path), ".".join(loc) or "(top level)", problem, line=line)
 
