@@ -4,11 +4,15 @@ needs its `allow:`, and the spellings of harmless things need none."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from sparkctl.spec.load import Catalog, load_catalog
 from sparkctl.spec.models import Stack
 from sparkctl.spec.risks import flag_name, host_path, is_loopback, reaches_docker_socket
 
@@ -133,3 +137,32 @@ def test_any_mix_of_dashes_and_underscores_is_the_same_flag(flag: str, underscor
                                                 ("::", False), ("", False), ("example.com", False)])
 def test_loopback_is_judged_by_address(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dspark_stack(tmp_path: Path, body: str) -> Catalog:
+    """The shipped catalog plus a stack `mine` built on the DSpark DFlash stack, in its own file."""
+    shutil.copytree(ROOT / "stacks", tmp_path / "stacks", dirs_exist_ok=True)
+    (tmp_path / "stacks" / "mine.yaml").write_text("name: mine\nextends: qwen36-dflash\n" + body)
+    return load_catalog(tmp_path / "stacks", ROOT / "patches")
+
+
+@pytest.mark.parametrize(("tokens", "refused"), [(10, False), (11, True), (16, True)])
+def test_the_dspark_draft_takes_at_most_ten_speculative_tokens(tmp_path: Path, tokens: int, refused: bool) -> None:
+    catalog = dspark_stack(tmp_path, f"vllm:\n  speculative:\n    num_speculative_tokens: {tokens}\n")
+    if not refused:
+        assert catalog.stack("mine").vllm.speculative.num_speculative_tokens == tokens
+        return
+    [invalid] = catalog.invalid
+    assert invalid.file.name == "mine.yaml" and invalid.key == "vllm.speculative.num_speculative_tokens"
+    assert f"{tokens} is more than the 10" in invalid.problem and "seed 000:10" in invalid.problem  # the line that says K<=10
+
+
+def test_prefix_caching_with_the_dspark_draft_needs_its_opt_in_and_says_the_seeds_reason(tmp_path: Path) -> None:
+    [invalid] = dspark_stack(tmp_path, "vllm:\n  enable_prefix_caching: true\n").invalid
+    assert invalid.key == "vllm.enable_prefix_caching" and "hung with the DSpark draft" in invalid.problem
+    assert "000:51" in invalid.problem and "allow: [prefix-caching]" in invalid.problem
+    allowed = dspark_stack(tmp_path, "allow: [prefix-caching]\nvllm:\n  enable_prefix_caching: true\n")
+    assert allowed.invalid == () and allowed.stack("mine").vllm.enable_prefix_caching

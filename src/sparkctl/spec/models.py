@@ -27,7 +27,8 @@ class Kind(StrEnum):
 
 WILDCARD = frozenset({"0.0.0.0", "::", "localhost"})  # reached at 127.0.0.1
 # What a stack must opt into by name (`allow:`): sometimes right, never by accident.
-Risk = Literal["docker-socket", "all-interfaces", "remote-code"]
+# `prefix-caching`: prefix caching on a stack whose draft does not support it (its patch set's `limits`).
+Risk = Literal["docker-socket", "all-interfaces", "remote-code", "prefix-caching"]
 
 
 class Resources(Spec):

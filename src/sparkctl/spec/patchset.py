@@ -35,9 +35,20 @@ class Shim(Spec):
     attributes: dict[str, str] = Field(min_length=1)
 
 
+class Limits(Spec):
+    """What the draft a patch set serves supports, with where that is said: a stack using the
+    patch set is held to it when the catalog loads."""
+
+    max_speculative_tokens: int | None = Field(default=None, ge=1)
+    # Why prefix caching is unsupported; a stack turning it on then needs `allow: [prefix-caching]`.
+    prefix_caching: str | None = None
+    source: str  # where the limits are stated (a seed's line)
+
+
 class PatchSet(Spec):
     name: Name
     description: str = ""
     overlays: tuple[Overlay, ...] = ()
     shims: tuple[Shim, ...] = ()
     diffs: tuple[RelativePath, ...] = ()  # unified diff files, relative to the patches dir
+    limits: Limits | None = None
