@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from sparkctl.spec import imagefile
@@ -53,7 +54,7 @@ def test_a_broken_file_names_itself(workspace: Path, cli) -> None:
     assert code == 1 and "images.yaml: pins.x:v1.digest" in err
 
 
-def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(workspace: Path, cli) -> None:
+def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(workspace: Path, cli, monkeypatch) -> None:
     """Seed 003's qwen36-v4 tag ships pinned without a digest (none was published): the first
     deploy's digest fills the pin in, once; later deploys and unpinned tags change nothing."""
     path = workspace / "stacks" / "images.yaml"
@@ -65,13 +66,20 @@ def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(workspa
 
     assert imagefile.settle_pin(path, ref, digest=D1)
     settled = imagefile.load_policy(path).pin_for(ref)
-    assert (settled.digest, settled.known_good) == (D1, True)
+    # first seen, not known-good: the seed vouches for the build it ran, not for what the tag names now
+    assert (settled.digest, settled.known_good, settled.first_seen) == (D1, False, dt.date.today())
     assert settled.provenance.startswith("seed 003:21,25")
     assert "digest recorded at first deploy on" in settled.provenance
     assert not imagefile.settle_pin(path, ref, digest="sha256:" + "b" * 64)  # pinned now: a moved tag stays pinned
     assert not imagefile.settle_pin(path, "vllm/vllm-openai:v0.24.0", digest=D1)  # no pin: nothing to settle
     policy = imagefile.load_policy(path)
     assert policy.pin_for(ref).digest == D1 and policy.pin_for("vllm/vllm-openai:v0.24.0") is None
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, _ = cli("image", "list")
+    assert code == 0 and f"not yet: first seen {dt.date.today()}" in out
+    imagefile.pin(path, ref, digest=D1, known_good=True, provenance="benchmark run 3 passed")  # as the gate does
+    passed = imagefile.load_policy(path).pin_for(ref)
+    assert (passed.known_good, passed.first_seen) == (True, None)
     text = path.read_text()
     assert all(line in text for line in SHIPPED.read_text().splitlines() if line.startswith("#"))
 

@@ -157,7 +157,7 @@ def test_the_dspark_draft_takes_at_most_ten_speculative_tokens(tmp_path: Path, t
         return
     [invalid] = catalog.invalid
     assert invalid.file.name == "mine.yaml" and invalid.key == "vllm.speculative.num_speculative_tokens"
-    assert f"{tokens} is more than the 10" in invalid.problem and "seed 000:10" in invalid.problem  # the line that says K<=10
+    assert f"{tokens} is more than the 10" in invalid.problem and "seed 000:10" in invalid.problem  # "K≤10"
 
 
 def test_prefix_caching_with_the_dspark_draft_needs_its_opt_in_and_says_the_seeds_reason(tmp_path: Path) -> None:

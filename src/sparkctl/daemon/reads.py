@@ -132,6 +132,8 @@ class Reads:
             verdict = f"blacklisted: {ban[1].reason}"
         elif pin is not None and pin.known_good:
             verdict = "known-good"
+        elif pin is not None and pin.first_seen:
+            verdict = "first seen"
         else:
             verdict = "pinned" if pin is not None else "unpinned"
         return image.ref, digest, verdict

@@ -80,6 +80,9 @@ class Pin(BaseModel):
     provenance: str = ""  # why this digest is trusted, e.g. "benchmark run 12 passed"
     known_good: bool = False
     pinned: dt.date | None = None
+    # The day a first deploy recorded the digest of a pin without one: the tag's provenance vouches
+    # for the build it named then, not for this digest, which is known-good once a benchmark passes.
+    first_seen: dt.date | None = None
 
     @property
     def settled(self) -> bool:

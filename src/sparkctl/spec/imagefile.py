@@ -61,8 +61,9 @@ def unpin(path: Path, ref: str) -> bool:
 
 def settle_pin(path: Path, ref: str, *, digest: str) -> bool:
     """Record `digest` in `ref`'s pin if that pin has none yet (a tag known good whose digest
-    was never published), saying so in its provenance; True if it did. A pin that names its
-    digest, or no pin, is left as it is."""
+    was never published), as first seen, not known-good: the tag's provenance vouches for the
+    build it named then, and a benchmark that passes its gate makes this digest known-good
+    (`bench.stack.gate`). True if it did; a pin that names its digest, or no pin, is left."""
     settled: list[str] = []
 
     def apply(doc: CommentedMap) -> None:
@@ -71,6 +72,8 @@ def settle_pin(path: Path, ref: str, *, digest: str) -> bool:
             if _same(key, ref) and entry is not None and not entry.get("digest"):
                 note = f"digest recorded at first deploy on {dt.date.today().isoformat()}"
                 entry.insert(0, "digest", digest)
+                entry.pop("known_good", None)
+                entry["first_seen"] = dt.date.today()
                 entry["provenance"] = "; ".join(p for p in (entry.get("provenance"), note) if p)
                 settled.append(key)
 
