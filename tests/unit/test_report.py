@@ -194,7 +194,7 @@ def test_environment_reads_flags_as_run_and_the_kv_headroom(catalog) -> None:
     assert rows["GPU"] == "NVIDIA GB10, 119.6 GiB" and rows["Driver / CUDA"] == "unknown"  # as the benchmark marks it
     assert rows["Date"] == "2026-06-10"
     assert rows["Engines"] == "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2 (vLLM 0.22)"
-    assert rows["Draft head"] == "AEON-7/Gemma-4-26B-A4B-it-DFlash-drafter: dflash n=10"
+    assert rows["Draft head"] == "z-lab/gemma-4-26B-A4B-it-DFlash: dflash n=10"
     assert environment.kv_headroom(_entry(stack, [])) == "unknown"
     unrecorded = _entry(stack, [], {"engine": {"flags": "unknown", "vllm_version": "unknown"}})
     assert f"--max-model-len {stack.vllm.max_model_len}" in environment.flags(unrecorded)  # as sparkctl renders it

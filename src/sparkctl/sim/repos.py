@@ -16,7 +16,7 @@ QWEN_BF16 = "AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-BF16"
 DSPARK_DRAFT = "Hikari07jp/DSpark-Qwen3.6-27B-AEON-draft"
 ZLAB_DRAFT = "z-lab/Qwen3.6-27B-DFlash"  # qwen36-dflash-v4's drafter (the repo id is unverified)
 GEMMA4 = "AEON-7/Gemma-4-26B-A4B-it-Uncensored-NVFP4"
-GEMMA4_DRAFTER = "AEON-7/Gemma-4-26B-A4B-it-DFlash-drafter"
+GEMMA4_DRAFTER = "z-lab/gemma-4-26B-A4B-it-DFlash"
 DIFFUSIONGEMMA = "nvidia/diffusiongemma-26B-A4B-it-NVFP4"
 
 QWEN3_DFLASH_PATCH = '''"""DSpark DFlash draft head for vLLM: block-diffusion drafter + Markov head (fixture)."""
