@@ -94,7 +94,7 @@ def render_(
 
     from sparkctl.agent import placeable
     from sparkctl.spec.models import Kind
-    from sparkctl.spec.render import Sources, render
+    from sparkctl.spec.render import Sources, additions, render
 
     rt = runtime(ctx)
     stack = rt.catalog.stack(name)
@@ -111,6 +111,8 @@ def render_(
     if chosen is not None:  # as the host's agent runs it: on loopback, relayed on the host's serving address
         stack = placeable(stack)
     plan = render(stack, sources, instance=rt.settings.instance, rank=chosen, placed=chosen is not None)
+    for what, cause in additions(stack):
+        typer.echo(f"added by sparkctl: {what}  ({cause})", err=True)
     if any("<" in m.source or "<" in m.target for m in plan.mounts):
         typer.echo(f"note: the paths in <...> are known once the image is: `sparkctl patch check {name}` "
                    "shows them", err=True)

@@ -200,15 +200,24 @@ def vllm_args(stack: Stack, draft_subpath: str = "", sleep: bool = True) -> list
             config["model"] = _inside(DRAFT_DIR, draft_subpath)
         config |= v.speculative.model_dump(exclude={"method"}, exclude_none=True)
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-    if stack.sleeps and sleep:  # after the seeds' own flags, which stay as they ran them
-        args.append("--enable-sleep-mode")
+    args += [what for what, _ in additions(stack, sleep) if what.startswith("--")]  # after the seeds' own flags
     return args + list(v.extra_args)
 
 
+def additions(stack: Stack, sleep: bool = True) -> list[tuple[str, str]]:
+    """What sparkctl adds to the engine's command and environment beyond the stack file's values,
+    each with the setting that causes it: (`--flag` or `VAR=value`, cause). Parking by sleep
+    needs vLLM's sleep mode, and vLLM registers /sleep, /wake_up and /is_sleeping only in its dev
+    mode (the engine listens on loopback, and the gateway forwards none of them). `switch.park:
+    stop` adds nothing: the engine runs the seed's command."""
+    if not (stack.sleeps and sleep):
+        return []
+    cause = f"switch.park: {stack.switch.park}: parks by sleeping; `switch.park: stop` leaves it out"
+    return [("--enable-sleep-mode", cause), ("VLLM_SERVER_DEV_MODE=1", cause)]
+
+
 def _sleep_env(stack: Stack, sleep: bool) -> dict[str, str]:
-    """vLLM registers /sleep, /wake_up and /is_sleeping only in its dev mode. The engine listens
-    on loopback, and the gateway forwards none of them."""
-    return {"VLLM_SERVER_DEV_MODE": "1"} if stack.sleeps and sleep else {}
+    return dict(what.split("=", 1) for what, _ in additions(stack, sleep) if not what.startswith("--"))
 
 
 def _inside(mount: str, subpath: str) -> str:

@@ -1,0 +1,91 @@
+"""Seed 000's nine configurations render exactly the command the study ran, flag by flag, plus
+what sparkctl adds, each addition named with the setting that causes it.
+
+The seed's command is rebuilt here from its text, not from the stack files: the fixed serving
+parameters (seed 000:17), the NVFP4 checkpoints' compressed-tensors format (000:9), and the
+draft's flags (000:10, 000:17). Placement (served name, loopback host, port) is sparkctl's and
+listed in docs/engines.md; parking by sleep adds two things, which `switch.park: stop` removes,
+leaving the seed's command exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkctl.policy.parking import Park
+from sparkctl.spec.load import load_catalog
+from sparkctl.spec.render import Sources, additions, render
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = load_catalog(ROOT / "stacks", ROOT / "patches")
+SOURCES = Sources(model_dir="/hf/model", draft_dir="/hf/draft", compile_cache_dir="/cache")
+
+# seed 000:17: "--max-model-len 131072 --gpu-memory-utilization 0.80, prefix caching off, chunked prefill on"
+FIXED = {"--max-model-len": "131072", "--gpu-memory-utilization": "0.8",
+         "--no-enable-prefix-caching": None, "--enable-chunked-prefill": None}
+NVFP4 = {"--quantization": "compressed-tensors"}  # seed 000:9, "NVFP4 (compressed-tensors, ~23 GB)"
+IMAGES = {"stock": "vllm/vllm-openai:v0.24.0", "eugr": "eugr/spark-vllm:latest",  # seed 000:11
+          "aeon": "ghcr.io/aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix"}
+
+
+def dflash(n: int) -> dict[str, str | None]:
+    """The draft's flags: seed 000:10 (n, probabilistic drafting, float32 mamba cache), 000:17 (flash_attn)."""
+    config = {"method": "dflash", "model": "/draft", "num_speculative_tokens": n,
+              "draft_sample_method": "probabilistic"}
+    return {"--attention-backend": "flash_attn", "--mamba-cache-dtype": "float32",
+            "--speculative-config": json.dumps(config, separators=(",", ":"))}
+
+
+# stack -> (the seed's config, its engine, the flags beyond the fixed ones): seed 000:23-33
+SEED_000 = {
+    "qwen36-bf16-stock": ("Q_bf16_stock_n0", "stock", {}),
+    "qwen36-bf16-eugr": ("Q_bf16_eugr_n0", "eugr", {}),
+    "qwen36-bf16-aeon": ("Q_bf16_aeon_n0", "aeon", {}),
+    "qwen36-nvfp4-stock": ("Q_nvfp4_stock_n0", "stock", NVFP4),
+    "qwen36-nvfp4-eugr": ("Q_nvfp4_eugr_n0", "eugr", NVFP4),
+    "qwen36-nvfp4-aeon": ("Q_nvfp4_aeon_n0", "aeon", NVFP4),
+    "qwen36-bf16-dflash-n1": ("Q_bf16_dfl1", "aeon", dflash(1)),
+    "qwen36-bf16-dflash-n8": ("Q_bf16_dfl8", "aeon", dflash(8)),
+    "qwen36-dflash": ("Q_nvfp4_dfl8", "aeon", NVFP4 | dflash(8)),
+}
+
+
+def flags(argv: tuple[str, ...]) -> dict[str, str | None]:
+    """`--flag value` and bare `--flag` as a mapping; a flag given twice fails the test."""
+    found: dict[str, str | None] = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            assert arg not in found, f"{arg} given twice"
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+            found[arg] = value
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(SEED_000))
+@pytest.mark.parametrize("park", [Park.STOP, Park.AUTO])
+def test_a_seed_000_config_renders_the_seeds_command_and_only_the_listed_additions(name: str, park: Park) -> None:
+    _, engine, extra = SEED_000[name]
+    stack = CATALOG.stack(name)
+    stack = stack.model_copy(update={"switch": stack.switch.model_copy(update={"park": park})})
+    plan = render(stack, SOURCES)
+    placed = {"--served-model-name": name, "--host": "127.0.0.1", "--port": str(stack.port)}  # sparkctl's
+    added = additions(stack)
+    expected = placed | FIXED | extra | {what: None for what, _ in added if what.startswith("--")}
+    assert (plan.image, plan.entrypoint, plan.command[:2]) == (IMAGES[engine], ("vllm",), ("serve", "/model"))
+    assert flags(plan.command[2:]) == expected
+    env = {k: v for k, v in plan.env.items() if k != "HF_HUB_OFFLINE"}  # the engine runs offline: weights come first
+    assert env == dict(what.split("=", 1) for what, _ in added if not what.startswith("--"))
+    if park is Park.STOP:
+        assert added == []  # exactly the seed's command
+    else:
+        assert [what for what, _ in added] == ["--enable-sleep-mode", "VLLM_SERVER_DEV_MODE=1"]
+        assert all(cause.startswith("switch.park: auto") for _, cause in added)
+
+
+def test_stacks_render_says_what_sparkctl_added_and_why(workspace: Path, cli) -> None:
+    code, out, err = cli("stacks", "render", "qwen36-dflash")
+    assert code == 0 and "--enable-sleep-mode" in out
+    assert "added by sparkctl: --enable-sleep-mode  (switch.park: auto: parks by sleeping" in err
+    assert "added by sparkctl: VLLM_SERVER_DEV_MODE=1" in err
