@@ -101,7 +101,7 @@ def test_a_killed_engine_is_restarted_and_the_crash_recorded(start_daemon, cli, 
     assert cli("up", "qwen36-dflash")[0] == 0
     before = started_at(engine, name("qwen36-dflash"))
     engine.client.api.kill(name("qwen36-dflash"))
-    wait_for(lambda: engine.state(name("qwen36-dflash"))[0] == "running"
+    wait_for(lambda: engine.inspect(name("qwen36-dflash")).status == "running"
              and started_at(engine, name("qwen36-dflash")) != before, what="restart")
     wait_for(lambda: {"died", "restarted"} <= {e["kind"] for e in daemon.client.get("/v1/history")["events"]},
              what="history")
@@ -307,7 +307,7 @@ def test_dockerd_restart_is_survived_and_stacks_come_back(own_dockerd, start_dae
     assert cli("up", "qwen36-dflash")[0] == 0
     own_dockerd.stop()
     own_dockerd.start()
-    wait_for(lambda: ours.state(name("qwen36-dflash"))[0] == "running", timeout=60, what="restart",
+    wait_for(lambda: ours.inspect(name("qwen36-dflash")).status == "running", timeout=60, what="restart",
              logs=daemon.logs)
     wait_for(lambda: daemon.client.get("/v1/status")["stacks"][0]["phase"] == "running", what="healthy",
              logs=daemon.logs)

@@ -134,7 +134,7 @@ def test_after_a_kill9_mid_swap_the_old_stack_serves_again_at_once(switching, st
     [old] = containers(engine, A)
     worker = threading.Thread(target=switch_quietly, args=(daemon, B))
     worker.start()
-    wait_for(lambda: engine.state(old["Id"])[0] == "exited", timeout=60, what="the old stack stopped")
+    wait_for(lambda: engine.inspect(old["Id"]).status == "exited", timeout=60, what="the old stack stopped")
     daemon.kill9()
     worker.join(60)
     assert not worker.is_alive(), "the switch's client did not return after its daemon was killed"

@@ -136,6 +136,7 @@ def test_the_head_command_leaves_nothing_to_ray() -> None:
     command = start_command(launch(None), ray=["/v/bin/ray"])
     assert "--head" in command and "--port=6379" in command and "--node-ip-address=10.0.0.1" in command
     assert "--include-dashboard=false" in command and "--disable-usage-stats" in command
+    assert "--include-log-monitor=false" in command
     assert "--temp-dir=/s/fleet/ray" in command and '--resources={"spark:a": 1}' in command
     assert "--node-manager-port=6380" in command and "--max-worker-port=6634" in command
     assert f"--memory={2 * GIB}" in command
@@ -190,7 +191,8 @@ def test_a_start_that_missed_rays_registration_wait_is_tried_once_more(tmp_path:
 def test_ray_children_get_the_token_path_and_nothing_stale() -> None:
     env = ray_environment(Path("/s/fleet/ray-token"), {"RAY_ADDRESS": "10.9.9.9:6379", "RAY_AUTH_TOKEN": "x", "A": "1"})
     assert env == {"A": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/s/fleet/ray-token",
-                   "RAY_USAGE_STATS_ENABLED": "0"}
+                   "RAY_USAGE_STATS_ENABLED": "0", "RAY_enable_metrics_collection": "0",
+                   "RAY_memory_monitor_refresh_ms": "0"}
 
 
 def test_the_token_is_private(tmp_path: Path) -> None:

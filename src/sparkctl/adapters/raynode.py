@@ -39,7 +39,8 @@ def start_command(launch: NodeLaunch, *, ray: Sequence[str] = LAUNCHER) -> list[
     command = [*ray, "start", f"--node-ip-address={launch.address}", f"--temp-dir={launch.temp_dir}",
                f"--resources={json.dumps({host_resource(launch.host): 1})}", f"--memory={launch.memory_bytes}",
                f"--object-store-memory={launch.object_store_bytes}", f"--labels={_labels(launch)}",
-               "--disable-usage-stats", f"--min-worker-port={launch.port + WORKER_PORTS[0]}",
+               "--disable-usage-stats", "--include-log-monitor=false",
+               f"--min-worker-port={launch.port + WORKER_PORTS[0]}",
                f"--max-worker-port={launch.port + WORKER_PORTS[1]}"]
     command += [f"{flag}={launch.port + offset}" for flag, offset in OFFSETS.items()]
     if launch.num_cpus is not None:
@@ -62,11 +63,20 @@ def health_check(dead_after: float) -> dict[str, int]:
             "health_check_initial_delay_ms": int(START_GRACE * 1000)}
 
 
+# Ray's parts sparkctl has no use for, off: its metrics (sparkctl reads the node table), and its
+# memory monitor, which kills Ray workers (the host agent among them) when a node's memory runs
+# high: on a Spark the engines hold most of it by design, and sparkctl's own watch decides. With
+# no log monitor (`start_command`) each node runs one Python process fewer; the agents log to files.
+QUIET = {"RAY_enable_metrics_collection": "0", "RAY_memory_monitor_refresh_ms": "0"}
+
+
 def ray_environment(token_file: Path, base: dict[str, str]) -> dict[str, str]:
     """The environment of every Ray child: token auth on from `token_file`, no usage reporting,
-    and nothing inherited that could point Ray at another cluster or token."""
+    the parts sparkctl does not use off (QUIET), and nothing inherited that could point Ray at
+    another cluster or token."""
     env = {k: v for k, v in base.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-    return env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
+    return env | QUIET | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file),
+                          "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def start(launch: NodeLaunch, *, ray: Sequence[str], env: dict[str, str], deadline: float) -> NodeRecord:
