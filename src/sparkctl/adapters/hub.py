@@ -74,12 +74,9 @@ class HubClient:
                 repo, revision=revision, files_metadata=True)
         return Snapshot(repo, info.sha, {s.rfilename: s.size or 0 for s in info.siblings or []})
 
-    def snapshot_dir(self, snapshot: Snapshot) -> Path:
-        return repo_folder(self.cache_dir, snapshot.repo) / "snapshots" / snapshot.commit
-
     def missing_bytes(self, snapshot: Snapshot) -> int:
         """Bytes still to download (files already complete in the cache don't count)."""
-        folder = self.snapshot_dir(snapshot)
+        folder = repo_folder(self.cache_dir, snapshot.repo) / "snapshots" / snapshot.commit
         return sum(size for path, size in snapshot.files.items()
                    if not ((folder / path).is_file() and (folder / path).stat().st_size == size))
 

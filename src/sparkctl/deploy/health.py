@@ -147,12 +147,9 @@ def _alive(engine: Engine, phase: Phase) -> str:
 
 def _within(deadline: float, clock: Callable[[], float], phase: Phase, budget: float, engine: Engine) -> None:
     if clock() > deadline:
-        raise HealthError(f"engine still {phase} after its {budget:g} s budget (health.{_budget_key(phase)} "
+        key = {Phase.STARTING: "start", Phase.LOADING: "load", Phase.READY: "ready"}.get(phase, "canary")
+        raise HealthError(f"engine still {phase} after its {budget:g} s budget (health.{key} "
                           "in the stack); it may hang", phase=phase, logs=engine.logs(30))
-
-
-def _budget_key(phase: Phase) -> str:
-    return {Phase.STARTING: "start", Phase.LOADING: "load", Phase.READY: "ready"}.get(phase, "canary")
 
 
 def http_status(url: str) -> int | None:

@@ -80,7 +80,10 @@ class Deployer:
                 self._check(stack)
             room = self._admit(stack, replace=replace)
             prepared = prepared or self.prepare(stack, deployment, refresh=refresh)
-            self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)
+            for other in room:  # only once everything else checked out (a refused image stops nothing)
+                self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
+                for c in self.docker.containers(other):
+                    self.docker.remove(c.id)
             self.store.deployments.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
             if stack.kind is Kind.COMPOSE:
                 result = self.launch.compose(stack, prepared, phases)
@@ -226,9 +229,3 @@ class Deployer:
         if not verdict.fits and not replace:
             raise SparkctlError(verdict.explain(stack.name))
         return verdict.in_the_way
-
-    def _make_room(self, stack: Stack, in_the_way: tuple[str, ...]) -> None:
-        for other in in_the_way:
-            self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
-            for c in self.docker.containers(other):
-                self.docker.remove(c.id)
