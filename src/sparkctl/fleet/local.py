@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from sparkctl.deploy.memory import GIB, meminfo
@@ -144,7 +145,7 @@ def check_token(path: Path) -> None:
 # -- the record ------------------------------------------------------------------------------------
 def read_record(path: Path) -> NodeRecord | None:
     try:
-        return NodeRecord.from_dict(json.loads(path.read_text()))
+        return NodeRecord(**json.loads(path.read_text()))
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as e:
@@ -157,7 +158,7 @@ def write_record(path: Path, record: NodeRecord) -> None:
     partial = path.with_suffix(".tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump(record.to_dict(), out, indent=1)
+        json.dump(asdict(record), out, indent=1)
     partial.replace(path)
 
 
