@@ -148,7 +148,6 @@ class HostAgent:
             raise SparkctlError(f"host {self.host}'s stack file for {name} ({catalog.files.get(name)}) differs from "
                                 f"the head's (spec {spec_hash(stack)} here, {spec} there): copy the head's file here")
         served = placeable(stack)
-        catalog = dataclasses.replace(catalog, stacks={**catalog.stacks, name: served})
         deployer = dataclasses.replace(wiring.deployer(RecordingReporter(), catalog=catalog), placed=True)
         return deployer, served
 
