@@ -238,14 +238,11 @@ def _expand(rt, patterns: list[str]) -> list[str]:
 
 
 def _write_report(rt, entries: list, out: str | None, *, label: str):
-    import time
     from pathlib import Path
 
     from sparkctl import report
 
-    folder = Path(out) if out else rt.settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
-    return report.compare(entries, folder, blacklist=rt.policy.blacklist,
-                          bandwidth_gbs=rt.settings.memory_bandwidth_gbs, label=label)
+    return report.compare(entries, rt.settings, label=label, folder=Path(out) if out else None)
 
 
 def _up(rt, name: str) -> None:

@@ -12,30 +12,34 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+import time
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError
-from sparkctl.policy.images import Ban
 from sparkctl.report import dataset, environment, markdown, plots
 from sparkctl.report.analysis import Config
 from sparkctl.report.environment import Entry
+from sparkctl.settings import Settings
+from sparkctl.spec.imagefile import policy_for
 from sparkctl.spec.models import Stack
 from sparkctl.state.bench import BenchRun
 
 REPORT = "comparison.md"
 
 
-def compare(entries: list[tuple[Stack, BenchRun]], folder: Path, *, blacklist: Mapping[str, Ban],
-            bandwidth_gbs: float, label: str = "") -> Path:
-    """The report of these runs (`sparkctl bench report`, the dashboard's Compare), with the bans
-    of the images they used; returns the path of comparison.md."""
+def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, *, label: str = "",
+            folder: Path | None = None) -> Path:
+    """The report of these runs (`sparkctl bench report` and sweep, the dashboard's Compare), with
+    the bans of the images they used, in `folder` (else a new one in the state dir's reports/);
+    returns the path of comparison.md."""
+    blacklist = policy_for(settings).blacklist
     if not entries:
         raise SparkctlError("nothing to report: no benchmark runs (`sparkctl bench run STACK`)")
     repos = {stack.image.repository for stack, _ in entries}
     bans = {ref: ban.reason for ref, ban in blacklist.items()
             if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
-    return write(entries, folder, bandwidth_gbs=bandwidth_gbs, label=label, bans=bans,
+    folder = folder or settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
+    return write(entries, folder, bandwidth_gbs=settings.memory_bandwidth_gbs, label=label, bans=bans,
                  title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries))
 
 
