@@ -2,13 +2,10 @@
 
 Every failure before the container step leaves the machine as it was. Past it, the engine's start
 (`launch.py`) only stops (and renames) the stack's previous container while the new one starts,
-and restarts it if the new one fails its health phases, so a failed deploy leaves the previous
-state running. Each deployment and its phase transitions are recorded, and
-once it runs, the KV headroom its engine reports (`capacity.py`), shown as a note with any
-warning (the daemon also logs it). A hold/swap switch splits the deploy in two: `stage` (checked,
-prepared, the container created, nothing started) while the old stack still serves, then
-`up(staged=...)` (admission, start, health) once the old one has made room. Built by the CLI
-(and the daemon) with its adapters.
+and restarts it if the new one fails its health phases, so a failed deploy leaves the previous state
+running. A hold/swap switch splits the deploy in two: `stage` (checked, prepared, the container
+created, nothing started) while the old stack still serves, then `up(staged=...)` (admission,
+start, health) once the old one has made room. Built by `wiring.py` with its adapters.
 """
 
 from __future__ import annotations

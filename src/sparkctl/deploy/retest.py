@@ -9,8 +9,8 @@ benchmark that goes past the concurrency where the banned image fell over. The t
 afterwards, pass or fail. A pass lifts the bans and pins the tag to the digest as known-good
 (provenance: the run); a failure keeps the ban and appends the measurement to it.
 
-Called by the CLI when no daemon runs, and by the daemon's `retest` operation (which holds the
-trial's name, so reconcile passes leave its container alone).
+Called by the daemon's `retest` operation (`sparkctl image retest` asks the daemon), which holds
+the trial's name, so reconcile passes leave its container alone.
 """
 
 from __future__ import annotations
