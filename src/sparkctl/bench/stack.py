@@ -116,4 +116,3 @@ def tokenizer_dir(stack: Stack, parts: dict[str, str], settings: Settings) -> Pa
         return Path(stack.model.path)
     assert stack.model.repo is not None
     return repo_folder(settings.hf_cache_dir, stack.model.repo) / "snapshots" / parts["model"]
-

@@ -40,4 +40,3 @@ class Trials:
         path = report.compare([(reported_spec(catalog, run.stack), run) for run in found], self.ctx.settings,
                               label=label)
         return ReportWritten(f"reports/{path.parent.name}", report.REPORT)
-
