@@ -1,21 +1,18 @@
 """A Spark's host agent: the object that owns one host's containers through that host's LOCAL
 Docker engine, run as a detached Ray actor (`sparkctl-agent-<host>`) pinned to the host.
 
-The class is plain Python; `adapters.ray` makes it an actor in its child process (it imports
-this class by name, `node.AGENT_CLASS`: the agent sits above the adapters, beside the daemon). Every method
-takes and returns plain data (str, lists, dicts), so the head's driver needs none of sparkctl's
-types to read the answers. Docker is reached only through `DockerEngine`, which lists only the
+The class is plain Python, which `adapters.ray` makes an actor by name (`node.AGENT_CLASS`).
+Every method takes and returns plain data, so the head's driver needs none of sparkctl's types
+to read the answers. Docker is reached only through `DockerEngine`, which lists only the
 instance's own containers, so an agent never sees or touches another instance's.
 
 A placed stack is deployed by the same pipeline `sparkctl up` runs on one Spark, with this host's
-settings (its state dir, caches, stack files: the environment its node was started with) and its
-Docker. Its engine listens on the host's loopback, as on one Spark; the agent relays it on the
-host's serving address to the head's gateway, which shows the fleet's relay credential
+settings and Docker. Its engine listens on the host's loopback; the agent relays it on the host's
+serving address to the head's gateway, which shows the fleet's relay credential
 (`gateway/relay.py`): nothing of an engine is reachable from another host without it, and vLLM's
-dev endpoints not at all. The relays live in the agent's process; a restarted agent relays again
-every engine its host runs (their containers carry the port, `LABEL_RELAY`). `prepare` fetches
-without starting, so the head can compare what every chosen host would run before any of them
-starts.
+dev endpoints not at all. A restarted agent relays again every engine its host runs (their
+containers carry the port, `LABEL_RELAY`). `prepare` fetches without starting, so the head can
+compare what every chosen host would run before any of them starts.
 """
 
 from __future__ import annotations
@@ -148,7 +145,6 @@ class HostAgent:
             raise SparkctlError(f"host {self.host}'s stack file for {name} ({catalog.files.get(name)}) differs from "
                                 f"the head's (spec {spec_hash(stack)} here, {spec} there): copy the head's file here")
         served = placeable(stack)
-        catalog = dataclasses.replace(catalog, stacks={**catalog.stacks, name: served})
         deployer = dataclasses.replace(wiring.deployer(RecordingReporter(), catalog=catalog), placed=True)
         return deployer, served
 

@@ -34,10 +34,10 @@ def resolve(name: str | None, state_dir: str | Path | None) -> tuple[str | None,
     return name, Path(state_dir) if state_dir else None
 
 
-def located(environ: Mapping[str, str] = os.environ, env_file: Path = Path(".env")) -> tuple[str, Path]:
+def located(environ: Mapping[str, str] = os.environ) -> tuple[str, Path]:
     """(instance, state dir) as Settings would read them: `SPARKCTL_*` variables (any case; an
     empty one is unset), then `.env`, then the defaults."""
-    values = _dotenv(env_file)
+    values = _dotenv(Path(".env"))
     values.update({key.upper(): value for key, value in environ.items() if value})
     name, state = resolve(values.get("SPARKCTL_INSTANCE"), values.get("SPARKCTL_STATE_DIR"))
     return name or instances.DEFAULT, state or default_state_dir()

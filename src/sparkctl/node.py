@@ -96,15 +96,6 @@ class NodeRecord:
     temp_dir: str
     handle: dict[str, Any]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "address": self.address, "head": self.head, "is_head": self.is_head,
-                "temp_dir": self.temp_dir, "handle": self.handle}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NodeRecord:
-        return cls(host=str(data["host"]), address=str(data["address"]), head=str(data["head"]),
-                   is_head=bool(data["is_head"]), temp_dir=str(data["temp_dir"]), handle=dict(data["handle"]))
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -149,3 +140,9 @@ class AgentAnswer:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def unreachable(answers: list[AgentAnswer]) -> dict[str, str]:
+    """The hosts that gave no answer, with why: kept beside any result, so a silent host is never
+    passed off as an empty one."""
+    return {a.host: a.error or "" for a in answers if not a.ok}

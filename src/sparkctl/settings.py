@@ -28,10 +28,6 @@ def _data_dir(name: str) -> Path:
     return checkout if checkout.is_dir() else _PACKAGE / "_data" / name
 
 
-def _xdg(var: str, fallback: str) -> Path:
-    return Path(os.environ.get(var) or Path.home() / fallback)
-
-
 # The names a Hugging Face token goes by in an environment: never handed to an engine.
 SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN"})
 
@@ -48,7 +44,8 @@ class Settings(BaseSettings):
     # touches only its own containers. Derived from the state dir when not set (see `_instance`).
     instance: str = Field(default=instances.DEFAULT, pattern=instances.PATTERN)
     state_dir: Path = Field(default_factory=default_state_dir)
-    hf_cache_dir: Path = Field(default_factory=lambda: _xdg("HF_HOME", ".cache/huggingface") / "hub")
+    hf_cache_dir: Path = Field(
+        default_factory=lambda: Path(os.environ.get("HF_HOME") or Path.home() / ".cache/huggingface") / "hub")
     # The standard HF_TOKEN works too; it never leaves sparkctl (engines run offline).
     hf_token: SecretStr | None = Field(default=None, validation_alias=AliasChoices("SPARKCTL_HF_TOKEN", "HF_TOKEN"))
     docker_host: str | None = None

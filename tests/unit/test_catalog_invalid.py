@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from sparkctl.daemon.reads import stack_rows
 from sparkctl.errors import SpecError
 from sparkctl.settings import Settings
-from sparkctl.spec.listing import rows
 from sparkctl.spec.load import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_stacks_list_shows_the_invalid_file(tmp_path: Path) -> None:
     from sparkctl.policy.images import ImagePolicy
 
     catalog = load_catalog(catalog_dir(tmp_path, {"good.yaml": GOOD, "bad-key.yaml": BROKEN[0][1]}))
-    listed = {row.stack: row for row in rows(catalog, ImagePolicy())}
+    listed = {row.stack: row for row in stack_rows(catalog, ImagePolicy())}
     assert listed["good"].invalid is None
     assert listed["bad-key"].invalid == "bad-key.yaml: line 4: vllm.max_model_len: " + \
         catalog.invalid[0].problem

@@ -18,7 +18,7 @@ from sparkctl.adapters import processes, raynode
 from sparkctl.adapters.ray import RayBackend
 from sparkctl.adapters.raynode import health_check, ray_environment, start_command
 from sparkctl.errors import SparkctlError, SpecError
-from sparkctl.fleet import local, membership, status
+from sparkctl.fleet import local, membership, survey
 from sparkctl.node import Node, NodeLaunch, NodeState
 from sparkctl.spec.fleet import GIB, load_fleet
 from tests.conftest import wait_for
@@ -211,7 +211,7 @@ def test_status_joins_inventory_and_nodes(tmp_path: Path) -> None:
     nodes = [Node("n1", "192.168.100.10", NodeState.DEAD, {"spark:a": 1}),
              Node("n2", "192.168.100.10", NodeState.ALIVE, {"spark:a": 1, "memory": 110 * GIB}),
              Node("n3", "192.168.100.50", NodeState.ALIVE, {"spark:c": 1})]
-    rows = {r.host: r for r in status.rows(fleet, nodes)}
+    rows = {r.host: r for r in survey.rows(fleet, nodes)}
     assert (rows["a"].state, rows["a"].node_id, rows["a"].memory_gib) == (NodeState.ALIVE, "n2", 110)
     assert rows["b"].state is NodeState.UNKNOWN and "fleet join" in rows["b"].problems[0]
     assert not rows["c"].in_inventory and rows["c"].problems == ("not in the fleet inventory",)

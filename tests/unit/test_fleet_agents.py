@@ -11,7 +11,7 @@ import pytest
 
 from sparkctl.adapters.raynode import _check_ports
 from sparkctl.agent import _digest_for
-from sparkctl.fleet import agents, census, drift, local
+from sparkctl.fleet import agents, local, survey
 from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, NodeState
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import load_fleet
@@ -75,7 +75,7 @@ def test_asking_needs_a_node_here(tmp_path: Path) -> None:
 
 def test_the_census_keeps_silent_hosts_apart() -> None:
     row = {"stack": "tiny", "name": "sparkctl-tiny", "state": "running", "image": "sim:1", "repo_digest": D1}
-    found = census.census([AgentAnswer("a", value=[]), AgentAnswer("b", value=[row, {**row, "stack": "big"}]),
+    found = survey.census([AgentAnswer("a", value=[]), AgentAnswer("b", value=[row, {**row, "stack": "big"}]),
                            AgentAnswer("c", error="did not answer within 8 s")])
     assert [(r.host, r.stack) for r in found.rows] == [("b", "big"), ("b", "tiny")]
     assert found.hosts == ("a", "b", "c") and found.unreachable == {"c": "did not answer within 8 s"}
@@ -83,15 +83,15 @@ def test_the_census_keeps_silent_hosts_apart() -> None:
 
 
 def test_a_removal_is_complete_only_when_every_host_confirmed() -> None:
-    done = census.removal("tiny", [AgentAnswer("a", value={"removed": []}),
+    done = survey.removal("tiny", [AgentAnswer("a", value={"removed": []}),
                                    AgentAnswer("b", value={"removed": ["sparkctl-tiny"], "confirmed": True})])
     assert done.complete and done.removed == {"a": (), "b": ("sparkctl-tiny",)}
-    partial = census.removal("tiny", [AgentAnswer("a", value={"removed": []}), AgentAnswer("c", error="dead")])
+    partial = survey.removal("tiny", [AgentAnswer("a", value={"removed": []}), AgentAnswer("c", error="dead")])
     assert not partial.complete and partial.unreachable == {"c": "dead"}
 
 
-def image(host: str, digest: str | None, image_id: str = "id1", present: bool = True) -> drift.HostImage:
-    return drift.HostImage(host=host, present=present, image_id=image_id if present else None, repo_digest=digest)
+def image(host: str, digest: str | None, image_id: str = "id1", present: bool = True) -> survey.HostImage:
+    return survey.HostImage(host=host, present=present, image_id=image_id if present else None, repo_digest=digest)
 
 
 @pytest.mark.parametrize(("hosts", "wanted", "unreachable", "expected", "differ"), [
@@ -106,7 +106,7 @@ def image(host: str, digest: str | None, image_id: str = "id1", present: bool = 
     ([image("a", D3, "id3"), image("b", D1), image("c", D1)], None, {}, D1, {"a": "b, c have"}),
 ])
 def test_the_drift_verdict(hosts, wanted, unreachable, expected, differ) -> None:  # noqa: ANN001
-    verdict = drift.verdict("reg/x:1", hosts, wanted=wanted, unreachable=unreachable)
+    verdict = survey.verdict("reg/x:1", hosts, wanted=wanted, unreachable=unreachable)
     assert verdict.expected == expected and verdict.same == (not differ)
     assert set(verdict.differences) == set(differ)
     for host, words in differ.items():
@@ -114,7 +114,7 @@ def test_the_drift_verdict(hosts, wanted, unreachable, expected, differ) -> None
 
 
 def test_agent_answers_become_host_images() -> None:
-    found, unreachable = drift.images([
+    found, unreachable = survey.images([
         AgentAnswer("a", value={"present": True, "image_id": "id1", "repo_digest": D1}),
         AgentAnswer("b", error="ActorDiedError: its node died")])
     assert found == [image("a", D1)] and unreachable == {"b": "ActorDiedError: its node died"}

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from python_on_whales import DockerClient
@@ -68,14 +70,10 @@ def _override(service: str, engine_env: dict[str, str], labels: dict[str, str], 
     return "\n".join(lines) + "\n"
 
 
-class _translated:
-    def __init__(self, call: str) -> None:
-        self.call = call
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type | None, error: BaseException | None, _tb: object) -> None:
-        if isinstance(error, DockerException):
-            out = "\n".join(((error.stderr or "") + (error.stdout or "")).strip().splitlines()[-20:])
-            raise DockerError(f"{self.call}: exit {error.return_code}: {out}") from None
+@contextmanager
+def _translated(call: str) -> Iterator[None]:
+    try:
+        yield
+    except DockerException as error:
+        out = "\n".join(((error.stderr or "") + (error.stdout or "")).strip().splitlines()[-20:])
+        raise DockerError(f"{call}: exit {error.return_code}: {out}") from None

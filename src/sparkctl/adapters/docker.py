@@ -140,7 +140,8 @@ class DockerEngine:
                 out = container.logs(stdout=True, stderr=False).decode(errors="replace")
                 if status != 0:
                     err = container.logs(stdout=False, stderr=True).decode(errors="replace")
-                    raise DockerError(f"run {' '.join(entrypoint)} in {image}: exit {status}: {_tail(err)}")
+                    last = "\n".join(err.strip().splitlines()[-30:])
+                    raise DockerError(f"run {' '.join(entrypoint)} in {image}: exit {status}: {last}")
                 return out
             finally:
                 container.remove(force=True)
@@ -185,10 +186,6 @@ class DockerEngine:
     def logs(self, name_or_id: str, *, tail: int = 30) -> str:
         with _translated(f"read the logs of {name_or_id}"):
             return self.client.api.logs(name_or_id, tail=tail).decode(errors="replace")
-
-    def follow_logs(self, name_or_id: str, *, tail: int = 30) -> Iterator[str]:
-        for chunk in self.log_stream(name_or_id, tail=tail):
-            yield chunk.decode(errors="replace")
 
     def log_stream(self, name_or_id: str, *, tail: int = 30) -> Any:
         """The container's log (its last `tail` lines, then following) as byte chunks; `close()` ends it."""
@@ -255,10 +252,6 @@ class DockerEngine:
         wanted = [f"{LABEL_STACK}={stack}" if stack else LABEL_STACK] + [f"{k}={v}" for k, v in labels.items()]
         with _translated("list containers"):
             return [Container.from_listing(c) for c in self.client.api.containers(all=True, filters={"label": wanted})]
-
-
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def _gpus(gpus: str | int) -> list[DeviceRequest]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,12 +74,9 @@ class HubClient:
                 repo, revision=revision, files_metadata=True)
         return Snapshot(repo, info.sha, {s.rfilename: s.size or 0 for s in info.siblings or []})
 
-    def snapshot_dir(self, snapshot: Snapshot) -> Path:
-        return repo_folder(self.cache_dir, snapshot.repo) / "snapshots" / snapshot.commit
-
     def missing_bytes(self, snapshot: Snapshot) -> int:
         """Bytes still to download (files already complete in the cache don't count)."""
-        folder = self.snapshot_dir(snapshot)
+        folder = repo_folder(self.cache_dir, snapshot.repo) / "snapshots" / snapshot.commit
         return sum(size for path, size in snapshot.files.items()
                    if not ((folder / path).is_file() and (folder / path).stat().st_size == size))
 
@@ -133,18 +131,12 @@ def _bar_class(progress: Progress) -> type:
     return Bar
 
 
-class _translated:
+@contextmanager
+def _translated(repo: str, revision: str) -> Iterator[None]:
     """Turn huggingface_hub's exceptions into errors a Spark owner can act on."""
-
-    def __init__(self, repo: str, revision: str) -> None:
-        self.repo, self.revision = repo, revision
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type | None, error: BaseException | None, _tb: object) -> None:
-        if error is None or not isinstance(error, Exception):
-            return
+    try:
+        yield
+    except Exception as error:
         from huggingface_hub.errors import (
             GatedRepoError,
             HfHubHTTPError,
@@ -153,7 +145,7 @@ class _translated:
             RevisionNotFoundError,
         )
 
-        where = f"{self.repo}@{self.revision}"
+        where = f"{repo}@{revision}"
         if isinstance(error, GatedRepoError):
             raise SparkctlError(f"{where} is a gated repo and the Hub refused access "
                                 f"({_status(error)}): accept its terms on the Hub and set SPARKCTL_HF_TOKEN "
@@ -161,12 +153,13 @@ class _translated:
         if isinstance(error, RevisionNotFoundError):
             raise SparkctlError(f"{where}: no such revision on the Hub; fix `revision` in the stack") from None
         if isinstance(error, RepositoryNotFoundError):
-            raise SparkctlError(f"{self.repo}: no such repo on the Hub (or it is private: set "
+            raise SparkctlError(f"{repo}: no such repo on the Hub (or it is private: set "
                                 "SPARKCTL_HF_TOKEN); fix `repo` in the stack") from None
         if isinstance(error, LocalEntryNotFoundError | HfHubHTTPError | OSError):
             raise TransientError(f"download of {where} failed: {type(error).__name__}: "
                                  f"{str(error).splitlines()[0] if str(error) else ''}; rerun to resume",
                                  delay=2.0) from None
+        raise
 
 
 def _status(error: Exception) -> str:

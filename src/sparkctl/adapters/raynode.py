@@ -36,9 +36,10 @@ START_GRACE = 10.0  # s after a node joins before the head's health checks may d
 def start_command(launch: NodeLaunch, *, ray: Sequence[str] = LAUNCHER) -> list[str]:
     """The `ray start` command line for `launch` (through `ray`, the launcher): every address and
     port explicit, no token."""
+    labels = ",".join(f"{k}={v}" for k, v in {LABEL_HOST: launch.host, **launch.labels}.items())
     command = [*ray, "start", f"--node-ip-address={launch.address}", f"--temp-dir={launch.temp_dir}",
                f"--resources={json.dumps({host_resource(launch.host): 1})}", f"--memory={launch.memory_bytes}",
-               f"--object-store-memory={launch.object_store_bytes}", f"--labels={_labels(launch)}",
+               f"--object-store-memory={launch.object_store_bytes}", f"--labels={labels}",
                "--disable-usage-stats", "--include-log-monitor=false",
                f"--min-worker-port={launch.port + WORKER_PORTS[0]}",
                f"--max-worker-port={launch.port + WORKER_PORTS[1]}"]
@@ -126,10 +127,6 @@ def _start_once(launch: NodeLaunch, command: list[str], *, env: dict[str, str], 
     except subprocess.TimeoutExpired:
         code = None
     return code, processes.recorded(child.pid)
-
-
-def _labels(launch: NodeLaunch) -> str:
-    return ",".join(f"{k}={v}" for k, v in {LABEL_HOST: launch.host, **launch.labels}.items())
 
 
 def _fresh_temp_dir(temp_dir: Path) -> None:

@@ -12,11 +12,11 @@ from sparkctl.errors import SparkctlError
 F = TypeVar("F", bound=Callable)
 
 
-def transient(attempts: int = 3, *, first_wait: float = 0.5, max_wait: float = 8.0) -> Callable[[F], F]:
+def transient(attempts: int = 3, *, first_wait: float = 0.5) -> Callable[[F], F]:
     """Retry the call while it raises a transient SparkctlError; re-raise the last one."""
     return retry(
         retry=retry_if_exception(lambda e: isinstance(e, SparkctlError) and e.transient),
         stop=stop_after_attempt(attempts),
-        wait=wait_exponential(multiplier=first_wait, max=max_wait),
+        wait=wait_exponential(multiplier=first_wait, max=8.0),
         reraise=True,
     )

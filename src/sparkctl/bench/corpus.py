@@ -66,12 +66,12 @@ def cache_file(url: str, home: Path) -> Path:
     return home / ".cache" / "llama-benchy" / f"{hashlib.md5(url.encode()).hexdigest()}.txt"  # noqa: S324
 
 
-def reachable(url: str, timeout: float = 2.0) -> bool:
-    """Whether a TCP connect to `url`'s host and port succeeds within `timeout` seconds."""
+def reachable(url: str) -> bool:
+    """Whether a TCP connect to `url`'s host and port succeeds within 2 seconds."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+        with socket.create_connection((parts.hostname or "", port), timeout=2.0):
             return True
     except OSError:
         return False

@@ -67,10 +67,6 @@ def http_get(url: str) -> str | None:
         return None
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 @dataclass(frozen=True)
 class Probe:
     """Where the facts come from: commands, files and the engine's HTTP API."""
@@ -78,7 +74,7 @@ class Probe:
     command: Callable[[list[str]], str | None] = run_command
     read: Callable[[Path], str | None] = read_text
     fetch: Callable[[str], str | None] = http_get
-    now: Callable[[], datetime] = _utc_now
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
 def capture(engine: Engine, *, profile: Profile, corpus: Choice, coherence: bool,

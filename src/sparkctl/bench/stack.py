@@ -92,8 +92,9 @@ def engine_facts(stack: Stack, parts: dict[str, str], docker: DockerEngine | Non
     and the command line of its running container, or the flags its spec renders to."""
     digest = parts.get("image", "")
     image = stack.image.ref if stack.image.digest or not digest.startswith("sha256:") else f"{stack.image.ref}@{digest}"
+    spec_flags = shlex.join(vllm_args(stack)) if stack.vllm is not None else None
     return environment.Engine(stack.served_name, url=stack.url, metrics_url=f"{stack.url}/metrics", image=image,
-                              flags=_container_command(stack, docker) or _spec_flags(stack))
+                              flags=_container_command(stack, docker) or spec_flags)
 
 
 def _container_command(stack: Stack, docker: DockerEngine | None) -> str | None:
@@ -107,10 +108,6 @@ def _container_command(stack: Stack, docker: DockerEngine | None) -> str | None:
     return shlex.join(command) if command else None
 
 
-def _spec_flags(stack: Stack) -> str | None:
-    return shlex.join(vllm_args(stack)) if stack.vllm is not None else None
-
-
 def tokenizer_dir(stack: Stack, parts: dict[str, str], settings: Settings) -> Path:
     """The model's downloaded files (tokenizer.json), as the deployment fetched them."""
     if stack.model is None:
@@ -119,4 +116,3 @@ def tokenizer_dir(stack: Stack, parts: dict[str, str], settings: Settings) -> Pa
         return Path(stack.model.path)
     assert stack.model.repo is not None
     return repo_folder(settings.hf_cache_dir, stack.model.repo) / "snapshots" / parts["model"]
-

@@ -186,18 +186,22 @@ def sweep(
 ) -> None:
     """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
     write one comparison report: seed 000's study, repeatable."""
+    from sparkctl.cli.console import through_daemon
+    from sparkctl.results import DownDone, UpDone
+    from sparkctl.wire import DownRequest, UpRequest
+
     rt = runtime(ctx)
     chosen, entries = _profile(profile, depths, runs, temperature), []
     for name in _expand(rt, stacks):
         spec = rt.catalog.stack(name)
         rt.console.rule(f"{name}")
-        _up(rt, name)
+        through_daemon(rt.daemon, "/v1/up", UpRequest(name, replace=True), UpDone)
         try:
             result, verdict = _measure(rt, spec, chosen, skip_coherence=skip_coherence)
             rt.console.print(f"run {result.id}: {verdict.describe()}")
             entries.append((spec, result))
         finally:
-            _down(rt, name)
+            through_daemon(rt.daemon, "/v1/down", DownRequest(name), DownDone)
     path = _write_report(rt, entries, out, label=label)
     rt.console.print(f"[green]sweep of {len(entries)} config(s) done[/]: {path}")
 
@@ -238,27 +242,8 @@ def _expand(rt, patterns: list[str]) -> list[str]:
 
 
 def _write_report(rt, entries: list, out: str | None, *, label: str):
-    import time
     from pathlib import Path
 
     from sparkctl import report
 
-    folder = Path(out) if out else rt.settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
-    return report.compare(entries, folder, blacklist=rt.policy.blacklist,
-                          bandwidth_gbs=rt.settings.memory_bandwidth_gbs, label=label)
-
-
-def _up(rt, name: str) -> None:
-    from sparkctl.cli.console import through_daemon
-    from sparkctl.results import UpDone
-    from sparkctl.wire import UpRequest
-
-    through_daemon(rt.daemon, "/v1/up", UpRequest(name, replace=True), UpDone)
-
-
-def _down(rt, name: str) -> None:
-    from sparkctl.cli.console import through_daemon
-    from sparkctl.results import DownDone
-    from sparkctl.wire import DownRequest
-
-    through_daemon(rt.daemon, "/v1/down", DownRequest(name), DownDone)
+    return report.compare(entries, rt.settings, label=label, folder=Path(out) if out else None)

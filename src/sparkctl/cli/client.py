@@ -23,11 +23,12 @@ from sparkctl.unixhttp import Response, UnixHTTP
 DAEMON_LOG = "daemon.log"  # a daemon the CLI started writes its log here, in its state dir
 STARTS_WITHIN = 60.0  # s for a started daemon to answer (its imports and recovery, on a loaded machine)
 STOPS_WITHIN = 30.0  # s for a daemon to end after SIGTERM (it finishes what it is doing first)
+TIMEOUT = 3600.0  # s for a call's answer (an `up` may download and load a model)
 
 
 class DaemonClient:
-    def __init__(self, path: Path, *, timeout: float = 3600) -> None:
-        self.path, self.timeout = path, timeout
+    def __init__(self, path: Path) -> None:
+        self.path = path
 
     def available(self) -> bool:
         """Whether a daemon runs on this state dir: it holds the dir's lock file for its lifetime,
@@ -95,25 +96,21 @@ class DaemonClient:
             time.sleep(0.02)
         return pid
 
-    def get(self, path: str, *, timeout: float | None = None) -> Any:
-        return self._call("GET", path, None, timeout)
+    def get(self, path: str) -> Any:
+        with UnixHTTP(self.path, TIMEOUT).request("GET", path, None) as response:
+            if response.status != 200:
+                raise SparkctlError(_message(response))
+            return json.loads(response.read())
 
     def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST `body`; the NDJSON events of the response as they come. The request is sent and
         the response's head read before this returns, so what the caller does next overlaps the
         daemon's work."""
-        response = UnixHTTP(self.path, self.timeout).request("POST", path, body)
+        response = UnixHTTP(self.path, TIMEOUT).request("POST", path, body)
         if response.status != 200:
             with response:
                 raise SparkctlError(_message(response))
         return _events(response)
-
-    def _call(self, method: str, path: str, body: dict | None, timeout: float | None) -> Any:
-        with UnixHTTP(self.path, timeout or self.timeout).request(method, path, body) as response:
-            if response.status != 200:
-                raise SparkctlError(_message(response))
-            return json.loads(response.read())
-
 
 def _events(response: Response) -> Iterator[dict[str, Any]]:
     with response:

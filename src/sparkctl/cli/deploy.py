@@ -104,8 +104,8 @@ def logs(
         raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
     name = containers[0].id
     if follow:
-        for chunk in rt.docker.follow_logs(name, tail=tail):
-            print(chunk, end="", flush=True)
+        for chunk in rt.docker.log_stream(name, tail=tail):
+            print(chunk.decode(errors="replace"), end="", flush=True)
     else:
         print(rt.docker.logs(name, tail=tail), end="")
 

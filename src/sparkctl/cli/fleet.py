@@ -18,7 +18,7 @@ from rich.table import Table
 
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet import agents, census, drift, local, membership, placement, status
+from sparkctl.fleet import agents, local, membership, placement, survey
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.node import NodeState
 from sparkctl.spec.fleet import Fleet, load_fleet
@@ -92,7 +92,7 @@ def show_status(
         nodes = _backend(rt).nodes(endpoint)
     except SparkctlError as e:
         nodes, error = [], str(e)
-    rows = status.rows(fleet, nodes)
+    rows = survey.rows(fleet, nodes)
     if as_json:
         print(json.dumps({"head": endpoint, "error": error, "hosts": [r.to_dict() for r in rows]}, indent=2))
     else:
@@ -143,7 +143,7 @@ def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
     """Every container of this instance on every host, as that host's Docker reports it, and
     the stacks parked across the fleet (no container; their placement kept)."""
     rt = runtime(ctx)
-    found = census.census(_ask(rt, head, "containers", [], wait))
+    found = survey.census(_ask(rt, head, "containers", [], wait))
     parked = {name: p.hosts for name, p in placement.read_book(rt.settings.fleet_dir).items() if p.parked}
     if as_json:
         print(json.dumps(found.to_dict() | {"parked": parked}, indent=2))
@@ -167,7 +167,7 @@ def down(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack wh
     """Remove STACK's containers on every host and release its placement; returns once each
     host's Docker confirms they are gone."""
     rt = runtime(ctx)
-    done = census.removal(stack, _fleetwide(rt, head).down(stack, wait=wait))
+    done = survey.removal(stack, _fleetwide(rt, head).down(stack, wait=wait))
     for host, names in done.removed.items():
         what = f"removed {escape(', '.join(names))}" if names else "had none"
         rt.console.print(f"host {escape(host)}: {what} (its Docker confirms none is left)")
@@ -187,8 +187,8 @@ def check_image(
 ) -> None:
     """Refuse (exit 1) unless every host holds the same RepoDigest for REF, naming each host that differs."""
     rt = runtime(ctx)
-    found, unreachable = drift.images(_ask(rt, head, "pull" if pull else "image_digest", [ref], wait))
-    verdict = drift.verdict(ref, found, wanted=_wanted_digest(rt, ref), unreachable=unreachable)
+    found, unreachable = survey.images(_ask(rt, head, "pull" if pull else "image_digest", [ref], wait))
+    verdict = survey.verdict(ref, found, wanted=_wanted_digest(rt, ref), unreachable=unreachable)
     if as_json:
         print(json.dumps(verdict.to_dict(), indent=2))
     elif verdict.same:
@@ -256,7 +256,7 @@ def _inventory(rt: Runtime) -> Fleet | None:
     return load_fleet(path)
 
 
-def _table(rt: Runtime, endpoint: str, rows: list[status.HostRow], error: str | None) -> None:
+def _table(rt: Runtime, endpoint: str, rows: list[survey.HostRow], error: str | None) -> None:
     table = Table("host", "state", "ray address", "memory", "resources", "node", "notes", title=f"fleet at {endpoint}")
     colour = {NodeState.ALIVE: "green", NodeState.DEAD: "red", NodeState.UNKNOWN: "yellow"}
     for row in rows:

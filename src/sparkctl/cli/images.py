@@ -12,7 +12,6 @@ from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from sparkctl.policy.images import Pin
     from sparkctl.results import RetestDone
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
@@ -27,7 +26,8 @@ def list_(ctx: typer.Context) -> None:
     rt = runtime(ctx)
     pins = Table("pinned ref", "digest", "known good", "provenance", "since", title="pins")
     for ref, pin in rt.policy.pins.items():
-        pins.add_row(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else _first_seen(pin), pin.provenance,
+        first_seen = f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""
+        pins.add_row(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else first_seen, pin.provenance,
                      str(pin.pinned or ""))
     bans = Table("blacklisted ref or digest", "reason", "date", "last retest", title="blacklist")
     for ref, ban in rt.policy.blacklist.items():
@@ -38,10 +38,6 @@ def list_(ctx: typer.Context) -> None:
     for digest, wake in rt.policy.wakes.items():
         wakes.add_row(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""))
     rt.console.print(pins, bans, wakes)
-
-
-def _first_seen(pin: Pin) -> str:
-    return f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""
 
 
 @app.command()

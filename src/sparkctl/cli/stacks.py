@@ -151,9 +151,9 @@ def _enforcement(issue: KnownIssue) -> str:
     return f"{cap}, advice only (unsourced: set `enforce: true` to enforce)"
 
 
-def _gist(text: str, width: int = 60) -> str:
+def _gist(text: str) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
+    return text if len(text) <= 60 else text[:59].rstrip() + "…"
 
 
 def _overlays(rt: Runtime, stack: Stack) -> tuple[tuple[str, str], ...]:

@@ -22,8 +22,8 @@ class EventBus:
     """Published to from any thread; read by threads (`after`) or by coroutines (`wait_after`,
     which parks no thread while it waits)."""
 
-    def __init__(self, keep: int = 2000) -> None:
-        self._events: deque[dict[str, Any]] = deque(maxlen=keep)
+    def __init__(self) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=2000)
         self._seq = 0
         self._changed = threading.Condition()
         self._waiters: set[Callable[[], None]] = set()  # coroutines' wake-ups

@@ -1,16 +1,14 @@
-"""The fleet watch's probes of the engines placed on the fleet: `FleetProbe`, the base of `FleetWatch`
-(`fleetwatch.py`), whose second thread runs `probe_pass` every `PROBE_EVERY` on the fleet's head. The
-replicas whose `/health` fails on hosts not held out are observed once per pass (their hosts' agents
-list their containers; Ray's node table is read before and after) and `fleet.triage` decides: a
-replica is started again on its host only when the host's agent answered and reported its container
-gone or exited (nothing else restarts the fleet's containers), under the crash-loop rule; an agent
-that did not answer gets nothing sent at all, since its host may be dying and a restart there could
-run once it is back, beside the node watch's re-placement (issue 31): Ray's verdict decides.
-Meanwhile the gateway routes around the replica. A multi-node group's `/health` lies (a dead worker,
-a dead rank 0's orphaned worker, a downed link: issue 18), so its rank 0 gets a 1-token completion
-with a `PROBE_TIMEOUT` instead. A failed probe takes the group out of routing (its requests wait in
-the hold) and has the watch recreate it whole: every rank removed on every host, then started again
-where Ray has its bundles, with the crash-loop rule and backoff of single stacks.
+"""The fleet watch's probes of the engines placed on the fleet (`FleetWatch`'s base): `probe_pass`
+runs every `PROBE_EVERY` on the fleet's head. The replicas whose `/health` fails on hosts not held
+out are observed once per pass (their hosts' agents list their containers; Ray's node table is
+read before and after) and `fleet.triage` decides: a replica is started again on its host only
+when the host's agent answered and reported its container gone or exited (nothing else restarts
+the fleet's containers), under the crash-loop rule; an agent that did not answer gets nothing
+sent at all, since its host may be dying and a restart there could run once it is back, beside
+the node watch's re-placement (issue 31): Ray's verdict decides. A multi-node group's `/health`
+lies (a dead worker, a dead rank 0's orphaned worker, a downed link: issue 18), so its rank 0 gets
+a 1-token completion with a `PROBE_TIMEOUT` instead; a failed one has the watch recreate the group
+whole, where Ray has its bundles.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ hold while a stack has none; then each such stack is re-placed where Ray put its
 routes are rebuilt, which lets the held requests go. The time from Ray's verdict to the eject is
 logged (`fleet_host_ejected`).
 
-A second thread probes the placed engines and restarts a replica or recreates a group that fails
-(`FleetProbe`, this watch's base, in `fleetprobe.py`). Both threads re-place a stack only while no
-other recovery of it runs, and each recovery runs in a thread of its own: a real engine's start takes
-minutes, and meanwhile the node table is still watched (another host's death, this host's return) and
-the other stacks still probed. Started by the daemon on a fleet's head.
+A second thread probes the placed engines (`fleetprobe.py`). Both threads re-place a stack only
+while no other recovery of it runs, and each recovery runs in a thread of its own: a real
+engine's start takes minutes, and meanwhile the node table is still watched (another host's
+death, this host's return) and the other stacks still probed. Started by the daemon on a fleet's
+head.
 """
 
 from __future__ import annotations

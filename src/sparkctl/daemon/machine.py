@@ -1,7 +1,13 @@
 """The daemon's `Machine` (the protocol in `reconciler.py`) on real adapters: containers found
 by label, deploys through the pipeline, restarts with a health check, parking and waking with
 vLLM's sleep mode under the wake watchdog, and the desired-state file. Each action on a stack
-runs in that stack's turn (`turns.py`)."""
+runs in that stack's turn (`turns.py`).
+
+The wake watchdog (`MemoryWatch`): while a parked stack wakes, the memory still available
+(MemAvailable and the kernel's per-CPU free lists, `deploy.memory.available`) is read every 50 ms,
+and the moment it falls under the floor the waking engine is killed. On a Spark a wake that
+exhausts unified memory can freeze the whole host (vLLM #50011); a killed engine only has to
+start again."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 
 import structlog
 
@@ -16,10 +23,9 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon.planner import Observed
 from sparkctl.daemon.turns import Turns
-from sparkctl.daemon.watchdog import MemoryWatch
 from sparkctl.deploy import health
 from sparkctl.deploy.launch import Staged, UpResult
-from sparkctl.deploy.memory import GIB
+from sparkctl.deploy.memory import GIB, available
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
@@ -185,3 +191,41 @@ def log_headroom(stack: str, headroom: Headroom | None) -> None:
     for warning in headroom.warnings():
         log.warning("kv_headroom_short", stack=stack, kv_tokens=headroom.kv_tokens, needed=headroom.needed,
                     min_kv_tokens=headroom.min_kv_tokens, warning=warning)
+
+
+EVERY = 0.05  # seconds between two reads (one costs well under a millisecond)
+
+
+class MemoryWatch:
+    """The wake watchdog (see above): `breach` runs once, the moment memory falls under `floor`."""
+
+    def __init__(self, floor: int, breach: Callable[[int], None], *, every: float = EVERY,
+                 available: Callable[[], int] = available) -> None:
+        self.floor, self.breach, self.every, self.available = floor, breach, every, available
+        self.tripped: int | None = None  # what was available when the floor was crossed
+        self.lowest: int | None = None  # the least seen available
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="wake-watchdog", daemon=True)
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                now = self.available()
+                self.lowest = now if self.lowest is None else min(self.lowest, now)
+                if now < self.floor:
+                    self.breach(now)
+                    self.tripped = now
+                    return
+            except Exception as e:  # noqa: BLE001 - say so: the wake goes on unwatched
+                log.error("wake_watchdog_failed", error=f"{type(e).__name__}: {e}"[:300])
+                return
+            if self._done.wait(self.every):
+                return

@@ -26,7 +26,6 @@ class Observed:
     stack: str
     container: str
     state: str  # running, exited, dead, created, restarting, paused
-    oom: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What the daemon answers without changing anything: status, the stack list, history, engines'
 counters, benchmark runs, reports and their files, engine logs and its own metrics. Each runs on
-a worker thread (the API's `Queries`)."""
+a worker thread (the API's `Queries`). The daemon holds the catalog and the policy already read,
+so a command that shows them (`stacks list`, `status`) need not import them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.adapters import engine
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.answers import (
     BanRow,
     DeploymentRow,
@@ -33,11 +35,11 @@ from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
 from sparkctl.deploy.memory import MemoryView
-from sparkctl.deploy.status import other_instances, status_rows
-from sparkctl.errors import NoSuchFile, SparkctlError
-from sparkctl.policy.images import ImagePolicy
+from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
+from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.settings import Settings
-from sparkctl.spec import imagefile, listing
+from sparkctl.spec import imagefile
+from sparkctl.spec.engine import Weights
 from sparkctl.spec.load import Catalog
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
@@ -117,7 +119,7 @@ class Reads:
 
     def stacks(self) -> tuple[StackRow, ...]:
         """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
-        return listing.rows(self.machine.catalog(), imagefile.policy_for(self.settings))
+        return stack_rows(self.machine.catalog(), imagefile.policy_for(self.settings))
 
     def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> tuple[str | None, str | None, str | None]:
         """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
@@ -194,3 +196,59 @@ class Reads:
         states = {o.stack: o.state for o in self.machine.observe()}
         states |= {s: "failed" for s, h in self.reconciler.history.items() if h.failed}
         return self.metrics.render(passes=self.reconciler.passes, restarts=self.reconciler.restarts, states=states)
+
+
+def other_instances(docker: DockerEngine) -> dict[str, list[str]]:
+    """Other sparkctl instances on this engine and their stacks: mentioned, never touched."""
+    others: dict[str, list[str]] = {}
+    for c in docker.others():
+        others.setdefault(c.instance, []).append(c.stack)
+    return {name: sorted(stacks) for name, stacks in sorted(others.items())}
+
+
+def status_rows(docker: DockerEngine, store: Store, catalog: Catalog) -> list[StatusRow]:
+    """One row per sparkctl container, joined with the store's latest deployment and the KV
+    headroom recorded for its build (`kv`: figures, full-context fit, summary, warnings; None when
+    unknown)."""
+    now = time.time()
+    rows = []
+    for c in sorted(docker.containers(), key=lambda c: c.stack):
+        name = c.stack
+        latest = store.deployments.latest(name)
+        try:
+            endpoint = f"{catalog.stack(name).url}/v1"
+        except SparkctlError:
+            endpoint = ""
+        headroom = store.deployments.headroom(name, c.fingerprint) if c.fingerprint else None
+        rows.append(StatusRow(name, latest.phase.value if latest and c.running else c.state, c.state, endpoint,
+                              c.fingerprint, c.name, round(now - c.created) if c.running else None, c.memory,
+                              latest.error if latest else None, headroom.as_row() if headroom else None))
+    return rows
+
+
+def stack_rows(catalog: Catalog, policy: ImagePolicy) -> tuple[StackRow, ...]:
+    """A row per deployable stack, with what the image policy says of its image, then a row per
+    file left out with its error (`invalid`)."""
+    deployable = tuple(StackRow(s.name, str(s.kind), s.image.ref, _weights(s.model), _weights(s.draft),
+                                s.resources.gpu_memory_utilization, s.port,
+                                *_verdict(policy, s.image.ref, s.image.allow_latest)) for s in catalog.deployable())
+    return deployable + tuple(StackRow(i.name, i.kind, "-", "-", "-", None, None, False, "-", i.brief)
+                              for i in catalog.invalid)
+
+
+def _verdict(policy: ImagePolicy, ref: str, allow_latest: bool) -> tuple[bool, str]:
+    """Whether the policy refuses the image, and its verdict (or why it refuses)."""
+    try:
+        check(policy, ref, allow_latest=allow_latest)
+    except ImageRefused as e:
+        return True, str(e).split(":")[0]
+    pin = policy.pin_for(ref)
+    if pin is None:
+        return False, "ok"
+    return False, f"pinned {pin.digest[7:19]}" if pin.digest else "known-good tag, digest at first up"
+
+
+def _weights(weights: Weights | None) -> str:
+    if weights is None:
+        return "-"
+    return weights.path or f"{weights.repo}@{weights.revision}"

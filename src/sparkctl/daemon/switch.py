@@ -8,8 +8,8 @@ flip, release the queue in order. A parked stack stays desired: switching back w
 
 Any failure rolls back: the new stack is removed, the old one is kept, started or woken again,
 the alias keeps naming it and the queue is released to it. Each switch is recorded with its
-timings.
-Called by the daemon's API on a worker thread; the gateway part runs on the gateway's loop.
+timings. Called by the daemon's API on a worker thread; the gateway part runs on the gateway's
+loop.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ def read(stack: Stack, url: str, container: str, docker: DockerEngine) -> Headro
         text = engine.text(url, "/metrics", timeout=10)
         command = list(docker.inspect(container).command)
         found = kv_tokens(text + "\n" + docker.logs(container, tail=LOG_LINES))
-        served = _served_len(url, stack.served_name)
+        cards = engine.models(url, timeout=10)
+        served = next((c.get("max_model_len") for c in cards if c.get("id") == stack.served_name), None)
     except (OSError, ValueError) as e:
         raise SparkctlError(f"could not ask the engine at {url} for its KV-cache size: {e}") from None
     if found is None:
@@ -54,8 +55,3 @@ def flag(argv: list[str], name: str) -> int | None:
         value = inline if sep else (argv[i + 1] if i + 1 < len(argv) else None)
     match = SIZE.match(value or "")
     return int(match[1]) * UNITS[match[2]] if match else None
-
-
-def _served_len(url: str, served_name: str) -> int | None:
-    cards = engine.models(url, timeout=10)
-    return next((c.get("max_model_len") for c in cards if c.get("id") == served_name), None)

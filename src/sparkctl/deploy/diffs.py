@@ -34,7 +34,8 @@ def parse(text: str, *, source: str = "<diff>") -> list[FileDiff]:
         if line.startswith("+++ "):
             if path is not None:
                 files.append(FileDiff(path, tuple(hunks)))
-            path, hunks, current = _strip(line[4:].split("\t")[0].strip()), [], None
+            path, hunks, current = line[4:].split("\t")[0].strip(), [], None
+            path = path[2:] if path[:2] in ("a/", "b/") else path
         elif line.startswith("--- ") and current is None:
             continue
         elif (match := _HUNK.match(line)) is not None:
@@ -78,7 +79,3 @@ def _locate(lines: list[str], old: list[str], guess: int) -> int | None:
             if 0 <= at <= len(stripped) - len(old) and stripped[at:at + len(old)] == old:
                 return at
     return None
-
-
-def _strip(path: str) -> str:
-    return path[2:] if path[:2] in ("a/", "b/") else path

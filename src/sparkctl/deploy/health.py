@@ -61,35 +61,34 @@ class Engine:
     logs: Callable[[int], str]
 
 
-def wait_healthy(stack: Stack, url: str, engine: Engine, *, reporter: Reporter,
-                 clock: Callable[[], float] = time.monotonic, poll: float = POLL) -> float | None:
+def wait_healthy(stack: Stack, url: str, engine: Engine, *, reporter: Reporter) -> float | None:
     """Walk the phases; returns the canary's speculative acceptance (None when not speculative).
-    The port is polled every `poll` (a refused connection on loopback costs microseconds), so
+    The port is polled every `POLL` (a refused connection on loopback costs microseconds), so
     the engine's first 200 is seen within ~10 ms; Docker is asked only every `LOOK`."""
     budgets = stack.health
-    deadline = clock() + budgets.start
+    deadline = time.monotonic() + budgets.start
     reporter.phase(stack.name, Phase.STARTING)
     while _alive(engine, Phase.STARTING) != "running":
-        _within(deadline, clock, Phase.STARTING, budgets.start, engine)
-        time.sleep(poll)
+        _within(deadline, Phase.STARTING, budgets.start, engine)
+        time.sleep(POLL)
     reporter.phase(stack.name, Phase.LOADING)
-    deadline, shown, look = clock() + budgets.load, "", 0.0
+    deadline, shown, look = time.monotonic() + budgets.load, "", 0.0
     while http_status(url + "/health") is None:
-        if clock() >= look:  # the container's state and last log line: Docker calls, a few times a second
+        if time.monotonic() >= look:  # the container's state and last log line: Docker calls, a few times a second
             _alive(engine, Phase.LOADING)
-            _within(deadline, clock, Phase.LOADING, budgets.load, engine)
+            _within(deadline, Phase.LOADING, budgets.load, engine)
             line = (engine.logs(1).strip().splitlines() or [""])[-1]
             if line and line != shown:
                 reporter.phase(stack.name, Phase.LOADING, line[-160:])
                 shown = line
-            look = clock() + LOOK
-        time.sleep(poll)
+            look = time.monotonic() + LOOK
+        time.sleep(POLL)
     reporter.phase(stack.name, Phase.READY)
-    deadline = clock() + budgets.ready
+    deadline = time.monotonic() + budgets.ready
     while not _ready(url, stack.served_name):
         _alive(engine, Phase.READY)
-        _within(deadline, clock, Phase.READY, budgets.ready, engine)
-        time.sleep(poll)
+        _within(deadline, Phase.READY, budgets.ready, engine)
+        time.sleep(POLL)
     reporter.phase(stack.name, Phase.CANARY)
     return _canary(stack, url, engine)
 
@@ -125,12 +124,11 @@ def _canary(stack: Stack, url: str, engine: Engine) -> float | None:
     return rate
 
 
-def wait_started(engine: Engine, *, settle: float = HEADLESS_SETTLE, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+def wait_started(engine: Engine) -> None:
     """A headless rank serves no HTTP: it is started once its container still runs after
-    `settle` seconds (the group's rank 0 proves the rest when it serves and answers)."""
-    deadline = clock() + settle
-    while clock() < deadline:
+    `HEADLESS_SETTLE` seconds (the group's rank 0 proves the rest when it serves and answers)."""
+    deadline = time.monotonic() + HEADLESS_SETTLE
+    while time.monotonic() < deadline:
         _alive(engine, Phase.STARTING)
         time.sleep(LOOK)
     _alive(engine, Phase.STARTING)
@@ -145,14 +143,11 @@ def _alive(engine: Engine, phase: Phase) -> str:
     return found.status
 
 
-def _within(deadline: float, clock: Callable[[], float], phase: Phase, budget: float, engine: Engine) -> None:
-    if clock() > deadline:
-        raise HealthError(f"engine still {phase} after its {budget:g} s budget (health.{_budget_key(phase)} "
+def _within(deadline: float, phase: Phase, budget: float, engine: Engine) -> None:
+    if time.monotonic() > deadline:
+        key = {Phase.STARTING: "start", Phase.LOADING: "load", Phase.READY: "ready"}.get(phase, "canary")
+        raise HealthError(f"engine still {phase} after its {budget:g} s budget (health.{key} "
                           "in the stack); it may hang", phase=phase, logs=engine.logs(30))
-
-
-def _budget_key(phase: Phase) -> str:
-    return {Phase.STARTING: "start", Phase.LOADING: "load", Phase.READY: "ready"}.get(phase, "canary")
 
 
 def http_status(url: str) -> int | None:

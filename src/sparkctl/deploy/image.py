@@ -40,7 +40,8 @@ def resolve(stack: Stack, *, policy: ImagePolicy, docker: DockerEngine, store: S
             mirrors: Mapping[str, str], refresh: bool, reporter: Reporter) -> ResolvedImage:
     name = check(policy, stack.image.ref, allow_latest=stack.image.allow_latest)
     source = mirrored(ImageName(name.registry, name.path, name.tag), mirrors)
-    known = stack.image.digest or _pinned(policy, name) or store.digests.get(name.tagged)
+    pin = policy.pin_for(name.tagged)
+    known = stack.image.digest or (pin.digest if pin else None) or store.digests.get(name.tagged)
     local = docker.local_image_id(stack.image.ref, built_here=True)
     if local and not refresh and known in (None, local):  # built here, never pushed: run that build
         reporter.note(stack.name, f"{stack.image.ref} is a local build ({local[:19]}), not from a registry")
@@ -74,11 +75,6 @@ def pull(image: ResolvedImage, *, stack: str, docker: DockerEngine, reporter: Re
     repository = image.run_ref.split("@", 1)[0]
     docker.pull(repository, image.digest,
                 on_layer=lambda layer, done, total: reporter.progress(stack, f"layer {layer}", done, total))
-
-
-def _pinned(policy: ImagePolicy, name: ImageName) -> str | None:
-    pin = policy.pin_for(name.tagged)
-    return pin.digest if pin else None
 
 
 def _remote_digest(docker: DockerEngine, source: str, stack: Stack, reporter: Reporter, *,

@@ -82,7 +82,8 @@ class Launch:
         url = stack.url
         created = staged.container if staged else None
         current = [] if created else self.docker.containers(stack.name)  # staged: it had none
-        if any(_matches(c, prepared.fingerprint, stack) for c in current):
+        if any(c.running and c.fingerprint == prepared.fingerprint and c.spec_hash == spec_hash(stack)
+               for c in current):
             self.reporter.note(stack.name, f"{stack.name} is already running with fingerprint "
                                            f"{prepared.fingerprint}: nothing to do")
             return UpResult(stack.name, prepared.fingerprint, False, url)
@@ -219,7 +220,3 @@ class Launch:
 
 
 NO_SLEEP_MODE = "Sleep mode is not supported on current platform"  # vLLM's words on CPU
-
-
-def _matches(container: Container, fingerprint: str, stack: Stack) -> bool:
-    return container.running and container.fingerprint == fingerprint and container.spec_hash == spec_hash(stack)

@@ -142,7 +142,8 @@ def _steps(patch_sets: list[PatchSet], patches_dir: Path) -> dict[str, list[Acti
             if not path.is_file():
                 raise PatchError(f"patch set {patch_set.name}: diff file {path} does not exist")
             for file_diff in diffs.parse(path.read_text(), source=str(path)):
-                rel = _relative(file_diff.path)
+                rel = file_diff.path  # relative to vLLM's package dir (`vllm/x.py` or `x.py`)
+                rel = rel.split("vllm/", 1)[1] if "vllm/" in rel else rel
                 try:
                     inside(rel)
                 except ValueError as e:
@@ -214,8 +215,3 @@ def within(base: Path, rel: str) -> Path:
     if not any(path.resolve().is_relative_to(root) for root in allowed):
         raise PatchError(f"{rel!r} leads outside {base}: refused")
     return path
-
-
-def _relative(path: str) -> str:
-    """A diff's path relative to vLLM's package dir (`vllm/x.py` or `x.py`)."""
-    return path.split("vllm/", 1)[1] if "vllm/" in path else path

@@ -2,13 +2,10 @@
 
 Every failure before the container step leaves the machine as it was. Past it, the engine's start
 (`launch.py`) only stops (and renames) the stack's previous container while the new one starts,
-and restarts it if the new one fails its health phases, so a failed deploy leaves the previous
-state running. Each deployment and its phase transitions are recorded, and
-once it runs, the KV headroom its engine reports (`capacity.py`), shown as a note with any
-warning (the daemon also logs it). A hold/swap switch splits the deploy in two: `stage` (checked,
-prepared, the container created, nothing started) while the old stack still serves, then
-`up(staged=...)` (admission, start, health) once the old one has made room. Built by the CLI
-(and the daemon) with its adapters.
+and restarts it if the new one fails its health phases, so a failed deploy leaves the previous state
+running. A hold/swap switch splits the deploy in two: `stage` (checked, prepared, the container
+created, nothing started) while the old stack still serves, then `up(staged=...)` (admission,
+start, health) once the old one has made room. Built by `wiring.py` with its adapters.
 """
 
 from __future__ import annotations
@@ -80,7 +77,10 @@ class Deployer:
                 self._check(stack)
             room = self._admit(stack, replace=replace)
             prepared = prepared or self.prepare(stack, deployment, refresh=refresh)
-            self._make_room(stack, room)  # only once everything else checked out (a refused image stops nothing)
+            for other in room:  # only once everything else checked out (a refused image stops nothing)
+                self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
+                for c in self.docker.containers(other):
+                    self.docker.remove(c.id)
             self.store.deployments.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
             if stack.kind is Kind.COMPOSE:
                 result = self.launch.compose(stack, prepared, phases)
@@ -226,9 +226,3 @@ class Deployer:
         if not verdict.fits and not replace:
             raise SparkctlError(verdict.explain(stack.name))
         return verdict.in_the_way
-
-    def _make_room(self, stack: Stack, in_the_way: tuple[str, ...]) -> None:
-        for other in in_the_way:
-            self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
-            for c in self.docker.containers(other):
-                self.docker.remove(c.id)

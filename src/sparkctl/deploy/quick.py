@@ -14,7 +14,6 @@ else, including `--refresh` and a registry that does not answer, runs the whole 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,17 +54,15 @@ def files(folders: list[str]) -> list:
 
 
 def made(store: Store, *, stack: str, folders: list[Path], files_then: list, fingerprint: str,
-         parts: dict[str, str], spec_hash: str, url: str, warnings: list[str], watch: tuple[str, str] | None,
-         environ: Mapping[str, str] = os.environ) -> None:
+         parts: dict[str, str], spec_hash: str, url: str, warnings: list[str], watch: tuple[str, str] | None) -> None:
     """Keep what a running deployment was made from; `files_then` was read before it began, so an
     edit during the deploy is seen as a change."""
-    record = Made(locate.inputs(environ), [str(f) for f in folders], files_then, store.digests.newest(),
+    record = Made(locate.inputs(), [str(f) for f in folders], files_then, store.digests.newest(),
                   fingerprint, parts, spec_hash, url, warnings, list(watch) if watch else None)
     store.deployments.remember(stack, asdict(record))
 
 
-def unchanged(store: Store, stack: str, docker: DockerEngine, environ: Mapping[str, str] = os.environ
-              ) -> tuple[Made, list[str]] | None:
+def unchanged(store: Store, stack: str, docker: DockerEngine) -> tuple[Made, list[str]] | None:
     """The record of `stack`'s running deployment and the notes to show, if nothing it was made
     from changed and its container runs with its fingerprint; that `up` is then recorded. None:
     run the pipeline."""
@@ -74,7 +71,7 @@ def unchanged(store: Store, stack: str, docker: DockerEngine, environ: Mapping[s
         record = Made(**kept) if kept is not None else None
     except TypeError:  # kept by an older sparkctl
         return None
-    if (record is None or record.inputs != locate.inputs(environ) or record.digests != store.digests.newest()
+    if (record is None or record.inputs != locate.inputs() or record.digests != store.digests.newest()
             or _listed(record.files) != _listed(files(record.folders))):
         return None
     try:

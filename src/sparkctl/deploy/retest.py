@@ -9,8 +9,8 @@ benchmark that goes past the concurrency where the banned image fell over. The t
 afterwards, pass or fail. A pass lifts the bans and pins the tag to the digest as known-good
 (provenance: the run); a failure keeps the ban and appends the measurement to it.
 
-Called by the CLI when no daemon runs, and by the daemon's `retest` operation (which holds the
-trial's name, so reconcile passes leave its container alone).
+Called by the daemon's `retest` operation (`sparkctl image retest` asks the daemon), which holds
+the trial's name, so reconcile passes leave its container alone.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def run(trial: Trial, deployer: Deployer) -> RetestDone:
     """Deploy the trial, benchmark it, judge it, record the verdict in images.yaml; the trial's
     container is removed afterwards whatever happened."""
     name, retrial = trial.spec.name, trial.retrial
-    lifted = dataclasses.replace(deployer, catalog=_with(deployer.catalog, trial.spec),
-                                 policy=deployer.policy.without(retrial.lift))
+    catalog = dataclasses.replace(deployer.catalog, stacks={**deployer.catalog.stacks, name: trial.spec})
+    lifted = dataclasses.replace(deployer, catalog=catalog, policy=deployer.policy.without(retrial.lift))
     deployer.reporter.note(name, f"measuring {retrial.name.tagged} at {retrial.digest} with {trial.stack.name}'s "
                                  "flags and gate, alone (not desired, not routed; removed afterwards)")
     lifted.down(name)  # what a killed retest left
@@ -163,10 +163,6 @@ def _record(trial: Trial, result: RetestDone, deployer: Deployer) -> RetestDone:
     recorded = imagefile.record_retest(path, retrial.key, measurement)
     events.record(trial.stack.name, "retest_failed", f"{tagged} at {retrial.digest}: {result.verdict}")
     return dataclasses.replace(result, recorded=recorded)
-
-
-def _with(catalog: Catalog, stack: Stack) -> Catalog:
-    return dataclasses.replace(catalog, stacks={**catalog.stacks, stack.name: stack})
 
 
 def _announcer(deployer: Deployer, name: str):

@@ -21,7 +21,7 @@ from sparkctl.errors import NoRoom, SparkctlError
 from sparkctl.fleet import agents, placement
 from sparkctl.fleet.backend import FleetBackend
 from sparkctl.fleet.placement import Placed, Replica
-from sparkctl.node import AgentAnswer, Node
+from sparkctl.node import AgentAnswer, Node, unreachable
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet
 from sparkctl.spec.models import Stack
@@ -86,7 +86,7 @@ class Fleetwide:
             entry = Placed(stack.name, group, _replicas(started[:1]), spec, agreement.expected, tuple(hosts))
         placed = self._record(entry)
         notes = [n for a in [*prepared, *started] if a.ok for n in a.value.get("notes", [])]
-        return FleetUp(placed, {a.host: a.error or "" for a in started if not a.ok}, notes)
+        return FleetUp(placed, unreachable(started), notes)
 
     def _start_group(self, stack: str, hosts: list[str], spec: str, expected: dict[str, str], wait: float,
                      nodes: list[Node]) -> list[AgentAnswer]:
@@ -126,7 +126,7 @@ class Fleetwide:
         new = [h for h in hosts if h not in {r.host for r in kept}]
         started = self._ask(new, "up", [placed.stack, placed.spec, placed.parts], wait, nodes) if new else []
         entry = self._record(dataclasses.replace(placed, replicas=kept + _replicas(started)))
-        return Recovered(entry, {a.host: a.error or "" for a in started if not a.ok})
+        return Recovered(entry, unreachable(started))
 
     def park(self, stack: str, *, wait: float, before: Callable[[], None] = lambda: None) -> Placed:
         """Remove the stack's engines on every host; its placement stays. Marked parked in the
@@ -157,7 +157,7 @@ class Fleetwide:
         if not replicas:
             raise SparkctlError(f"{stack} woke on no host: " + "; ".join(f"{a.host}: {a.error}" for a in started))
         entry = self._record(dataclasses.replace(placed, replicas=replicas, ranks=ranks, parked=False))
-        return Recovered(entry, {a.host: a.error or "" for a in started if not a.ok},
+        return Recovered(entry, unreachable(started),
                          started[0].value.get("timings", {}).get("engine_start_s") if started[0].ok else None)
 
     def _placed_on(self, placed: Placed, within: float) -> tuple[list[str], set[str], list[Node]]:

@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from sparkctl.deploy.memory import GIB, meminfo
@@ -69,7 +70,7 @@ def check_on_interface(interface: str, address: str, host: str) -> None:
 
 
 def choose_host(fleet: Fleet | None, *, name: str | None, address: str | None, port: int | None,
-                local: Callable[[str], bool] = is_local, default_name: str | None = None) -> Host:
+                local: Callable[[str], bool] = is_local) -> Host:
     """The host this Spark starts as: the named one, else the one whose Ray address is here.
     Without an inventory, `--address` makes a host of this machine's name (memory: the ceiling
     of the settings is applied by the caller). `--address`/`--port` override the inventory's."""
@@ -77,8 +78,7 @@ def choose_host(fleet: Fleet | None, *, name: str | None, address: str | None, p
         if address is None:
             raise SparkctlError("no fleet inventory and no --address: give the address Ray should use on this "
                                 "Spark (--address), or write fleet.yaml")
-        host_name = name or default_name or _hostname()
-        return Host(name=host_name, serving=Serving(interface="lo", address=address), memory="90%",
+        return Host(name=name or _hostname(), serving=Serving(interface="lo", address=address), memory="90%",
                     ray=RayNode(address=address, port=port or 6379))
     host = fleet.host(name) if name else _the_local_one(fleet, local)
     if address is None and port is None:
@@ -145,7 +145,7 @@ def check_token(path: Path) -> None:
 # -- the record ------------------------------------------------------------------------------------
 def read_record(path: Path) -> NodeRecord | None:
     try:
-        return NodeRecord.from_dict(json.loads(path.read_text()))
+        return NodeRecord(**json.loads(path.read_text()))
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as e:
@@ -158,7 +158,7 @@ def write_record(path: Path, record: NodeRecord) -> None:
     partial = path.with_suffix(".tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump(record.to_dict(), out, indent=1)
+        json.dump(asdict(record), out, indent=1)
     partial.replace(path)
 
 

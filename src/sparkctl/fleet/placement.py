@@ -119,9 +119,6 @@ class Placed:
         """Every host it runs on: each rank's, or each replica's."""
         return list(self.ranks) or [r.host for r in self.replicas]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Placed:
         return cls(stack=str(data["stack"]), group=str(data["group"]), spec=str(data["spec"]),
@@ -146,7 +143,7 @@ def serving(book: dict[str, Placed]) -> dict[str, Placed]:
 def write_book(fleet_dir: Path, book: dict[str, Placed]) -> None:
     fleet_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     temporary = fleet_dir / f".{BOOK_FILE}.{os.getpid()}.{threading.get_ident()}"
-    temporary.write_text(json.dumps({name: p.to_dict() for name, p in sorted(book.items())}, indent=2))
+    temporary.write_text(json.dumps({name: asdict(p) for name, p in sorted(book.items())}, indent=2))
     temporary.replace(fleet_dir / BOOK_FILE)
 
 

@@ -3,15 +3,12 @@ abandoned by its client.
 
 It joins the two sockets: as the upstream call's `Sink` (`upstream.py`) it writes each piece of
 the engine's answer to the client as it arrives, and as the client connection's `Exchange`
-(`server.py`) it passes a client that goes away, or stops reading, on to the engine's call. The
-`Gateway` creates one per proxied request, routes and forwards it; the exchange counts its
-answer's status in the `Ledger` and tells the gateway, once, when it is over. An engine that fails
-(before any byte of its answer, by answering 503, or by falling silent) is offered back to the
-gateway first (`retry`), which may eject it and, while nothing of the answer was passed on, send
-the request to another replica of the stack. An answer under way that breaks off, or that the
-gateway ends (`cut`: its engine left routing), closes the client's connection without the
-response's end, so the client knows it is incomplete and can retry; an SSE stream first gets an
-error event in sparkctl's envelope.
+(`server.py`) it passes a client that goes away, or stops reading, on to the engine's call. An
+engine that fails is offered back to the gateway first (`retry`), which may send the request to
+another replica while nothing of the answer was passed on. An answer under way that breaks off,
+or that the gateway ends (`cut`), closes the client's connection without the response's end, so
+the client knows it is incomplete and can retry; an SSE stream first gets an error event in
+sparkctl's envelope.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
-"""The proxied requests in flight on the engines: a routed request is counted in the `Ledger`,
-takes a slot on the replica of its stack that `Replicas` picks (or waits while every replica is
-at the stack's cap), and is sent over the gateway's engine pool, a stream with a `stall` bound;
-its slot is given back once it ends. An engine that refuses or resets a connection before
-answering, or answers 503 (asleep without the daemon's word, or not serving), is ejected and the
-request goes to another replica of the stack (a lone engine's failure is passed on, but for a
-stack placed across a fleet, which the daemon re-places when its host dies); an ejected engine
-gets requests again after `EJECT_S`. A stream whose engine sends nothing for `stall` seconds is
-ended and its engine ejected. An engine or a host that leaves routing has its unanswered requests
-moved and the answers under way there ended (the client sees an incomplete response it can retry,
-an SSE stream an error event first). The `Gateway` (`proxy.py`) sends each routed request here,
-and gets back, to route again, one whose replica failed it or whose stack's replicas changed.
+"""The proxied requests in flight on the engines: a routed request is counted in the `Ledger`, takes
+a slot on the replica `Replicas` picks, and is sent over the gateway's engine pool with a `stall`
+bound; its slot is given back once it ends. An engine that refuses or resets a connection before
+answering, or answers 503 (asleep without the daemon's word, or not serving), or sends nothing of
+a stream for `stall` seconds, is ejected, and a request nothing of whose answer was passed on goes
+to another replica (a lone engine's failure is passed on, but for a stack placed across a fleet,
+which the daemon re-places when its host dies). An engine or a host that leaves routing has its
+unanswered requests moved and the answers under way there ended (the client sees an incomplete
+response it can retry, an SSE stream an error event first). The `Gateway` (`proxy.py`) sends each
+routed request here, and gets back, to route again, one whose replica failed it or whose stack's
+replicas changed.
 """
 
 from __future__ import annotations

@@ -55,10 +55,10 @@ class Limits:
         for conn in list(self.live):
             conn.finish()
 
-    def report_due(self, every: float = 10.0) -> int:
+    def report_due(self) -> int:
         """Refusals since the last report, when one is due (else 0)."""
         now = time.monotonic()
-        if not self.refused or now - self.last_report < every:
+        if not self.refused or now - self.last_report < 10.0:
             return 0
         count, self.refused, self.last_report = self.refused, 0, now
         return count

@@ -2,22 +2,12 @@
 
 Routing and forwarding happen in the socket's callback as the request completes (`server.py`),
 and each piece of the engine's answer is written to the client from the engine socket's callback
-(`exchange.py`, `upstream.py`), so a streamed response is passed through as it arrives, with
-nothing queued in between. A client that goes away cancels its upstream request. A routed
-request gets its stack's request defaults where the client left them out (`defaults.py`), and goes
-to the replica of its stack with the fewest requests in flight (`replicas.py`), which also queues
-it while every replica is at the stack's concurrency cap (a cap per engine); an engine that fails
-it, or that leaves routing (`eject_host`, `eject_engine`), is dealt with in `inflight.py`. While a
-stack has no replica in routing, its requests are held (`hold.py`) until one returns or the hold
-times out. During a switch an alias can be held (`hold.py`): its new requests wait until the alias
-points at a serving stack again; a request that names a parked stack is held the same way while
-the daemon wakes it (`Waker`); and `drain` waits, through the `Ledger`, for a stack's accepted
-requests to finish. A request to a routed alias goes to the stack of the first rule that holds its
-prompt's tokens, counted with the stack's own tokenizer and chat template (`tokens.py`; long
-prompts are counted off the event loop), and is counted per rule on /metrics. Errors the gateway
-itself raises use the OpenAI envelope (`pages.py`); who may reach it at all (Host names, API keys)
-is checked by `access.py`. Built and served by the daemon, which drives a switch through
-`daemon/bridge.py`.
+(`exchange.py`), so a streamed response is passed through as it arrives, with nothing queued in
+between. A client that goes away cancels its upstream request. A request that cannot go yet (its
+alias held during a switch, its stack parked and waking, or with no replica in routing) waits in
+the hold (`hold.py`) until it can or the hold times out; `drain` waits, through the `Ledger`, for
+a stack's accepted requests to finish. Errors the gateway itself raises use the OpenAI envelope
+(`pages.py`). Built and served by the daemon, which drives a switch through `daemon/bridge.py`.
 """
 
 from __future__ import annotations

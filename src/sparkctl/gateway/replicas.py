@@ -7,13 +7,10 @@ is at its cap. The cap is per replica: every enforced known issue is about what 
 at once (a crash with two concurrent requests, one engine's KV cache at full context), so a stack
 of N replicas takes N times its cap, and no engine ever more than its cap.
 
-A replica is out of routing while it is ejected: for `EJECT_S` after its engine refused or reset
-a connection before answering (then it gets requests again, and is ejected again if it still
-fails), until `restore(url)` (at once, or after `hold_out(url)` while its multi-node group is
-recreated), or while its whole host is ejected (`eject_host`, when the fleet's
-control plane marks the host dead, until `restore_host`). Whatever brings a replica back calls
-`on_return`, which the `Gateway` uses to let go the requests it held while its stack had no live
-replica. Lives on the gateway's event loop; nothing here does I/O.
+A replica is out of routing while it is ejected (for `EJECT_S` after a failure, or until restored),
+held out, or on an ejected host; whatever brings one back calls `on_return`, which the `Gateway`
+uses to let go the requests it held while its stack had no live replica. Lives on the gateway's
+event loop; nothing here does I/O.
 """
 
 from __future__ import annotations

@@ -6,12 +6,8 @@ callback the moment its last byte arrives, and a handler answers by writing to t
 directly, so a proxied request reaches its engine, and each token its client, without waiting in
 the event loop's queue behind the other streams (which is what a task per request costs a busy
 general-purpose server). Handlers that must wait (a held alias, a full concurrency cap) start a
-task of their own.
-
-Keep-alive and pipelining are supported: requests on one connection are answered in order. A
-client that goes away, or stops reading, reaches the handler's exchange through `cancel`,
-`pause` and `resume`. Connections are capped (`Limits`), and so are the bytes of request bodies
-held at once across all of them.
+task of their own. Requests on one keep-alive connection are answered in order. Connections are
+capped (`Limits`), and so are the bytes of request bodies held at once across all of them.
 
 Every request ends in an answer or a close, whatever a handler raises: the connection runs each
 handler, and each task a handler starts (`Connection.task`), and answers a 500 in the OpenAI

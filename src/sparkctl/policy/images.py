@@ -184,7 +184,8 @@ def plan_retest(policy: ImagePolicy, ref: str, digest: str, *, force: bool = Fal
     measured on (nothing changed), is refused unless `force`."""
     name = retestable(policy, ref)
     tag_ban = next(((k, b) for k, b in policy.blacklist.items() if _bans_tag(k, name)), None)
-    digest_bans = [(k, b) for k, b in policy.blacklist.items() if _bans_digest(k, digest)]
+    digest_bans = [(k, b) for k, b in policy.blacklist.items()
+                   if k == digest or (not DIGEST.match(k) and parse_ref(k).digest == digest)]
     if tag_ban is None and not digest_bans:
         raise _not_banned(name)
     if not force:
@@ -240,10 +241,6 @@ def _bans_tag(key: str, name: ImageName) -> bool:
 
 def _is_digest_ban(key: str) -> bool:
     return bool(DIGEST.match(key)) or parse_ref(key).digest is not None
-
-
-def _bans_digest(key: str, digest: str) -> bool:
-    return key == digest or (not DIGEST.match(key) and parse_ref(key).digest == digest)
 
 
 def check(policy: ImagePolicy, ref: str, *, digest: str | None = None, allow_latest: bool = False) -> ImageName:

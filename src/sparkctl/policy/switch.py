@@ -1,11 +1,8 @@
-"""How to move an alias (`primary`, ...) from the stack it names to another. Pure.
+"""How to move an alias (`primary`, ...) from the stack it names to another. Pure; the daemon's
+`switch.py` runs the plan.
 
-Blue/green when the new stack fits in memory beside everything running: it starts (or wakes)
-while the old one still serves, the alias flips, the old one drains and leaves. Hold/swap when
-it fits only once the old stack has made room: the gateway holds the alias's new requests while
-the old one drains and leaves and the new one starts or wakes. Anything else does not fit and is
-refused with the reason.
-
+Blue/green when the new stack fits in memory beside everything running; hold/swap when it fits
+only once the old stack has made room. Anything else does not fit and is refused with the reason.
 The old stack leaves by parking (vLLM sleep mode, `policy/parking.py`) where its setting, its
 engine and the memory allow, else by stopping. A parked new stack wakes instead of starting
 cold; its wake peak is what must fit. When it fits only without what other parked stacks hold,

@@ -1,6 +1,6 @@
 """The comparison report of benchmark runs, laid out as seed 000's study folder: comparison.md,
 graphs/ (PNGs), results/ (each run's raw llama-benchy JSON as `<config>.json`) and
-dataset.csv/json.
+dataset.csv/json (one row per config x depth x concurrency).
 
 `write` takes (stack spec, run) pairs, reads each run folder's environment.json (the machine,
 engine and settings it ran with; absent for older runs), computes the twins, speedups, crossover
@@ -10,32 +10,40 @@ folder. Called by `sparkctl bench report`, the sweep and `make demo`.
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
-from collections.abc import Mapping
+import time
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError
-from sparkctl.policy.images import Ban
-from sparkctl.report import dataset, environment, markdown, plots
-from sparkctl.report.analysis import Config
+from sparkctl.report import environment, markdown
+from sparkctl.report.analysis import Config, efficiency, speedups, twin
 from sparkctl.report.environment import Entry
+from sparkctl.settings import Settings
+from sparkctl.spec.imagefile import policy_for
 from sparkctl.spec.models import Stack
 from sparkctl.state.bench import BenchRun
 
 REPORT = "comparison.md"
+COLUMNS = ("config", "run", "depth", "concurrency", "temperature", "prefill_tps", "decode_tps", "ttft_ms",
+           "acceptance", "acceptance_length", "committed_per_step", "speedup_vs_twin", "twin", "efficiency", "failed",
+           "image", "model_commit", "draft_commit", "patches")
 
 
-def compare(entries: list[tuple[Stack, BenchRun]], folder: Path, *, blacklist: Mapping[str, Ban],
-            bandwidth_gbs: float, label: str = "") -> Path:
-    """The report of these runs (`sparkctl bench report`, the dashboard's Compare), with the bans
-    of the images they used; returns the path of comparison.md."""
+def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, *, label: str = "",
+            folder: Path | None = None) -> Path:
+    """The report of these runs (`sparkctl bench report` and sweep, the dashboard's Compare), with
+    the bans of the images they used, in `folder` (else a new one in the state dir's reports/);
+    returns the path of comparison.md."""
+    blacklist = policy_for(settings).blacklist
     if not entries:
         raise SparkctlError("nothing to report: no benchmark runs (`sparkctl bench run STACK`)")
     repos = {stack.image.repository for stack, _ in entries}
     bans = {ref: ban.reason for ref, ban in blacklist.items()
             if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
-    return write(entries, folder, bandwidth_gbs=bandwidth_gbs, label=label, bans=bans,
+    folder = folder or settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
+    return write(entries, folder, bandwidth_gbs=settings.memory_bandwidth_gbs, label=label, bans=bans,
                  title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries))
 
 
@@ -45,10 +53,10 @@ def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs:
     folder.mkdir(parents=True, exist_ok=True)
     studied = list({stack.name: Entry(stack, run, _environment(run)) for stack, run in entries}.values())
     configs = [_config(e) for e in studied]
-    data = dataset.rows(configs, {e.stack.name: e.run for e in studied}, bandwidth_gbs=bandwidth_gbs)
-    dataset.write(data, folder)
+    data = _dataset(configs, {e.stack.name: e.run for e in studied}, bandwidth_gbs=bandwidth_gbs)
+    _write_dataset(data, folder)
     (folder / "graphs").mkdir(exist_ok=True)
-    images = plots.draw(data, folder / "graphs", subtitle=label)
+    images = _draw(data, folder / "graphs", subtitle=label)
     results = _copy_results(studied, folder / "results")
     text = markdown.render(studied, data, configs, title=title, label=label, bandwidth_gbs=bandwidth_gbs,
                            images=images, results=results, bans=bans or {})
@@ -88,3 +96,90 @@ def _copy_results(entries: list[Entry], results: Path) -> list[str]:
             shutil.copyfile(raw, results / f"{e.stack.name}.json")
             copied.append(f"{e.stack.name}.json")
     return copied
+
+
+def _dataset(configs: list[Config], runs: dict[str, BenchRun], *, bandwidth_gbs: float) -> list[dict]:
+    """One row per config x depth (x concurrency): the measurements, the speedup over the config's
+    no-spec twin, the decode efficiency, and the fingerprint parts."""
+    out = []
+    for config in configs:
+        base = twin(config, configs)
+        gain = speedups(config, base) if base else {}
+        run = runs[config.name]
+        for r in run.rows:
+            single = r["concurrency"] == 1
+            out.append({
+                "config": config.name, "run": run.id, "depth": r["depth"], "concurrency": r["concurrency"],
+                "temperature": r.get("temperature"),  # None: the run set none, so the engine's default
+                "prefill_tps": r["pp_tps"], "decode_tps": r["tg_tps"], "ttft_ms": r["ttft_ms"],
+                "acceptance": r.get("acceptance"), "acceptance_length": r.get("acceptance_length"),
+                "committed_per_step": r.get("committed_per_step"),
+                "speedup_vs_twin": _round(gain.get(r["depth"])) if single else None,
+                "twin": base.name if base else None,
+                "efficiency": _round(efficiency(r["tg_tps"], config.read_per_token_gb, bandwidth_gbs)) if single
+                else None,
+                "failed": bool(r.get("failed")), "image": run.parts.get("image"),
+                "model_commit": run.parts.get("model"), "draft_commit": run.parts.get("draft") or None,
+                "patches": run.parts.get("patches") or None})
+    return out
+
+
+def _write_dataset(data: list[dict], folder: Path) -> None:
+    (folder / "dataset.json").write_text(json.dumps(data, indent=1) + "\n")
+    with (folder / "dataset.csv").open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(data)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _draw(data: list[dict], folder: Path, *, subtitle: str) -> list[str]:
+    """The graphs (PNG, matplotlib without a display): decode tok/s, TTFT and prefill tok/s against
+    context depth (one line per config), and grouped bars of decode per config at a few depths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    single = [r for r in data if r["concurrency"] == 1]
+    configs = list(dict.fromkeys(r["config"] for r in single))
+    written = []
+    for key, label, name in (("decode_tps", "decode tok/s", "decode_vs_depth.png"),
+                             ("ttft_ms", "TTFT (ms)", "ttft_vs_depth.png"),
+                             ("prefill_tps", "prefill tok/s", "prefill_vs_depth.png")):
+        fig, ax = plt.subplots(figsize=(9, 5))
+        for config in configs:
+            points = sorted((r["depth"], r[key]) for r in single if r["config"] == config)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=config)
+        ax.set_xscale("symlog", linthresh=512)
+        ax.set(xlabel="context depth (tokens)", ylabel=label, title=f"{label} vs context depth\n{subtitle}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+    written.append(_bars(plt, single, configs, folder, subtitle))
+    return written
+
+
+def _bars(plt, single: list[dict], configs: list[str], folder: Path, subtitle: str) -> str:
+    depths = sorted({r["depth"] for r in single})
+    shown = [d for d in (0, 8192, 32768) if d in depths] or depths[:3]
+    width = 0.8 / len(shown)
+    fig, ax = plt.subplots(figsize=(max(8, len(configs) * 1.1), 5))
+    for i, depth in enumerate(shown):
+        values = [next((r["decode_tps"] for r in single if r["config"] == c and r["depth"] == depth), 0)
+                  for c in configs]
+        ax.bar([x + i * width for x in range(len(configs))], values, width, label=f"depth {depth}")
+    ax.set_xticks([x + width * (len(shown) - 1) / 2 for x in range(len(configs))], configs, rotation=30,
+                  ha="right", fontsize=8)
+    ax.set(ylabel="decode tok/s", title=f"decode per config\n{subtitle}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "decode_by_config.png", dpi=110)
+    plt.close(fig)
+    return "decode_by_config.png"

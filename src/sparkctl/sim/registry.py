@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import tarfile
@@ -18,6 +17,8 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from sparkctl.sim.sandbox import free_port
 
 SIM_IMAGE = "sparkctl-sim:latest"
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -42,7 +43,7 @@ class Registry:
 
     def __init__(self, root: Path, *, port: int = 0) -> None:
         root.mkdir(parents=True, exist_ok=True)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.host = f"127.0.0.1:{self.port}"
         config = root / "config.yml"
         config.write_text(
@@ -162,12 +163,6 @@ class Registry:
                     raise RuntimeError(f"docker-registry exited: {self.proc.stderr.read().decode()}") from None
                 time.sleep(0.1)
         raise RuntimeError("docker-registry did not answer within 20 s")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:

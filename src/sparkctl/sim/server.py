@@ -204,8 +204,7 @@ class _Reply:
             choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
         else:
             choice["text"] = text
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage()}
+        return self._envelope([choice], chunk=False, usage=self.usage())
 
     def chunk(self, delta: Any, *, finish: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish if finish else None}
@@ -213,12 +212,15 @@ class _Reply:
             choice["delta"] = delta if isinstance(delta, dict) else {"content": delta}
         else:
             choice |= {"text": delta, "stop_reason": None}
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice]}
+        return self._envelope([choice])
 
     def usage_chunk(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [], "usage": self.usage()}
+        return self._envelope([], usage=self.usage())
+
+    def _envelope(self, choices: list[dict[str, Any]], *, chunk: bool = True, **extra: Any) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
 
 
 def render_metrics(engine: Engine, model: str) -> str:

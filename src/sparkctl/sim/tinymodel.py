@@ -21,13 +21,13 @@ _CORPUS = [
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|user|>", "<|assistant|>", "<|system|>"]
 
 
-def write_tokenizer(target: Path, *, vocab_size: int = 512) -> None:
+def write_tokenizer(target: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_CORPUS * 20, trainer)
     target.mkdir(parents=True, exist_ok=True)
@@ -37,7 +37,7 @@ def write_tokenizer(target: Path, *, vocab_size: int = 512) -> None:
         "chat_template": CHAT_TEMPLATE, "model_max_length": 2048}, indent=2))
 
 
-def write_model(target: Path, *, weights: bool = True, seed: int = 0) -> Path:
+def write_model(target: Path, *, weights: bool = True) -> Path:
     """A Llama with hidden 256, 2 layers, 4 heads (head_dim 64, as vLLM's CPU attention needs)."""
     write_tokenizer(target)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
@@ -48,15 +48,15 @@ def write_model(target: Path, *, weights: bool = True, seed: int = 0) -> Path:
     (target / "config.json").write_text(json.dumps(config, indent=2))
     (target / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
     if weights:
-        _write_weights(target / "model.safetensors", config, seed)
+        _write_weights(target / "model.safetensors", config)
     return target
 
 
-def _write_weights(path: Path, c: dict, seed: int) -> None:
+def _write_weights(path: Path, c: dict) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
 
@@ -75,19 +75,19 @@ def _write_weights(path: Path, c: dict, seed: int) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def cached_model(cache_root: Path, *, weights: bool = True) -> Path:
+def cached_model(cache_root: Path) -> Path:
     """`write_model` once per content of this module: later calls reuse the directory."""
     import hashlib
     import os
     import tempfile
 
-    key = hashlib.sha256(Path(__file__).read_bytes() + bytes([weights])).hexdigest()[:16]
+    key = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
     target = cache_root / f"tiny-{key}"
     if (target / "config.json").is_file():
         return target
     cache_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=cache_root))
-    write_model(scratch, weights=weights)
+    write_model(scratch)
     for path in [scratch, *scratch.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)  # readable inside containers
     try:

@@ -26,8 +26,9 @@ from typing import Annotated
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from sparkctl.errors import SpecError
+from sparkctl.spec import yamlfile
 from sparkctl.spec.base import Name, Spec
-from sparkctl.spec.load import _validate, read_yaml
+from sparkctl.spec.load import _validate
 
 GIB = 1 << 30
 MEMORY = re.compile(r"^(?P<value>\d+(\.\d+)?)\s*(?P<unit>GiB|%)$")
@@ -132,7 +133,7 @@ def load_fleet(path: Path) -> Fleet:
     if not path.is_file():
         raise SpecError(str(path), "", "no fleet inventory here; write one with a `hosts:` list (see "
                                        "`sparkctl fleet --help`), or point SPARKCTL_FLEET_FILE at yours")
-    data = read_yaml(path)
+    data = yamlfile.read(path)
     if not isinstance(data, dict):
         raise SpecError(str(path), "", "a fleet file holds one mapping with a `hosts:` list")
     return _validate(Fleet, data, path)

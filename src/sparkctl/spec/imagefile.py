@@ -19,8 +19,7 @@ from pydantic import ValidationError
 from sparkctl.errors import SpecError
 from sparkctl.policy.images import DIGEST, Ban, ImagePolicy, Measurement, Pin, Wake, parse_ref
 from sparkctl.settings import Settings
-from sparkctl.spec import kept
-from sparkctl.spec.load import read_yaml
+from sparkctl.spec import kept, yamlfile
 
 if TYPE_CHECKING:
     from ruamel.yaml.comments import CommentedMap
@@ -40,7 +39,7 @@ def load_policy(path: Path) -> ImagePolicy:
     """The policy in `path`; an absent file is an empty policy."""
     if not path.exists():
         return ImagePolicy()
-    data = read_yaml(path) or {}
+    data = yamlfile.read(path) or {}
     try:
         return ImagePolicy.model_validate(data)
     except ValidationError as e:

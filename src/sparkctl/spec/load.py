@@ -130,11 +130,6 @@ def load_stacks(files: Iterable[Path], *, patch_files: Iterable[Path] = (), port
     return Catalog(stacks=stacks, patch_sets=patch_sets, files=origin, invalid=tuple(invalid))
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse one YAML file; syntax errors name the file and the line."""
-    return yamlfile.read(path)
-
-
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """`override` over `base`: mappings merge recursively, other values replace."""
     merged = dict(base)
@@ -181,7 +176,7 @@ def _read_named(files: Iterable[Path], *, kind: Kind) -> tuple[dict[str, dict], 
 
 
 def _named_mapping(path: Path, kind: Kind) -> tuple[str, dict]:
-    data = read_yaml(path)
+    data = yamlfile.read(path)
     if not isinstance(data, dict):
         raise SpecError(str(path), "", f"a {kind} file holds one mapping with a `name`")
     name = data.get("name")

@@ -149,7 +149,8 @@ def render(
         if rank is None or not rank.headless:  # its host's agent relays it to the head's gateway
             labels[LABEL_RELAY] = str(stack.port)
     args = vllm_args(stack, sources.draft_subpath, sleep)
-    env = {**(env or {}), **_sleep_env(stack, sleep), **stack.container.env}
+    sleep_env = dict(what.split("=", 1) for what, _ in additions(stack, sleep) if not what.startswith("--"))
+    env = {**(env or {}), **sleep_env, **stack.container.env}
     if rank is not None:
         assert stack.parallel is not None, f"stack {stack.name} has no `parallel` section: it has no ranks"
         args += rank_args(stack.parallel, rank)
@@ -214,10 +215,6 @@ def additions(stack: Stack, sleep: bool = True) -> list[tuple[str, str]]:
         return []
     cause = f"switch.park: {stack.switch.park}: parks by sleeping; `switch.park: stop` leaves it out"
     return [("--enable-sleep-mode", cause), ("VLLM_SERVER_DEV_MODE=1", cause)]
-
-
-def _sleep_env(stack: Stack, sleep: bool) -> dict[str, str]:
-    return dict(what.split("=", 1) for what, _ in additions(stack, sleep) if not what.startswith("--"))
 
 
 def _inside(mount: str, subpath: str) -> str:

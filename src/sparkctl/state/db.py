@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError, TransientError
@@ -122,8 +124,21 @@ class Database:
         with self.lock:
             return self.db.execute(query, args).fetchall()
 
-    def tx(self) -> _Transaction:
-        return _Transaction(self.db, self.lock)
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error), for a connection in autocommit mode."""
+        with self.lock:
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:  # another process held the write lock past the timeout
+                raise TransientError(f"the state database is locked by another process ({e}); is another "
+                                     "sparkctl writing to the same state dir? Retry, or stop it", delay=1.0) from None
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
 
     def integrity_ok(self) -> bool:
         return self.one("PRAGMA integrity_check")[0] == "ok"
@@ -135,29 +150,6 @@ class Database:
                 for statement in filter(str.strip, script.split(";")):
                     self.db.execute(statement)
                 self.db.execute(f"PRAGMA user_version = {number}")
-
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error), for a connection in autocommit mode."""
-
-    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
-        self.db, self.lock = db, lock
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.lock.acquire()
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:  # another process held the write lock past the timeout
-            self.lock.release()
-            raise TransientError(f"the state database is locked by another process ({e}); is another sparkctl "
-                                 "writing to the same state dir? Retry, or stop it", delay=1.0) from None
-        return self.db
-
-    def __exit__(self, kind: object, *_: object) -> None:
-        try:
-            self.db.execute("ROLLBACK" if kind else "COMMIT")
-        finally:
-            self.lock.release()
 
 
 def where(stack: str | None, limit: int) -> tuple[str, tuple]:

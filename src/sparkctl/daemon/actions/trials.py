@@ -3,7 +3,6 @@ stored benchmark runs."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from sparkctl import report
@@ -12,7 +11,6 @@ from sparkctl.deploy import retest
 from sparkctl.deploy.retest import reported_spec
 from sparkctl.errors import SparkctlError
 from sparkctl.results import ReportWritten, RetestDone
-from sparkctl.spec import imagefile
 
 
 @dataclass
@@ -39,9 +37,6 @@ class Trials:
         if not found or None in found:
             raise SparkctlError(f"no such benchmark runs among {runs}; `sparkctl bench list` shows them")
         catalog = self.ctx.machine.catalog()
-        folder = self.ctx.settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
-        report.compare([(reported_spec(catalog, run.stack), run) for run in found], folder,
-                       blacklist=imagefile.policy_for(self.ctx.settings).blacklist,
-                       bandwidth_gbs=self.ctx.settings.memory_bandwidth_gbs, label=label)
-        return ReportWritten(f"reports/{folder.name}", report.REPORT)
-
+        path = report.compare([(reported_spec(catalog, run.stack), run) for run in found], self.ctx.settings,
+                              label=label)
+        return ReportWritten(f"reports/{path.parent.name}", report.REPORT)

@@ -1,12 +1,5 @@
 """The daemon's local API: HTTP over a unix socket in the state dir (mode 0600), for the CLI.
 
-Routes: GET /v1/status, GET /v1/stacks (`stacks list`'s rows), GET /v1/desired, POST /v1/up,
-/v1/down, /v1/switch, /v1/park, /v1/wake, /v1/retest (these stream NDJSON events until the
-outcome), GET /v1/events?since=N (long-lived),
-GET /v1/logs?stack=S&tail=N (the engine's log, its last N lines then following), GET /v1/history,
-GET /v1/runs (benchmark runs), GET /v1/engines (each routed engine's token and TTFT counters),
-GET /v1/reports and /v1/report-file?report=ID&path=P (written reports and their files), POST
-/v1/report (a comparison report of `{"runs": [...]}`), GET /metrics.
 The two long-lived streams are NDJSON, or server-sent events when the request accepts
 `text/event-stream` (the dashboard's EventSource, which resumes from `Last-Event-ID`).
 Errors are JSON `{"error": {"message", "type"}}`; a bad request never stops the daemon.

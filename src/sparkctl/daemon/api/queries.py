@@ -5,6 +5,7 @@ an engine's log)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
 from aiohttp import web
@@ -17,13 +18,22 @@ TYPES = {".md": "text/markdown; charset=utf-8", ".png": "image/png", ".json": "a
          ".csv": "text/csv; charset=utf-8"}  # of report files; anything else is sent as bytes
 
 
-async def status(request: web.Request) -> web.Response:
-    return web.json_response(asdict(await asyncio.to_thread(request.app[QUERIES].status)))
+def _answer(query: str, key: str | None = None) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A handler answering the query named `query` (run on a worker thread) as JSON: its frozen
+    answer, or its list of rows under `key`."""
+
+    async def handler(request: web.Request) -> web.Response:
+        found = await asyncio.to_thread(getattr(request.app[QUERIES], query))
+        return web.json_response({key: [asdict(row) for row in found]} if key else asdict(found))
+
+    return handler
 
 
-async def stacks(request: web.Request) -> web.Response:
-    rows = await asyncio.to_thread(request.app[QUERIES].stacks)
-    return web.json_response({"stacks": [asdict(row) for row in rows]})
+status = _answer("status")
+stacks = _answer("stacks", "stacks")
+runs = _answer("runs", "runs")
+engines = _answer("engines")
+reports = _answer("reports", "reports")
 
 
 async def desired(request: web.Request) -> web.Response:
@@ -76,20 +86,6 @@ async def logs(request: web.Request) -> web.StreamResponse:
         stream.close()  # ends the pump's iteration
     await response.write_eof()
     return response
-
-
-async def runs(request: web.Request) -> web.Response:
-    rows = await asyncio.to_thread(request.app[QUERIES].runs)
-    return web.json_response({"runs": [asdict(row) for row in rows]})
-
-
-async def engines(request: web.Request) -> web.Response:
-    return web.json_response(asdict(await asyncio.to_thread(request.app[QUERIES].engines)))
-
-
-async def reports(request: web.Request) -> web.Response:
-    rows = await asyncio.to_thread(request.app[QUERIES].reports)
-    return web.json_response({"reports": [asdict(row) for row in rows]})
 
 
 async def report_file(request: web.Request) -> web.FileResponse:
