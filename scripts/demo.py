@@ -21,12 +21,13 @@ from pathlib import Path
 
 import openai
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fake Hub and registry live in tests/fakes
 from sparkctl.cli.client import DaemonClient
-from sparkctl.sim import sandbox
-from sparkctl.sim.hub import Hub, HubServer
-from sparkctl.sim.registry import Registry
-from sparkctl.sim.repos import seed_repos
-from sparkctl.sim.tinymodel import cached_model
+from tests.fakes import sandbox
+from tests.fakes.hub import Hub, HubServer
+from tests.fakes.registry import Registry
+from tests.fakes.repos import seed_repos
+from tests.fakes.tinymodel import cached_model
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "demo"

@@ -24,8 +24,8 @@ from hypothesis import settings as hypothesis_settings
 
 from sparkctl.deploy.health import http_status
 from sparkctl.gateway.proxy import Gateway
-from sparkctl.sim import sandbox
 from tests import leftovers, neighbours, teardown
+from tests.fakes import sandbox
 from tests.neighbours import TEST_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,7 +212,7 @@ free_port = sandbox.free_port
 def _serve_registry(tmp_path_factory, name: str) -> Iterator:
     if shutil.which("docker-registry") is None:
         _missing("docker-registry is not installed")
-    from sparkctl.sim.registry import Registry
+    from tests.fakes.registry import Registry
 
     reg = Registry(tmp_path_factory.mktemp(name))
     yield reg
@@ -260,7 +260,7 @@ VLLM_CPU_IMAGE = "sparkctl-test/vllm-cpu:0.32.0"
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random-weight Llama with a chat template, readable inside containers; cached by
     the content of its generator in SPARKCTL_BUILD_CACHE (else a temp dir)."""
-    from sparkctl.sim.tinymodel import cached_model
+    from tests.fakes.tinymodel import cached_model
 
     cache = os.environ.get("SPARKCTL_BUILD_CACHE")
     return cached_model(Path(cache) / "models" if cache else tmp_path_factory.mktemp("models"))
@@ -335,8 +335,8 @@ def published(registry, images):
 @pytest.fixture(scope="session")
 def hub(tiny_model_dir):
     """The local Hub serving the fixture repos (DiffusionGemma gated behind HUB_TOKEN)."""
-    from sparkctl.sim.hub import Hub, HubServer
-    from sparkctl.sim.repos import seed_repos
+    from tests.fakes.hub import Hub, HubServer
+    from tests.fakes.repos import seed_repos
 
     with HubServer(Hub(seed_repos(tiny_model_dir), token=HUB_TOKEN)) as server:
         yield server

@@ -4,7 +4,7 @@ start time and restart count); at the end, one that changed or went fails the se
 (tests/conftest.py, `pytest_sessionfinish`), naming it and what changed.
 
 A test run's containers carry the `sparkctl.test-run` label or belong to a throwaway instance that
-sparkctl.sim.sandbox named (`test-`, `perf-`, `live-`, `demo-` and 8 hex): this run's are made
+tests.fakes.sandbox named (`test-`, `perf-`, `live-`, `demo-` and 8 hex): this run's are made
 after the record, and another run's on the same engine come and go on their own. Everything else
 (an owner's stacks on the default instance, any other container) is a neighbour to keep.
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from sparkctl.adapters import processes
 from sparkctl.fleet import local
 from sparkctl.instance import LABEL as INSTANCE_LABEL
-from sparkctl.sim.hub import Hub, HubServer
-from sparkctl.sim.repos import GEMMA4, seed_repos
+from tests.fakes.hub import Hub, HubServer
+from tests.fakes.repos import GEMMA4, seed_repos
 from tests.fleet.hosts import Host, Hosts
 from tests.fleet.network import LINK
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from openai import OpenAI
 
 from sparkctl.deploy.health import http_status
-from sparkctl.sim.registry import SIM_IMAGE
-from sparkctl.sim.tinymodel import cached_model
+from tests.fakes.registry import SIM_IMAGE
+from tests.fakes.tinymodel import cached_model
 from tests.fleet.cluster import Cluster, cluster, deployable
 from tests.fleet.hosts import Hosts
 from tests.fleet.images import load as load_image

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkctl.sim.registry import Registry
+from tests.fakes.registry import Registry
 from tests.teardown import stop
 
 if TYPE_CHECKING:

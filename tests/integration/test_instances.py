@@ -16,8 +16,8 @@ import pytest
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.cli.client import DaemonClient
-from sparkctl.sim import sandbox
 from tests.conftest import BASE_IMAGE, TEST_LABEL, instance
+from tests.fakes import sandbox
 from tests.integration.conftest import SMALL, DaemonProcess, wait_for
 
 STEADY = "name: steady\nextends: qwen36-nvfp4-stock\n" + SMALL

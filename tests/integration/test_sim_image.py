@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.sim.main import SHIM_ATTRIBUTES
-from sparkctl.sim.repos import LLM_BASE_PROPOSER_PATCH, QWEN3_DFLASH_PATCH
 from tests.conftest import wait_for
+from tests.fakes.repos import LLM_BASE_PROPOSER_PATCH, QWEN3_DFLASH_PATCH
 
 VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
 DFLASH = {"method": "dflash", "model": "/draft", "num_speculative_tokens": 8, "draft_sample_method": "probabilistic"}

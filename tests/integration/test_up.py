@@ -16,10 +16,10 @@ import pytest
 from sparkctl.policy.headroom import tokens
 from sparkctl.sim.engine import KV_BLOCK_SIZE
 from sparkctl.sim.profiles import PROFILES, kv_capacity
-from sparkctl.sim.repos import QWEN_NVFP4
 from sparkctl.state.journal import Answers
 from sparkctl.state.store import Store
 from tests.conftest import FAST, instance, name, ours, port, wait_for
+from tests.fakes.repos import QWEN_NVFP4
 
 VLLM = "/opt/sim/lib/python3.11/site-packages/vllm"
 

@@ -46,8 +46,8 @@ from world import SMOKE, figure, load, runs  # noqa: E402
 from sparkctl.bench import agent, corpus  # noqa: E402
 from sparkctl.gateway import tokens  # noqa: E402
 from sparkctl.sim.profiles import PROFILES  # noqa: E402
-from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import Running, free_port  # noqa: E402
+from tests.fakes.tinymodel import write_model  # noqa: E402
 from tests.teardown import stop  # noqa: E402
 
 SCALE = 0.01

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import SMOKE, daemon, figure, load, runs, sparkctl, spread, world  # noqa: E402
 
 from sparkctl.instance import container_name  # noqa: E402
-from sparkctl.sim.hub import Hub, Repo  # noqa: E402
+from tests.fakes.hub import Hub, Repo  # noqa: E402
 
 STACK, SHIPPED_PORT = "qwen36-dflash", 8107
 RUNS = runs(5)

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gateway import SCALE, TOKENS, figures, level, pct, start  # noqa: E402
 from world import SMOKE, load, runs  # noqa: E402
 
-from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
+from tests.fakes.tinymodel import write_model  # noqa: E402
 from tests.fleet import network  # noqa: E402
 from tests.fleet.hosts import check_machine, sweep  # noqa: E402
 from tests.teardown import stop  # noqa: E402

@@ -35,8 +35,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sparkctl.deploy.health import http_status  # noqa: E402
-from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
+from tests.fakes.tinymodel import write_model  # noqa: E402
 from tests.teardown import stop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -39,8 +39,8 @@ from sparkctl.adapters.docker import DockerEngine  # noqa: E402
 from sparkctl.cli.client import DaemonClient  # noqa: E402
 from sparkctl.deploy.memory import GIB, available, meminfo  # noqa: E402
 from sparkctl.policy.parking import Footprint  # noqa: E402
-from sparkctl.sim.tinymodel import write_model  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
+from tests.fakes.tinymodel import write_model  # noqa: E402
 
 SWITCHES = runs(10, smoke=2)
 MB = 1 << 20

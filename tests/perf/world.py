@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sparkctl.sim import sandbox
-from sparkctl.sim.hub import Hub, HubServer
-from sparkctl.sim.registry import Registry
-from sparkctl.sim.repos import seed_repos
-from sparkctl.sim.tinymodel import cached_model
+from tests.fakes import sandbox
+from tests.fakes.hub import Hub, HubServer
+from tests.fakes.registry import Registry
+from tests.fakes.repos import seed_repos
+from tests.fakes.tinymodel import cached_model
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.health import http_status
-from sparkctl.sim.tinymodel import write_model
 from tests.conftest import free_port, wait_for
+from tests.fakes.tinymodel import write_model
 from tests.teardown import stop
 
 

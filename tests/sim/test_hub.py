@@ -13,9 +13,9 @@ import pytest
 from huggingface_hub import hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RevisionNotFoundError
 
-from sparkctl.sim.hub import Hub, HubServer
-from sparkctl.sim.repos import DIFFUSIONGEMMA, DSPARK_DRAFT, QWEN_NVFP4, seed_repos
-from sparkctl.sim.tinymodel import write_model
+from tests.fakes.hub import Hub, HubServer
+from tests.fakes.repos import DIFFUSIONGEMMA, DSPARK_DRAFT, QWEN_NVFP4, seed_repos
+from tests.fakes.tinymodel import write_model
 
 TOKEN = "hf_localhubtoken0123456789"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.deploy.memory import available
-from sparkctl.sim.tinymodel import write_model
 from tests.conftest import wait_for
+from tests.fakes.tinymodel import write_model
 from tests.sim.conftest import SimProcess
 
 MB = 2**20

@@ -15,9 +15,9 @@ from tqdm import tqdm
 from sparkctl.adapters.hub import _TRANSFER_BAR, HubClient, _bar_class
 from sparkctl.deploy import weights
 from sparkctl.deploy.progress import RecordingReporter
-from sparkctl.sim.hub import Hub, HubServer, Repo
 from sparkctl.spec.engine import Weights
 from sparkctl.state.store import Store
+from tests.fakes.hub import Hub, HubServer, Repo
 
 SHARDS = 12  # more than huggingface_hub's default max_workers (8)
 

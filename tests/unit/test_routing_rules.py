@@ -15,9 +15,9 @@ from sparkctl.errors import SparkctlError, SpecError
 from sparkctl.gateway import tokens
 from sparkctl.policy import routing
 from sparkctl.policy.routing import Rule
-from sparkctl.sim.tinymodel import write_model
 from sparkctl.state import desired
 from sparkctl.state.desired import Desired
+from tests.fakes.tinymodel import write_model
 
 PAIR = (Rule("qwen36-dflash", 8192), Rule("qwen36-nvfp4-aeon"))
 

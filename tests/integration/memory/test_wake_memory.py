@@ -15,7 +15,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from sparkctl.deploy.memory import GIB, available, meminfo
-from sparkctl.sim.tinymodel import write_model
+from tests.fakes.tinymodel import write_model
 from tests.integration.agents import routed, switch
 from tests.integration.conftest import containers, wait_for
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sparkctl.sim.hub import Repo
+from tests.fakes.hub import Repo
 
 QWEN_NVFP4 = "AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-NVFP4"
 QWEN_BF16 = "AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-BF16"

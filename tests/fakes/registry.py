@@ -1,7 +1,7 @@
 """A real registry on loopback (Debian's `docker-registry`) holding the sim image under the
 real repository names, so sparkctl resolves, pins and pulls by digest as it would from ghcr.io.
 
-Used by the tests (as a fixture) and the demo (`python -m sparkctl.sim.registry`). Talks to
+Used by the tests (as a fixture) and the demo (`python -m tests.fakes.registry`). Talks to
 Docker through its CLI, like a user would, since the sim package stays dependency-free.
 """
 
@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from sparkctl.sim.sandbox import free_port
+from tests.fakes.sandbox import free_port
 
 SIM_IMAGE = "sparkctl-sim:latest"
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -166,7 +166,7 @@ class Registry:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparkctl.sim.registry",
+    parser = argparse.ArgumentParser(prog="python -m tests.fakes.registry",
                                      description="Run a loopback registry holding the sim image under real names.")
     parser.add_argument("--root", type=Path, required=True, help="data dir for the registry")
     parser.add_argument("--port", type=int, default=5001)
