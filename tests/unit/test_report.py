@@ -158,6 +158,9 @@ def test_caveats_carry_sources_caps_unmet_expectations_corpus_and_temperature(ca
                              _entry(catalog.stack("qwen36-nvfp4-aeon"), [_row(0, 9.0)], {"corpus": {"kind": "book"}})])
     assert "Prompts came from sparkctl's loopback corpus (generated prose), not llama-benchy's book, for " \
            "qwen36-dflash: acceptance, and so speculative decode, may differ on real text." in plain
+    assert any(line.startswith("llama-benchy drives near-greedy generation; a draft's acceptance gains are larger "
+                               "under T=1.0 sampling") for line in plain)  # seed 000:51, greedy with a draft
+    assert not any("near-greedy" in line for line in lines)  # sampled at T=1: the caveat above says so instead
     assert lines[0] == "Single-stream (concurrency=1), runs per depth unknown (no environment.json)."
     assert "qwen36-dflash: Crashes with 2+ requests (source: measured run 4). The gateway caps it at 1 concurrent " \
            "request." in lines
@@ -208,3 +211,25 @@ def test_reproduce_runs_each_config_when_their_depths_differ(catalog) -> None:
         "sparkctl up qwen36-dflash && sparkctl bench run qwen36-dflash --profile quick --depths 0,4096",
         "sparkctl up diffusiongemma && sparkctl bench run diffusiongemma --profile quick",
         "sparkctl bench report 7 7   # this report, from the stored runs"]
+
+
+@pytest.mark.parametrize("depths", [(0,), (0, 4096, 16384)])
+def test_a_single_depth_is_drawn_as_bars_per_config_not_a_line_around_nothing(depths: tuple[int, ...]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from sparkctl import report
+
+    rows = [{"config": c, "depth": d, "concurrency": 1, "decode_tps": 10.0 + i} for i, c in enumerate(("a", "b"))
+            for d in depths]
+    fig = report._by_depth(plt, rows, ["a", "b"], "decode_tps", "decode tok/s", "test")
+    ax = fig.axes[0]
+    if len(depths) == 1:
+        assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+        assert [bar.get_height() for bar in ax.patches] == [10.0, 11.0] and ax.get_ylim()[0] == 0
+        assert "at context depth 0" in ax.get_title()
+    else:
+        assert ax.get_xscale() == "symlog" and len(ax.lines) == 2
+    plt.close(fig)

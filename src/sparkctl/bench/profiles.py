@@ -1,7 +1,8 @@
 """Benchmark profiles: what llama-benchy runs. Named in stack specs (`bench_profile`) and on
-the CLI. `quick` runs at switch-over; `seed` is seed 000's methodology; `concurrency` finds
-engines that fall over under parallel load. A profile may set a sampling temperature (seed 000:
-DFlash gains more under T=1.0 sampling than under llama-benchy's near-greedy default)."""
+the CLI. `quick` runs at switch-over; `seed` is seed 000's methodology; `sampled` is the same at
+T=1.0 (seed 000:51: the draft's acceptance gains are larger under T=1.0 sampling than under
+llama-benchy's near-greedy default); `concurrency` finds engines that fall over under parallel
+load."""
 
 from __future__ import annotations
 
@@ -40,5 +41,6 @@ SEED_DEPTHS = (0, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 
 PROFILES = {
     "quick": Profile("quick", 512, 128, (0, 4096, 16384), runs=1),
     "seed": Profile("seed", 512, 256, SEED_DEPTHS, runs=2),
+    "sampled": Profile("sampled", 512, 256, SEED_DEPTHS, runs=2, temperature=1.0),
     "concurrency": Profile("concurrency", 512, 128, (0,), runs=1, concurrency=(1, 4, 16, 32)),
 }

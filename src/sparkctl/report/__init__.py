@@ -150,20 +150,34 @@ def _draw(data: list[dict], folder: Path, *, subtitle: str) -> list[str]:
     for key, label, name in (("decode_tps", "decode tok/s", "decode_vs_depth.png"),
                              ("ttft_ms", "TTFT (ms)", "ttft_vs_depth.png"),
                              ("prefill_tps", "prefill tok/s", "prefill_vs_depth.png")):
-        fig, ax = plt.subplots(figsize=(9, 5))
-        for config in configs:
-            points = sorted((r["depth"], r[key]) for r in single if r["config"] == config)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=config)
-        ax.set_xscale("symlog", linthresh=512)
-        ax.set(xlabel="context depth (tokens)", ylabel=label, title=f"{label} vs context depth\n{subtitle}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
+        fig = _by_depth(plt, single, configs, key, label, subtitle)
         fig.savefig(folder / name, dpi=110)
         plt.close(fig)
         written.append(name)
     written.append(_bars(plt, single, configs, folder, subtitle))
     return written
+
+
+def _by_depth(plt, single: list[dict], configs: list[str], key: str, label: str, subtitle: str):  # noqa: ANN001, ANN202
+    """One metric against context depth, a line per config; with a single depth measured, a bar
+    per config (a line through one point would draw an axis around nothing)."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    depths = sorted({r["depth"] for r in single})
+    if len(depths) == 1:
+        values = [next((r[key] or 0 for r in single if r["config"] == c), 0) for c in configs]
+        ax.bar(range(len(configs)), values)
+        ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right", fontsize=8)
+        ax.set(ylabel=label, title=f"{label} at context depth {depths[0]}\n{subtitle}")
+    else:
+        for config in configs:
+            points = sorted((r["depth"], r[key]) for r in single if r["config"] == config)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=config)
+        ax.set_xscale("symlog", linthresh=512)
+        ax.set(xlabel="context depth (tokens)", ylabel=label, title=f"{label} vs context depth\n{subtitle}")
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def _bars(plt, single: list[dict], configs: list[str], folder: Path, subtitle: str) -> str:
