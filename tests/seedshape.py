@@ -25,7 +25,7 @@ CONFIGS = ("qwen36-nvfp4-stock", "qwen36-nvfp4-eugr", "qwen36-nvfp4-aeon", "qwen
 
 # Seed 000's environment, as its Environment table gives it.
 HOST = {"hostname": "zgx-5457", "kernel": "6.17.0-1026-nvidia", "os": "Ubuntu 24.04.4 LTS", "arch": "aarch64",
-        "gpu": "NVIDIA GB10", "driver": "580.159.03", "cuda": "13.0", "memory_gib": 119.0}
+        "gpu": "NVIDIA GB10", "compute_capability": "12.1", "driver": "580.159.03", "cuda": "13.0", "memory_gib": 119.0}
 VLLM_VERSIONS = {"vllm/vllm-openai": "0.24.0", "eugr/spark-vllm": "0.23.1rc1.dev899",
                  "ghcr.io/aeon-7/aeon-vllm-ultimate": "0.23.0+aeon.sm121a.dflash"}
 

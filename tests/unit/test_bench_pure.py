@@ -161,7 +161,7 @@ def test_a_temperature_reaches_llama_benchy_as_a_float_in_the_request_body() -> 
 
 # The environment a run records.
 
-SMI_QUERY = "NVIDIA GB10, 580.95.05\n"
+SMI_QUERY = "NVIDIA GB10, 580.95.05, 12.1\n"
 SMI_BANNER = "| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0     |\n"
 FILES = {"/etc/os-release": 'NAME="Ubuntu"\nPRETTY_NAME="Ubuntu 24.04.3 LTS"\n',
          "/proc/meminfo": "MemTotal:       124906240 kB\nMemFree:  1 kB\n"}
@@ -183,8 +183,9 @@ def test_the_environment_of_a_run() -> None:
     env = environment.capture(ENGINE, profile=replace(PROFILES["quick"], temperature=1.0), corpus=choice,
                               coherence=False, probe=probe(commands, FILES, answers))
     assert env["date"] == "2026-05-04T12:30:00+00:00"
-    assert {k: env["host"][k] for k in ("os", "gpu", "driver", "cuda", "memory_gib")} == {
-        "os": "Ubuntu 24.04.3 LTS", "gpu": "NVIDIA GB10", "driver": "580.95.05", "cuda": "13.0", "memory_gib": 119.1}
+    assert {k: env["host"][k] for k in ("os", "gpu", "compute_capability", "driver", "cuda", "memory_gib")} == {
+        "os": "Ubuntu 24.04.3 LTS", "gpu": "NVIDIA GB10", "compute_capability": "12.1", "driver": "580.95.05",
+        "cuda": "13.0", "memory_gib": 119.1}
     assert env["host"]["kernel"] == platform.release() and env["host"]["arch"] == platform.machine()
     assert env["engine"] == {"vllm_version": "0.23.1rc1", "image": ENGINE.image, "flags": "serve /model --port 8101",
                              "served_model_name": "qwen"}

@@ -194,7 +194,7 @@ def test_environment_reads_flags_as_run_and_the_kv_headroom(catalog) -> None:
     assert environment.kv_headroom(entry) == \
         "10.4 full-context requests fit (KV cache 340K tokens, max_model_len 32,768)"
     rows = dict(environment.table([entry]))
-    assert rows["GPU"] == "NVIDIA GB10, 119.6 GiB" and rows["Driver / CUDA"] == "unknown"  # as the benchmark marks it
+    assert rows["GPU"] == "NVIDIA GB10, SM unknown, 119.6 GiB" and rows["Driver / CUDA"] == "unknown"  # as marked
     assert rows["Date"] == "2026-06-10"
     assert rows["Engines"] == "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2 (vLLM 0.22)"
     assert rows["Draft head"] == "z-lab/gemma-4-26B-A4B-it-DFlash: dflash n=10"

@@ -60,7 +60,14 @@ def text(folder) -> str:
 def test_sections_come_in_the_seeds_order(text) -> None:
     at = [text.find(section) for section in SECTIONS]
     assert -1 not in at and at == sorted(at)
-    assert text.splitlines()[4].startswith("**Headline:**")  # right under the title and its label
+    assert text.splitlines()[6].startswith("**Headline:**")  # under the title, its label and the intro, as in seed 000
+
+
+def test_an_intro_line_says_what_was_measured_on_what_with_which_tool(text) -> None:
+    intro = text.split("\n\n")[2]  # after the title and the label, as seed 000 opens
+    assert intro.startswith("Single-stream inference benchmarks of AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored")
+    assert "on NVIDIA GB10, SM 12.1" in intro and "comparing 9 configs" in intro
+    assert "Measured with llama-benchy 0.4.0" in intro
 
 
 def test_the_headline_has_the_seeds_figures(text) -> None:
@@ -95,7 +102,7 @@ def test_environment_has_the_seeds_rows_filled_from_the_runs(text) -> None:
     assert rows["Draft head"].startswith("Hikari07jp/DSpark-Qwen3.6-27B-AEON-draft: dflash n=8, 1")
     assert all(version in rows["Engines"] for version in ("0.24.0", "0.23.1rc1.dev899", "0.23.0+aeon.sm121a.dflash"))
     assert rows["Draft patches"].startswith("dspark-dflash")
-    assert rows["GPU"] == "NVIDIA GB10, 119 GiB"
+    assert rows["GPU"] == "NVIDIA GB10, SM 12.1, 119 GiB, ~273 GB/s (memory_bandwidth_gbs)"  # seed 000:15
     assert rows["Driver / CUDA"] == "580.159.03 / CUDA 13.0"
     assert rows["OS / kernel"] == "Ubuntu 24.04.4 LTS, kernel 6.17.0-1026-nvidia, aarch64; host zgx-5457"
     assert rows["Benchmark tool"] == "llama-benchy 0.4.0"

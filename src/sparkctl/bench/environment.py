@@ -28,7 +28,7 @@ from sparkctl.bench.profiles import Profile
 
 UNKNOWN = "unknown"
 FILE = "environment.json"
-GPU_QUERY = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+GPU_QUERY = ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"]
 CUDA = re.compile(r"CUDA Version:\s*([\d.]+)")
 
 
@@ -101,13 +101,13 @@ def write(folder: Path, environment: dict[str, Any]) -> Path:
 
 
 def host(probe: Probe) -> dict[str, Any]:
-    gpu, driver = _gpu(probe.command(GPU_QUERY))
+    gpu, driver, compute = _gpu(probe.command(GPU_QUERY))
     banner = probe.command(["nvidia-smi"]) or ""
     cuda = CUDA.search(banner)
     uname = platform.uname()
     return {"hostname": uname.node or UNKNOWN, "kernel": uname.release or UNKNOWN,
             "os": _os_name(probe.read(Path("/etc/os-release"))), "arch": uname.machine or UNKNOWN,
-            "gpu": gpu, "driver": driver, "cuda": cuda[1] if cuda else UNKNOWN,
+            "gpu": gpu, "compute_capability": compute, "driver": driver, "cuda": cuda[1] if cuda else UNKNOWN,
             "memory_gib": _memory_gib(probe.read(Path("/proc/meminfo")))}
 
 
@@ -138,13 +138,14 @@ def llama_benchy_version() -> str:
         return UNKNOWN
 
 
-def _gpu(query: str | None) -> tuple[str, str]:
-    """Name and driver of the first GPU from nvidia-smi's CSV (`NVIDIA GB10, 580.95.05`)."""
+def _gpu(query: str | None) -> tuple[str, str, str]:
+    """Name, driver and compute capability of the first GPU from nvidia-smi's CSV (`NVIDIA GB10,
+    580.95.05, 12.1`; an older nvidia-smi without `compute_cap` leaves it unknown)."""
     first = (query or "").strip().splitlines()[:1]
     parts = [p.strip() for p in first[0].split(",")] if first else []
     if len(parts) < 2 or not parts[0]:
-        return UNKNOWN, UNKNOWN
-    return parts[0], parts[1] or UNKNOWN
+        return UNKNOWN, UNKNOWN, UNKNOWN
+    return parts[0], parts[1] or UNKNOWN, (parts[2] if len(parts) > 2 and parts[2] else UNKNOWN)
 
 
 def _os_name(text: str | None) -> str:

@@ -39,14 +39,14 @@ class Entry:
         return None if value in ("", UNKNOWN) else value
 
 
-def table(entries: list[Entry]) -> list[tuple[str, str]]:
-    """The Environment rows, in seed 000's order."""
+def table(entries: list[Entry], *, bandwidth_gbs: float | None = None) -> list[tuple[str, str]]:
+    """The Environment rows, in seed 000's order; `bandwidth_gbs`: the memory bandwidth setting."""
     return [
         ("Target model", _models(entries)),
         ("Draft head", _drafts(entries)),
         ("Engines", _distinct(engine(e) for e in entries)),
         ("Draft patches", _patches(entries)),
-        ("GPU", _distinct(_gpu(e) for e in entries)),
+        ("GPU", _distinct(_gpu(e, bandwidth_gbs) for e in entries)),
         ("Driver / CUDA", _distinct(_driver(e) for e in entries)),
         ("OS / kernel", _distinct(_os(e) for e in entries)),
         ("Benchmark tool", _distinct(f"llama-benchy {_known(e.get('llama_benchy'))}" for e in entries)),
@@ -185,9 +185,16 @@ def _patches(entries: list[Entry]) -> str:
     return " · ".join(f"{p} on {', '.join(c)}" for p, c in found.items()) or "none"
 
 
-def _gpu(e: Entry) -> str:
+def _gpu(e: Entry, bandwidth_gbs: float | None) -> str:
+    """As seed 000 gives it: the GPU, its compute capability and memory as the run's host read
+    them, and the memory bandwidth the report assumes (a setting: nothing on the host reports it)."""
     gpu, memory = e.get("host", "gpu"), e.get("host", "memory_gib")
-    return f"{_known(gpu)}, {memory:g} GiB" if isinstance(memory, int | float) else _known(gpu)
+    if gpu is None and memory is None:
+        return UNKNOWN
+    parts = [_known(gpu), f"SM {_known(e.get('host', 'compute_capability'))}"]
+    parts += [f"{memory:g} GiB"] if isinstance(memory, int | float) else []
+    parts += [f"~{bandwidth_gbs:g} GB/s (memory_bandwidth_gbs)"] if bandwidth_gbs else []
+    return ", ".join(parts)
 
 
 def _driver(e: Entry) -> str:

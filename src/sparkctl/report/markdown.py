@@ -20,9 +20,10 @@ def render(entries: list[Entry], data: list[dict], configs: list[Config], *, tit
     single = [r for r in data if r["concurrency"] == 1]
     names = list(dict.fromkeys(r["config"] for r in data))
     depths = sorted({r["depth"] for r in single})
-    out = [f"# {title}", "", *([f"_{label}_", ""] if label else []), f"**Headline:** {headline(configs)}", ""]
-    out += ["## Environment", "", "| | |", "|---|---|",
-            *[f"| {key} | {_cell(value)} |" for key, value in environment.table(entries)], ""]
+    rows = environment.table(entries, bandwidth_gbs=bandwidth_gbs)
+    out = [f"# {title}", "", *([f"_{label}_", ""] if label else []), _intro(data, configs, dict(rows)), "",
+           f"**Headline:** {headline(configs)}", ""]
+    out += ["## Environment", "", "| | |", "|---|---|", *[f"| {key} | {_cell(value)} |" for key, value in rows], ""]
     out += _configs(entries)
     out += _contents(data, images, results)
     out += _reproduce(entries)
@@ -58,6 +59,14 @@ def _contents(data: list[dict], images: list[str], results: list[str]) -> list[s
     if results:
         out.append(f"- results/ — raw llama-benchy JSON ({', '.join(results)})")
     return [*out, ""]
+
+
+def _intro(data: list[dict], configs: list[Config], rows: dict[str, str]) -> str:
+    """Seed 000's opening line on method: what was measured, on what, with which tool."""
+    streams = "Single-stream" if {r["concurrency"] for r in data} == {1} else "Single-stream and concurrent"
+    return (f"{streams} inference benchmarks of {rows['Target model']} on {rows['GPU']}, comparing "
+            f"{len(configs)} configs (engines x checkpoints x speculation). Measured with {rows['Benchmark tool']}, "
+            "every figure from the runs this report names; the commands under Reproduce measure them again.")
 
 
 def _reproduce(entries: list[Entry]) -> list[str]:
