@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,41 @@ def test_a_single_depth_is_drawn_as_bars_per_config_not_a_line_around_nothing(de
     else:
         assert ax.get_xscale() == "symlog" and len(ax.lines) == 2
     plt.close(fig)
+
+
+def test_aggregate_throughput_and_startup_and_memory_per_stack(catalog, tmp_path: Path) -> None:
+    """Seed 003's two tables: decode summed over the streams above concurrency 1, and each stack's
+    startup (from its deployment's phases) and memory (its share of the host, the KV cache)."""
+    stack = catalog.stack("diffusiongemma")
+    rows = [{**_row(0, 210.0), "concurrency": c, "tg_tps": tps, "failed": c == 16}
+            for c, tps in ((1, 210.0), (4, 610.5), (16, 700.0))]
+    run = BenchRun(7, stack.name, "fp", {}, "concurrency", str(tmp_path / "run"), 1_760_000_000.0, None, None, None,
+                   rows)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "environment.json").write_text(json.dumps({"host": {"memory_gib": 119.6},
+                                                                    "kv_cache_tokens": 3_590_000}))
+    other = catalog.stack("aeon-gemma4-v2")
+    quiet = BenchRun(8, other.name, None, {}, "quick", "", 1_760_000_000.0, None, None, None, [_row(0, 81.0)])
+    text = report.write([(stack, run), (other, quiet)], tmp_path / "out", bandwidth_gbs=273.0, title="t", label="",
+                        startups={stack.name: (12.25, 95.5)}).read_text()
+    assert "| config | depth | 4 streams | 16 streams |" in text
+    assert "| diffusiongemma | 0 | 610.5 | 700.0 (failed) |" in text and "| aeon-gemma4-v2 | 0 |" not in text
+    assert "| diffusiongemma | 12.2 s | 95.5 s | 0.85 x 119.6 GiB = 101.7 GiB | 3,590,000 |" in text
+    assert "| aeon-gemma4-v2 | unknown | unknown | 0.8 of memory | unknown |" in text
+
+
+def test_the_startup_is_read_from_the_deployment_that_served_the_run(tmp_path: Path) -> None:
+    from sparkctl.phase import Phase
+
+    store = Store(tmp_path / "s.db")
+    made = store.deployments.begin("s")
+    store.deployments.set_fingerprint(made, "fp", {})
+    for phase in (Phase.PULLING, Phase.STARTING, Phase.LOADING, Phase.RUNNING):
+        store.deployments.advance(made, phase)
+    started = store.deployments.latest("s").started
+    at = {p: t for p, t, _ in store.deployments.transitions(made)}
+    run = BenchRun(1, "s", "fp", {}, "quick", "", at[Phase.RUNNING] + 1, None, None, None, [])
+    assert report._startup(store, run) == pytest.approx((at[Phase.STARTING] - started,
+                                                        at[Phase.RUNNING] - at[Phase.STARTING]))
+    assert report._startup(store, BenchRun(2, "s", "other", {}, "quick", "", at[Phase.RUNNING] + 1, None, None,
+                                           None, [])) is None

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError
+from sparkctl.phase import Phase
 from sparkctl.report import environment, markdown
 from sparkctl.report.analysis import Config, efficiency, speedups, twin
 from sparkctl.report.environment import Entry
@@ -24,6 +25,7 @@ from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import policy_for
 from sparkctl.spec.models import Stack
 from sparkctl.state.bench import BenchRun
+from sparkctl.state.store import Store
 
 REPORT = "comparison.md"
 COLUMNS = ("config", "run", "depth", "concurrency", "temperature", "prefill_tps", "decode_tps", "ttft_ms",
@@ -43,15 +45,31 @@ def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, *, label:
     bans = {ref: ban.reason for ref, ban in blacklist.items()
             if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
     folder = folder or settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
+    store = Store(settings.store_path)
+    startups = {stack.name: found for stack, run in entries if (found := _startup(store, run)) is not None}
     return write(entries, folder, bandwidth_gbs=settings.memory_bandwidth_gbs, label=label, bans=bans,
-                 title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries))
+                 title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries), startups=startups)
+
+
+def _startup(store: Store, run: BenchRun) -> tuple[float, float] | None:
+    """(fetch, start to serving) in seconds, from the phases of the deployment that served `run`:
+    the last one of its fingerprint that reached running before the run began."""
+    for made in store.deployments.history(run.stack):  # newest first
+        if made.fingerprint != run.fingerprint or made.started > run.started:
+            continue
+        at = {phase: t for phase, t, _ in store.deployments.transitions(made.id)}
+        if Phase.STARTING in at and Phase.RUNNING in at:
+            return at[Phase.STARTING] - made.started, at[Phase.RUNNING] - at[Phase.STARTING]
+    return None
 
 
 def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs: float, title: str, label: str,
-          bans: dict[str, str] | None = None) -> Path:
-    """Write the report into `folder` (created); returns the path of comparison.md."""
+          bans: dict[str, str] | None = None, startups: dict[str, tuple[float, float]] | None = None) -> Path:
+    """Write the report into `folder` (created); returns the path of comparison.md. `startups`:
+    each stack's (fetch, start to serving) seconds, where known."""
     folder.mkdir(parents=True, exist_ok=True)
-    studied = list({stack.name: Entry(stack, run, _environment(run)) for stack, run in entries}.values())
+    studied = list({stack.name: Entry(stack, run, _environment(run), (startups or {}).get(stack.name))
+                    for stack, run in entries}.values())
     configs = [_config(e) for e in studied]
     data = _dataset(configs, {e.stack.name: e.run for e in studied}, bandwidth_gbs=bandwidth_gbs)
     _write_dataset(data, folder)

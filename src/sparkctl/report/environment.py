@@ -30,6 +30,9 @@ class Entry:
     stack: Stack
     run: BenchRun
     env: dict[str, Any] = field(default_factory=dict)  # the run's environment.json, {} without one
+    # The deployment that served the run: seconds to fetch (resolve, pull, download, patch) and
+    # from the container's start to serving; None when not known (no store, or not recorded).
+    startup: tuple[float, float] | None = None
 
     def get(self, *keys: str) -> Any:
         """A nested key of environment.json, or None (also for what the benchmark recorded as unknown)."""
@@ -255,3 +258,15 @@ def _distinct(values) -> str:
 
 def _known(value: Any) -> str:
     return UNKNOWN if value is None or value == "" else str(value)
+
+
+def startup(entry: Entry) -> tuple[str, str, str, str]:
+    """Seed 003's startup and memory per stack: the fetch, the start to serving, the memory share
+    (the stack's fraction of the run's host memory) and the KV-cache tokens the engine reported."""
+    fetch, start = (f"{t:.1f} s" for t in entry.startup) if entry.startup else (UNKNOWN, UNKNOWN)
+    memory = entry.get("host", "memory_gib")
+    share = entry.stack.resources.gpu_memory_utilization
+    reserved = f"{share:g} x {memory:g} GiB = {share * memory:.1f} GiB" if isinstance(memory, int | float) \
+        else f"{share:g} of memory"
+    tokens = entry.get("kv_cache_tokens")
+    return fetch, start, reserved, f"{tokens:,}" if isinstance(tokens, int) else UNKNOWN

@@ -31,12 +31,38 @@ def render(entries: list[Entry], data: list[dict], configs: list[Config], *, tit
             *_grid(single, names, depths, "decode_tps", "{:.1f}"), ""]
     out += ["## Prefill tok/s by context depth", "", *_grid(single, names, depths, "prefill_tps", "{:.0f}"), ""]
     out += ["## Time to first token (ms)", "", *_grid(single, names, depths, "ttft_ms", "{:.0f}"), ""]
+    out += _aggregate(data, names)
+    out += _startup(entries)
     out += ["## Caveats", "", *[f"- {line}" for line in caveats(entries)], ""]
     out += _analysis(data, single, names, depths, bandwidth_gbs=bandwidth_gbs)
     out += ["## Graphs", "", *[f"![{name}](graphs/{name})" for name in images], ""]
     if bans:
         out += ["## Blacklisted images", "", *[f"- `{ref}`: {reason}" for ref, reason in bans.items()], ""]
     return "\n".join(out)
+
+
+def _aggregate(data: list[dict], names: list[str]) -> list[str]:
+    """Seed 003's aggregate throughput: decode summed over the streams, at each concurrency above 1."""
+    loaded = [r for r in data if r["concurrency"] > 1]
+    if not loaded:
+        return []
+    levels = sorted({r["concurrency"] for r in loaded})
+    out = ["## Aggregate throughput (decode tok/s summed over the streams)", "",
+           "| config | depth | " + " | ".join(f"{n} streams" for n in levels) + " |",
+           "|---|---|" + "---|" * len(levels)]
+    for config, depth in dict.fromkeys((r["config"], r["depth"]) for r in loaded if r["config"] in names):
+        cells = {r["concurrency"]: f"{r['decode_tps']:.1f}" + (" (failed)" if r["failed"] else "")
+                 for r in loaded if (r["config"], r["depth"]) == (config, depth)}
+        out.append(f"| {config} | {depth} | " + " | ".join(cells.get(n, "-") for n in levels) + " |")
+    return [*out, ""]
+
+
+def _startup(entries: list[Entry]) -> list[str]:
+    out = ["## Startup and memory per stack", "",
+           "| config | fetch (resolve, pull, download, patch) | start to serving | memory share | KV-cache tokens |",
+           "|---|---|---|---|---|"]
+    out += [f"| {e.stack.name} | " + " | ".join(environment.startup(e)) + " |" for e in entries]
+    return [*out, ""]
 
 
 def _configs(entries: list[Entry]) -> list[str]:
