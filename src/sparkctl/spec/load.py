@@ -209,24 +209,9 @@ def _build(name: str, raw: dict[str, dict], origin: dict[str, Path], patch_sets:
         allowed = ", ".join(sorted(patch_sets)) or "none defined"
         raise _at(origin[name], ["patches"], f"unknown patch set {unknown[0]!r}; known: {allowed}")
     for patch_set in (patch_sets[p] for p in stack.patches):
-        _within(stack, patch_set, origin[name])
+        if (breach := patch_set.breach(stack)) is not None:
+            raise _at(origin[name], *breach)
     return stack
-
-
-def _within(stack: Stack, patch_set: PatchSet, file: Path) -> None:
-    """A stack keeps to the limits of the draft its patch set serves."""
-    limits, v = patch_set.limits, stack.vllm
-    if limits is None or v is None:
-        return
-    tokens = v.speculative.num_speculative_tokens if v.speculative else None
-    if limits.max_speculative_tokens is not None and tokens is not None and tokens > limits.max_speculative_tokens:
-        raise _at(file, ["vllm", "speculative", "num_speculative_tokens"],
-                  f"{tokens} is more than the {limits.max_speculative_tokens} the draft of patch set "
-                  f"{patch_set.name!r} supports ({limits.source})")
-    if limits.prefix_caching and v.enable_prefix_caching and "prefix-caching" not in stack.allow:
-        raise _at(file, ["vllm", "enable_prefix_caching"],
-                  f"{limits.prefix_caching} ({limits.source}); add `allow: [prefix-caching]` to the stack if you "
-                  "mean it")
 
 
 def _resolve_extends(

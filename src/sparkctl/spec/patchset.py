@@ -7,11 +7,14 @@ applies them.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
 from sparkctl.spec.base import Name, RelativePath, Spec, inside
+
+if TYPE_CHECKING:
+    from sparkctl.spec.models import Stack
 
 
 class Overlay(Spec):
@@ -52,3 +55,20 @@ class PatchSet(Spec):
     shims: tuple[Shim, ...] = ()
     diffs: tuple[RelativePath, ...] = ()  # unified diff files, relative to the patches dir
     limits: Limits | None = None
+
+    def breach(self, stack: Stack) -> tuple[list[str], str] | None:
+        """Where a stack using this patch set goes past the limits of its draft, and why: (the
+        key's path, the problem); None when it keeps to them."""
+        limits, v = self.limits, stack.vllm
+        if limits is None or v is None:
+            return None
+        tokens = v.speculative.num_speculative_tokens if v.speculative else None
+        if limits.max_speculative_tokens is not None and tokens is not None and tokens > limits.max_speculative_tokens:
+            return (["vllm", "speculative", "num_speculative_tokens"],
+                    f"{tokens} is more than the {limits.max_speculative_tokens} the draft of patch set {self.name!r} "
+                    f"supports ({limits.source})")
+        if limits.prefix_caching and v.enable_prefix_caching and "prefix-caching" not in stack.allow:
+            return (["vllm", "enable_prefix_caching"],
+                    f"{limits.prefix_caching} ({limits.source}); add `allow: [prefix-caching]` to the stack if you "
+                    "mean it")
+        return None
