@@ -11,29 +11,32 @@ from dataclasses import asdict
 from aiohttp import web
 
 from sparkctl.daemon.api import http
-from sparkctl.daemon.api.service import COMMANDS, QUERIES
+from sparkctl.daemon.api.service import COMMANDS, QUERIES, Queries
 from sparkctl.log import redact
 
 TYPES = {".md": "text/markdown; charset=utf-8", ".png": "image/png", ".json": "application/json",
          ".csv": "text/csv; charset=utf-8"}  # of report files; anything else is sent as bytes
 
 
-def _answer(query: str, key: str | None = None) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """A handler answering the query named `query` (run on a worker thread) as JSON: its frozen
-    answer, or its list of rows under `key`."""
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _answer(ask: Callable[[Queries], object], key: str | None = None) -> Handler:
+    """A handler answering `ask` of the read model (on a worker thread) as JSON: its frozen answer,
+    or its list of rows under `key`."""
 
     async def handler(request: web.Request) -> web.Response:
-        found = await asyncio.to_thread(getattr(request.app[QUERIES], query))
+        found = await asyncio.to_thread(ask, request.app[QUERIES])
         return web.json_response({key: [asdict(row) for row in found]} if key else asdict(found))
 
     return handler
 
 
-status = _answer("status")
-stacks = _answer("stacks", "stacks")
-runs = _answer("runs", "runs")
-engines = _answer("engines")
-reports = _answer("reports", "reports")
+status = _answer(lambda q: q.status())
+stacks = _answer(lambda q: q.stacks(), "stacks")
+runs = _answer(lambda q: q.runs(), "runs")
+engines = _answer(lambda q: q.engines())
+reports = _answer(lambda q: q.reports(), "reports")
 
 
 async def desired(request: web.Request) -> web.Response:
