@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import SMOKE, daemon, figure, load, runs, sparkctl, spread, world  # noqa: E402
 

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import SMOKE, SPARKCTL, figure, load, world  # noqa: E402
 
