@@ -246,4 +246,4 @@ def _write_report(rt, entries: list, out: str | None, *, label: str):
 
     from sparkctl import report
 
-    return report.compare(entries, rt.settings, label=label, folder=Path(out) if out else None)
+    return report.compare(entries, rt.settings, rt.store, label=label, folder=Path(out) if out else None)

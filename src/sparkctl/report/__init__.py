@@ -33,11 +33,11 @@ COLUMNS = ("config", "run", "depth", "concurrency", "temperature", "prefill_tps"
            "image", "model_commit", "draft_commit", "patches")
 
 
-def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, *, label: str = "",
+def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, store: Store, *, label: str = "",
             folder: Path | None = None) -> Path:
     """The report of these runs (`sparkctl bench report` and sweep, the dashboard's Compare), with
-    the bans of the images they used, in `folder` (else a new one in the state dir's reports/);
-    returns the path of comparison.md."""
+    the bans of the images they used and the startup of the deployments that served them (from
+    `store`), in `folder` (else a new one in the state dir's reports/); returns comparison.md's path."""
     blacklist = policy_for(settings).blacklist
     if not entries:
         raise SparkctlError("nothing to report: no benchmark runs (`sparkctl bench run STACK`)")
@@ -45,7 +45,6 @@ def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, *, label:
     bans = {ref: ban.reason for ref, ban in blacklist.items()
             if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
     folder = folder or settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
-    store = Store(settings.store_path)
     startups = {stack.name: found for stack, run in entries if (found := _startup(store, run)) is not None}
     return write(entries, folder, bandwidth_gbs=settings.memory_bandwidth_gbs, label=label, bans=bans,
                  title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries), startups=startups)

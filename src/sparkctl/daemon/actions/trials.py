@@ -38,5 +38,5 @@ class Trials:
             raise SparkctlError(f"no such benchmark runs among {runs}; `sparkctl bench list` shows them")
         catalog = self.ctx.machine.catalog()
         path = report.compare([(reported_spec(catalog, run.stack), run) for run in found], self.ctx.settings,
-                              label=label)
+                              self.ctx.store, label=label)
         return ReportWritten(f"reports/{path.parent.name}", report.REPORT)
