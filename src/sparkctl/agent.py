@@ -2,9 +2,10 @@
 Docker engine, run as a detached Ray actor (`sparkctl-agent-<host>`) pinned to the host.
 
 The class is plain Python, which `adapters.ray` makes an actor by name (`node.AGENT_CLASS`).
-Every method takes and returns plain data, so the head's driver needs none of sparkctl's types
-to read the answers. Docker is reached only through `DockerEngine`, which lists only the
-instance's own containers, so an agent never sees or touches another instance's.
+It implements `node.AgentAPI`: each method takes one typed call and returns a typed answer, and
+`call` is what crosses Ray, plain data both ways (`node.encode`). Docker is reached only through
+`DockerEngine`, which lists only the instance's own containers, so an agent never sees or touches
+another instance's.
 
 A placed stack is deployed by the same pipeline `sparkctl up` runs on one Spark, with this host's
 settings and Docker. Its engine listens on the host's loopback; the agent relays it on the host's
@@ -27,6 +28,23 @@ from sparkctl.errors import DockerError, SparkctlError
 from sparkctl.fleet.local import relay_key
 from sparkctl.fleet.membership import token_path
 from sparkctl.gateway.relay import Relays
+from sparkctl.node import (
+    CALLS,
+    AgentSpec,
+    Containers,
+    Describe,
+    HostContainer,
+    HostImage,
+    ImageDigest,
+    Prepare,
+    Prepared,
+    Pull,
+    Remove,
+    Removed,
+    Started,
+    Up,
+    encode,
+)
 from sparkctl.policy.images import parse_ref
 from sparkctl.settings import Settings
 
@@ -45,80 +63,80 @@ class HostAgent:
         self.settings = Settings(docker_host=docker_url, instance=instance)
         self.relays: Relays | None = None  # made on the first call (the key and Docker are read then)
 
-    def call(self, method: str, *args: Any) -> Any:
-        """What the head calls: `method(*args)`, with sparkctl's errors turned into plain ones that
-        cross Ray whole (some of ours take several arguments and would not unpickle there)."""
+    def call(self, method: str, fields: dict[str, Any]) -> Any:
+        """What the head calls: the `method` call with its `fields`, answered as plain data, with
+        sparkctl's errors turned into plain ones that cross Ray whole (some of ours take several
+        arguments and would not unpickle there)."""
         try:
             if self.relays is None and self.address is not None:
                 self._relay_running()
-            return getattr(self, method)(*args)
+            return encode(getattr(self, method)(CALLS[method](**fields)))
         except SparkctlError as e:
             raise RuntimeError(str(e)) from None
 
-    def describe(self) -> dict[str, Any]:
-        """Who this agent is: what `ensure_agents` compares with what it wants."""
-        return {"host": self.host, "docker_url": self.docker_url, "instance": self.instance, "address": self.address}
+    def describe(self, call: Describe) -> AgentSpec:
+        return AgentSpec(host=self.host, docker_url=self.docker_url, instance=self.instance, address=self.address)
 
-    def prepare(self, stack: str, spec: str) -> dict[str, Any]:
+    def prepare(self, call: Prepare) -> Prepared:
         """Pull the stack's image by digest, fetch its weights and patch, as `up` would; start
         nothing. What this host would run: the fingerprint's parts (image digest, model and draft
         commits, patch hash, engine env)."""
-        deployer, served = self._deployer(stack, spec)
+        deployer, served = self._deployer(call.stack, call.spec)
         prepared = deployer.prepare(served)
-        return {"host": self.host, "parts": prepared.parts, "notes": deployer.reporter.notes}
+        return Prepared(host=self.host, parts=prepared.parts, notes=tuple(deployer.reporter.notes))
 
-    def up(self, stack: str, spec: str, expected: dict[str, str], ranks: dict[str, Any] | None = None
-           ) -> dict[str, Any]:
+    def up(self, call: Up) -> Started:
         """Deploy the stack here with the single-Spark pipeline, once what this host would run is
         what the head `expected` (the parts every chosen host agreed on); the engine's URL. With
         `ranks` (host -> rank), this host's rank of a multi-node group, on its own interface."""
-        deployer, served = self._deployer(stack, spec)
-        if ranks is not None:
-            if self.host not in ranks:
+        deployer, served = self._deployer(call.stack, call.spec)
+        if call.ranks is not None:
+            if self.host not in call.ranks:
                 raise SparkctlError(f"the group's ranks name no rank for host {self.host}")
-            deployer = dataclasses.replace(deployer, rank=self._rank(ranks[self.host]))
+            deployer = dataclasses.replace(deployer, rank=self._rank(call.ranks[self.host]))
         found = deployer.prepare(served).parts
-        if differ := {k: (v, found.get(k)) for k, v in expected.items() if found.get(k) != v}:
+        if differ := {k: (v, found.get(k)) for k, v in call.expected.items() if found.get(k) != v}:
             raise SparkctlError(f"host {self.host} would run something else than agreed: "
                                 + "; ".join(f"{k} {mine} here, {v} agreed" for k, (v, mine) in differ.items()))
-        result = deployer.up(stack)
+        result = deployer.up(call.stack)
         url = result.url
-        if self.address is not None and (ranks is None or not deployer.rank.headless):
+        if self.address is not None and (call.ranks is None or not deployer.rank.headless):
             url = self._relay(served.port, result.url)
-        return {"host": self.host, "url": url, "fingerprint": result.fingerprint, "changed": result.changed,
-                "timings": result.timings, "notes": deployer.reporter.notes}
+        return Started(host=self.host, url=url, fingerprint=result.fingerprint, changed=result.changed,
+                       timings=result.timings, notes=tuple(deployer.reporter.notes))
 
-    def containers(self) -> list[dict[str, Any]]:
+    def containers(self, call: Containers) -> list[HostContainer]:
         """This instance's containers on the host, as its Docker reports them now."""
         listed = []
         for container in self.engine.containers():
             info = self._inspect(container.id)
             image = self._image(info.image_id) if info else None
             image_ref = info.image_ref if info else ""
-            listed.append({"host": self.host, "stack": container.stack, "name": container.name,
-                           "state": container.state, "image": image_ref, "placed": container.placed,
-                           "repo_digest": _digest_for(image_ref, image.repo_digests) if image else None})
+            listed.append(HostContainer(host=self.host, stack=container.stack, name=container.name,
+                                        state=container.state, image=image_ref, placed=container.placed,
+                                        repo_digest=_digest_for(image_ref, image.repo_digests) if image else None))
         return listed
 
-    def image_digest(self, ref: str) -> dict[str, Any]:
-        """What the host's Docker holds under `ref`: its image id and the RepoDigest of the ref's
+    def image_digest(self, call: ImageDigest) -> HostImage:
+        """What the host's Docker holds under the ref: its image id and the RepoDigest of the ref's
         repository (None when `docker load` lost it, or the host lacks the image)."""
-        image = self._image(ref)
+        image = self._image(call.ref)
         if image is None:
-            return {"host": self.host, "ref": ref, "present": False, "image_id": None, "repo_digest": None}
-        return {"host": self.host, "ref": ref, "present": True, "image_id": image.id,
-                "repo_digest": _digest_for(ref, image.repo_digests)}
+            return HostImage(host=self.host, present=False)
+        return HostImage(host=self.host, present=True, image_id=image.id,
+                         repo_digest=_digest_for(call.ref, image.repo_digests))
 
-    def pull(self, ref: str) -> dict[str, Any]:
+    def pull(self, call: Pull) -> HostImage:
         """Pull `repository@sha256:...` into the host's Docker; then what it holds."""
-        name = parse_ref(ref)
+        name = parse_ref(call.ref)
         if not name.digest:
-            raise DockerError(f"pull {ref} on host {self.host}: pull by digest only (`repository@sha256:...`)")
-        self.engine.pull(ref.split("@", 1)[0], name.digest)
-        return self.image_digest(ref)
+            raise DockerError(f"pull {call.ref} on host {self.host}: pull by digest only (`repository@sha256:...`)")
+        self.engine.pull(call.ref.split("@", 1)[0], name.digest)
+        return self.image_digest(ImageDigest(call.ref))
 
-    def remove(self, stack: str) -> dict[str, Any]:
+    def remove(self, call: Remove) -> Removed:
         """Remove the stack's containers; returns once the host's Docker lists none of them."""
+        stack = call.stack
         for container in self.engine.containers(stack):
             if container.relay is not None and self.relays is not None:
                 self.relays.drop(self.address, container.relay)
@@ -129,7 +147,7 @@ class HostAgent:
                 raise DockerError(f"remove stack {stack} on host {self.host}: Docker still lists "
                                   f"{', '.join(c.name for c in left)} after {CONFIRM_WITHIN:g} s")
             time.sleep(0.05)
-        return {"host": self.host, "stack": stack, "removed": removed, "confirmed": True}
+        return Removed(host=self.host, stack=stack, removed=tuple(removed))
 
     def _deployer(self, name: str, spec: str) -> tuple[Deployer, Stack]:
         """The pipeline on this host's settings and Docker, its catalog holding `name` as served

@@ -9,10 +9,13 @@ the way `container.py`'s labels recognise its containers. Imported by every laye
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+T = TypeVar("T")
 
 LABEL_HOST = "sparkctl.dev/host"  # the inventory name a node was started as
 LABEL_INTERFACE = "sparkctl.dev/serving-interface"
@@ -129,12 +132,159 @@ class AgentSpec:
     address: str | None = None
 
 
+# -- the host agent's API: one typed call each, one typed answer each -------------------------------
+# A call crosses Ray as its method name and its fields, an answer as its fields: plain data, so
+# nothing of sparkctl's is unpickled on the other side. `HostAgent` implements `AgentAPI`; the
+# backend decodes each answer into the call's `answer` type.
 @dataclass(frozen=True)
-class AgentAnswer:
-    """One host's answer to a call on its agent: the value, or why there was none."""
+class Prepared:
+    """What a host would run (the fingerprint's parts: image digest, model and draft commits,
+    patch hash, engine env), after fetching without starting."""
 
     host: str
-    value: Any = None
+    parts: dict[str, str]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Started:
+    host: str
+    url: str  # where the head's gateway reaches the engine (the host's relay, or its loopback)
+    fingerprint: str
+    changed: bool
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostContainer:
+    host: str
+    stack: str
+    name: str
+    state: str  # Docker's: running, exited, created, ...
+    image: str
+    placed: bool = False
+    repo_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class HostImage:
+    host: str
+    present: bool
+    image_id: str | None = None
+    repo_digest: str | None = None  # None: the host's Docker records none (e.g. after `docker load`)
+
+
+@dataclass(frozen=True)
+class Removed:
+    host: str
+    stack: str
+    removed: tuple[str, ...]  # the names its Docker removed, confirmed gone
+    confirmed: bool = True
+
+
+@dataclass(frozen=True)
+class Describe:
+    """Who the agent is (what `ensure` compares with what it wants)."""
+
+    method: ClassVar[str] = "describe"
+    answer: ClassVar[type] = AgentSpec
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """Fetch and patch the stack as `up` would, start nothing."""
+
+    stack: str
+    spec: str  # the head's spec hash of the stack file: the host's must be the same
+    method: ClassVar[str] = "prepare"
+    answer: ClassVar[type] = Prepared
+
+
+@dataclass(frozen=True)
+class Up:
+    """Deploy the stack once what the host would run is `expected`; with `ranks` (host -> rank),
+    the host's rank of a multi-node group."""
+
+    stack: str
+    spec: str
+    expected: dict[str, str]
+    ranks: dict[str, Any] | None = None
+    method: ClassVar[str] = "up"
+    answer: ClassVar[type] = Started
+
+
+@dataclass(frozen=True)
+class Containers:
+    """The instance's containers on the host, as its Docker lists them now."""
+
+    method: ClassVar[str] = "containers"
+    answer: ClassVar[type] = HostContainer
+    many: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class ImageDigest:
+    ref: str
+    method: ClassVar[str] = "image_digest"
+    answer: ClassVar[type] = HostImage
+
+
+@dataclass(frozen=True)
+class Pull:
+    ref: str  # repository@sha256:...
+    method: ClassVar[str] = "pull"
+    answer: ClassVar[type] = HostImage
+
+
+@dataclass(frozen=True)
+class Remove:
+    stack: str
+    method: ClassVar[str] = "remove"
+    answer: ClassVar[type] = Removed
+
+
+AgentCall = Describe | Prepare | Up | Containers | ImageDigest | Pull | Remove
+CALLS: dict[str, type] = {c.method: c for c in (Describe, Prepare, Up, Containers, ImageDigest, Pull, Remove)}
+
+
+class AgentAPI(Protocol):
+    """A host agent, as the head calls it: one method per call type, named by its `method`."""
+
+    def describe(self, call: Describe) -> AgentSpec: ...
+
+    def prepare(self, call: Prepare) -> Prepared: ...
+
+    def up(self, call: Up) -> Started: ...
+
+    def containers(self, call: Containers) -> list[HostContainer]: ...
+
+    def image_digest(self, call: ImageDigest) -> HostImage: ...
+
+    def pull(self, call: Pull) -> HostImage: ...
+
+    def remove(self, call: Remove) -> Removed: ...
+
+
+def encode(answer: Any) -> Any:
+    """An answer as plain data, to cross Ray."""
+    return [asdict(a) for a in answer] if isinstance(answer, list) else asdict(answer)
+
+
+def decode(call: AgentCall, value: Any) -> Any:
+    """The plain answer to `call` as its typed value (a list for `Containers`)."""
+    def one(data: dict[str, Any]) -> Any:
+        return call.answer(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    return [one(v) for v in value] if getattr(call, "many", False) else one(value)
+
+
+@dataclass(frozen=True)
+class AgentAnswer(Generic[T]):
+    """One host's answer to a call on its agent: the typed value, or why there was none."""
+
+    host: str
+    value: T | None = None
     error: str | None = None
 
     @property
@@ -142,7 +292,7 @@ class AgentAnswer:
         return self.error is None
 
 
-def unreachable(answers: list[AgentAnswer]) -> dict[str, str]:
+def unreachable(answers: Sequence[AgentAnswer]) -> dict[str, str]:
     """The hosts that gave no answer, with why: kept beside any result, so a silent host is never
     passed off as an empty one."""
     return {a.host: a.error or "" for a in answers if not a.ok}

@@ -5,6 +5,7 @@ the image-drift verdict, and picking the RepoDigest that stands for a ref."""
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,23 @@ import pytest
 from sparkctl.adapters.raynode import _check_ports
 from sparkctl.agent import _digest_for
 from sparkctl.fleet import agents, local, survey
-from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, NodeState
+from sparkctl.node import (
+    CALLS,
+    AgentAnswer,
+    AgentSpec,
+    Containers,
+    HostContainer,
+    HostImage,
+    Node,
+    NodeLaunch,
+    NodeRecord,
+    NodeState,
+    Prepared,
+    Removed,
+    Started,
+    decode,
+    encode,
+)
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import load_fleet
 
@@ -36,9 +53,8 @@ class RecordingBackend:
     def nodes(self, head: str) -> list[Node]:
         return self.node_table
 
-    def ask_agents(self, head, *, local_address, hosts, method, args=None, wait, ensure=None):  # noqa: ANN001
-        self.asked.append(dict(head=head, local_address=local_address, hosts=hosts, method=method, args=args,
-                               ensure=ensure))
+    def ask_agents(self, head, *, local_address, hosts, call, wait, ensure=None):  # noqa: ANN001
+        self.asked.append(dict(head=head, local_address=local_address, hosts=hosts, call=call, ensure=ensure))
         return [AgentAnswer(host=h, value=[]) for h in hosts]
 
 
@@ -58,7 +74,7 @@ def test_every_host_is_answered_for_and_only_live_ones_are_asked(tmp_path: Path)
     fleet = load_fleet(tmp_path / "fleet.yaml")
     backend = RecordingBackend([node("a"), node("c", NodeState.DEAD), node("x")])
     answers = agents.ask(backend, head="127.0.0.2:27000", settings=settings_with_node(tmp_path), fleet=fleet,
-                         method="containers", wait=5)
+                         call=Containers(), wait=5)
     assert [a.host for a in answers] == ["a", "b", "c", "x"]  # inventory order, then hosts only Ray knows
     assert [a.ok for a in answers] == [True, False, False, True]
     assert "knows no node" in answers[1].error and "dead" in answers[2].error
@@ -70,12 +86,12 @@ def test_every_host_is_answered_for_and_only_live_ones_are_asked(tmp_path: Path)
 def test_asking_needs_a_node_here(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="fleet init"):
         agents.ask(RecordingBackend([node("a")]), head="h:1", settings=Settings(state_dir=tmp_path), fleet=None,
-                   method="containers", wait=1)
+                   call=Containers(), wait=1)
 
 
 def test_the_census_keeps_silent_hosts_apart() -> None:
-    row = {"stack": "tiny", "name": "sparkctl-tiny", "state": "running", "image": "sim:1", "repo_digest": D1}
-    found = survey.census([AgentAnswer("a", value=[]), AgentAnswer("b", value=[row, {**row, "stack": "big"}]),
+    row = HostContainer(host="b", stack="tiny", name="sparkctl-tiny", state="running", image="sim:1", repo_digest=D1)
+    found = survey.census([AgentAnswer("a", value=[]), AgentAnswer("b", value=[row, replace(row, stack="big")]),
                            AgentAnswer("c", error="did not answer within 8 s")])
     assert [(r.host, r.stack) for r in found.rows] == [("b", "big"), ("b", "tiny")]
     assert found.hosts == ("a", "b", "c") and found.unreachable == {"c": "did not answer within 8 s"}
@@ -83,15 +99,15 @@ def test_the_census_keeps_silent_hosts_apart() -> None:
 
 
 def test_a_removal_is_complete_only_when_every_host_confirmed() -> None:
-    done = survey.removal("tiny", [AgentAnswer("a", value={"removed": []}),
-                                   AgentAnswer("b", value={"removed": ["sparkctl-tiny"], "confirmed": True})])
+    done = survey.removal("tiny", [AgentAnswer("a", value=Removed("a", "tiny", ())),
+                                   AgentAnswer("b", value=Removed("b", "tiny", ("sparkctl-tiny",)))])
     assert done.complete and done.removed == {"a": (), "b": ("sparkctl-tiny",)}
-    partial = survey.removal("tiny", [AgentAnswer("a", value={"removed": []}), AgentAnswer("c", error="dead")])
+    partial = survey.removal("tiny", [AgentAnswer("a", value=Removed("a", "tiny", ())), AgentAnswer("c", error="dead")])
     assert not partial.complete and partial.unreachable == {"c": "dead"}
 
 
-def image(host: str, digest: str | None, image_id: str = "id1", present: bool = True) -> survey.HostImage:
-    return survey.HostImage(host=host, present=present, image_id=image_id if present else None, repo_digest=digest)
+def image(host: str, digest: str | None, image_id: str = "id1", present: bool = True) -> HostImage:
+    return HostImage(host=host, present=present, image_id=image_id if present else None, repo_digest=digest)
 
 
 @pytest.mark.parametrize(("hosts", "wanted", "unreachable", "expected", "differ"), [
@@ -113,9 +129,9 @@ def test_the_drift_verdict(hosts, wanted, unreachable, expected, differ) -> None
         assert words in verdict.differences[host]
 
 
-def test_agent_answers_become_host_images() -> None:
+def test_answered_images_are_kept_apart_from_silent_hosts() -> None:
     found, unreachable = survey.images([
-        AgentAnswer("a", value={"present": True, "image_id": "id1", "repo_digest": D1}),
+        AgentAnswer("a", value=image("a", D1)),
         AgentAnswer("b", error="ActorDiedError: its node died")])
     assert found == [image("a", D1)] and unreachable == {"b": "ActorDiedError: its node died"}
 
@@ -147,3 +163,30 @@ def test_a_port_left_in_time_wait_is_free_to_start_on(tmp_path: Path) -> None:
     launch = NodeLaunch(host="a", address="127.0.0.1", port=port - 1, head="127.0.0.1:1", memory_bytes=1,
                         temp_dir=tmp_path, log_file=tmp_path / "log", object_store_bytes=1)
     _check_ports(launch)  # port - 1 + 1: the node manager's port
+
+
+def test_every_call_crosses_as_plain_data_and_comes_back_typed() -> None:
+    """What `HostAgent.call` sends back (`encode`) is JSON, and the head decodes it into the
+    call's answer type, lists and tuples included; every call type names a method of the agent
+    that takes that call and returns that answer."""
+    import inspect
+    import json
+    import typing
+
+    from sparkctl.agent import HostAgent
+
+    answers = {
+        "describe": AgentSpec("a", None, "t1"),
+        "prepare": Prepared("a", {"image": D1}, ("pulled",)),
+        "up": Started("a", "http://127.0.0.1:8000", "f1", True, {"engine_start_s": 1.5}, ("note",)),
+        "containers": [HostContainer("a", "tiny", "sparkctl-tiny", "running", "sim:1", True, D1)],
+        "image_digest": image("a", D1), "pull": image("a", None, present=False),
+        "remove": Removed("a", "tiny", ("sparkctl-tiny",)),
+    }
+    assert set(answers) == set(CALLS)
+    for method, kind in CALLS.items():
+        call = kind(**{f: "x" if f != "expected" else {} for f in inspect.signature(kind).parameters})
+        assert decode(call, json.loads(json.dumps(encode(answers[method])))) == answers[method]
+        hints = typing.get_type_hints(getattr(HostAgent, method))
+        assert hints["call"] is kind
+        assert hints["return"] in (kind.answer, list[kind.answer])

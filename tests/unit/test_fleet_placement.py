@@ -22,7 +22,7 @@ from sparkctl.fleet.placement import (
     serving,
     write_book,
 )
-from sparkctl.node import AgentAnswer
+from sparkctl.node import AgentAnswer, Prepared
 from sparkctl.spec.models import Stack
 
 D1, D2, D3 = (f"sha256:{c * 64}" for c in "123")
@@ -43,7 +43,7 @@ def parts(image: str = D1, model: str = "google/gemma-4@abc", draft: str = "", p
 
 
 def answer(host: str, **changes: str) -> AgentAnswer:
-    return AgentAnswer(host=host, value={"parts": parts(**changes), "notes": []})
+    return AgentAnswer(host=host, value=Prepared(host, parts(**changes)))
 
 
 # --- bundles ---------------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_the_majority_wins_and_the_host_that_differs_is_named_with_who_has_the_e
 
 
 def test_every_part_that_differs_is_named_and_a_missing_one_is_none() -> None:
-    odd = AgentAnswer(host="c", value={"parts": {"image": D1, "model": "google/gemma-4@def", "env": "e1"}})
+    odd = AgentAnswer(host="c", value=Prepared("c", {"image": D1, "model": "google/gemma-4@def", "env": "e1"}))
     agreement = agree([answer("a", draft="z-lab/draft@1"), answer("b", draft="z-lab/draft@1"), odd])
     assert agreement.differences == {"c": "model google/gemma-4@def where a, b have google/gemma-4@abc; "
                                           "draft (none) where a, b have z-lab/draft@1"}

@@ -25,7 +25,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, triage
 from sparkctl.fleet.deploy import Recovered
 from sparkctl.fleet.placement import Placed, Replica, write_book
-from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, AgentAnswer, Node, NodeState
+from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, AgentAnswer, HostContainer, Node, NodeState
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet, load_fleet
 
@@ -209,8 +209,8 @@ def test_a_group_recovered_meanwhile_is_not_recreated_again(watched, monkeypatch
 
 def listed(host: str, *states: str, stack: str = "gemma") -> AgentAnswer:
     """Host `host`'s agent answering `containers()` with one container of `stack` per state."""
-    return AgentAnswer(host, value=[{"host": host, "stack": stack, "name": f"sparkctl-{stack}", "state": state,
-                                     "placed": True} for state in states])
+    return AgentAnswer(host, value=[HostContainer(host=host, stack=stack, name=f"sparkctl-{stack}", state=state,
+                                                  image="", placed=True) for state in states])
 
 
 SILENT = AgentAnswer("b", error="its agent did not answer within 5 s (host down, or Ray has not seen it back)")

@@ -12,6 +12,7 @@ layer through the `FleetBackend` protocol.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -25,12 +26,14 @@ from sparkctl.adapters import raynode
 from sparkctl.errors import NoRoom, SparkctlError, TransientError
 from sparkctl.node import (
     AgentAnswer,
+    AgentCall,
     AgentSpec,
     Node,
     NodeLaunch,
     NodeRecord,
     NodeState,
     Placement,
+    decode,
 )
 
 RESULT = "SPARKCTL-RESULT "  # the child's answer: the last stdout line starting with this
@@ -100,15 +103,16 @@ class RayBackend:
         return bool(self._call("remove", head=head, local_address=local_address, name=name, namespace=self.namespace))
 
     # -- host agents ------------------------------------------------------------------------------
-    def ask_agents(self, head: str, *, local_address: str, hosts: list[str], method: str, args: list[Any] | None = None,
-                   wait: float, ensure: list[AgentSpec] | None = None) -> list[AgentAnswer]:
-        """Call `method(*args)` on each host's agent at once (after starting the agents of
-        `ensure` that do not run yet: idempotent); one answer per host, in `hosts` order. A host
-        whose agent did not answer within `wait` s, or has none, gets an error, not a value."""
+    def ask_agents(self, head: str, *, local_address: str, hosts: list[str], call: AgentCall, wait: float,
+                   ensure: list[AgentSpec] | None = None) -> list[AgentAnswer]:
+        """Make `call` on each host's agent at once (after starting the agents of `ensure` that
+        do not run yet: idempotent); one typed answer per host, in `hosts` order. A host whose
+        agent did not answer within `wait` s, or has none, gets an error, not a value."""
         answer = self._call("agents", beyond=wait, head=head, local_address=local_address, namespace=self.namespace,
-                            ensure=[vars(spec) for spec in ensure or []], hosts=hosts, method=method,
-                            args=args or [], wait=wait)
-        return [AgentAnswer(host=h, value=answer[h].get("value"), error=answer[h].get("error")) for h in hosts]
+                            ensure=[vars(spec) for spec in ensure or []], hosts=hosts, method=call.method,
+                            fields=dataclasses.asdict(call), wait=wait)
+        return [AgentAnswer(host=h, value=decode(call, answer[h]["value"])) if "value" in answer[h]
+                else AgentAnswer(host=h, error=answer[h]["error"]) for h in hosts]
 
     # -- helpers ----------------------------------------------------------------------------------
     def _call(self, op: str, *, beyond: float = 0.0, **args: Any) -> Any:

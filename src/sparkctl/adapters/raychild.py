@@ -52,11 +52,12 @@ def _child_agents(args: dict[str, Any]) -> dict[str, dict[str, Any]]:
         except ValueError:
             answers[host] = {"error": f"no agent runs for host {host!r}: start its node (`sparkctl fleet join` "
                                       "on that Spark), then retry"}
-    answers.update(_calls(ray, pending, args["method"], args["args"], args["wait"]))
+    answers.update(_calls(ray, pending, args["method"], args["fields"], args["wait"]))
     return answers
 
 
-def _calls(ray: Any, actors: dict[str, Any], method: str, call_args: list, wait: float) -> dict[str, dict[str, Any]]:
+def _calls(ray: Any, actors: dict[str, Any], method: str, fields: dict[str, Any], wait: float
+           ) -> dict[str, dict[str, Any]]:
     """Each host's answer to one call, within `wait`. An agent Ray is restarting (its node just came
     back) refuses calls until it runs again: such a call is sent again, as it never reached the agent."""
     import time
@@ -65,7 +66,7 @@ def _calls(ray: Any, actors: dict[str, Any], method: str, call_args: list, wait:
 
     deadline = time.monotonic() + wait
     answers: dict[str, dict[str, Any]] = {}
-    pending = {host: actor.call.remote(method, *call_args) for host, actor in actors.items()}
+    pending = {host: actor.call.remote(method, fields) for host, actor in actors.items()}
     while pending:
         left = deadline - time.monotonic()
         ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=max(left, 0))
@@ -79,7 +80,7 @@ def _calls(ray: Any, actors: dict[str, Any], method: str, call_args: list, wait:
                 answers[host] = _agent_error(e)
                 continue
             time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
-            pending[host] = actors[host].call.remote(method, *call_args)
+            pending[host] = actors[host].call.remote(method, fields)
     for host in pending:
         answers[host] = {"error": f"its agent did not answer within {wait:g} s (host down, or Ray has not seen "
                                   "it back)"}

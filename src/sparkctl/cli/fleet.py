@@ -20,7 +20,7 @@ from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, local, membership, placement, survey
 from sparkctl.fleet.deploy import Fleetwide
-from sparkctl.node import NodeState
+from sparkctl.node import AgentAnswer, AgentCall, Containers, ImageDigest, NodeState, Pull
 from sparkctl.spec.fleet import Fleet, load_fleet
 
 app = typer.Typer(help="A fleet of Sparks on Ray: start or join this Spark's node, see every host's state.",
@@ -143,7 +143,7 @@ def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
     """Every container of this instance on every host, as that host's Docker reports it, and
     the stacks parked across the fleet (no container; their placement kept)."""
     rt = runtime(ctx)
-    found = survey.census(_ask(rt, head, "containers", [], wait))
+    found = survey.census(_ask(rt, head, Containers(), wait))
     parked = {name: p.hosts for name, p in placement.read_book(rt.settings.fleet_dir).items() if p.parked}
     if as_json:
         print(json.dumps(found.to_dict() | {"parked": parked}, indent=2))
@@ -187,7 +187,7 @@ def check_image(
 ) -> None:
     """Refuse (exit 1) unless every host holds the same RepoDigest for REF, naming each host that differs."""
     rt = runtime(ctx)
-    found, unreachable = survey.images(_ask(rt, head, "pull" if pull else "image_digest", [ref], wait))
+    found, unreachable = survey.images(_ask(rt, head, Pull(ref) if pull else ImageDigest(ref), wait))
     verdict = survey.verdict(ref, found, wanted=_wanted_digest(rt, ref), unreachable=unreachable)
     if as_json:
         print(json.dumps(verdict.to_dict(), indent=2))
@@ -211,17 +211,17 @@ def _ensure_agent(rt: Runtime, fleet: Fleet | None, record) -> None:  # noqa: AN
     else:
         why = answer.error
     if answer is not None and answer.ok:
-        docker = answer.value["docker_url"] or "the local socket"
+        docker = answer.value.docker_url or "the local socket"
         rt.console.print(f"host agent {escape(record.host)} runs (Docker: {escape(docker)})")
     else:
         rt.console.print(f"[yellow]the host agent did not start[/] ({escape(why or '')}); `sparkctl fleet ps` on the "
                          "head starts it once the node is up")
 
 
-def _ask(rt: Runtime, head: str | None, method: str, args: list, wait: float) -> list:
+def _ask(rt: Runtime, head: str | None, call: AgentCall, wait: float) -> list[AgentAnswer]:
     fleet = _inventory(rt)
     return agents.ask(_backend(rt), head=membership.head_endpoint(rt.settings, fleet, head), settings=rt.settings,
-                      fleet=fleet, method=method, args=args, wait=wait)
+                      fleet=fleet, call=call, wait=wait)
 
 
 def _fleetwide(rt: Runtime, head: str | None) -> Fleetwide:

@@ -9,26 +9,23 @@ host before each call, so a rejoined host has its agent back without a separate 
 
 from __future__ import annotations
 
-from typing import Any
-
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local
 from sparkctl.fleet.backend import FleetBackend
-from sparkctl.node import AgentAnswer, AgentSpec, Node
+from sparkctl.node import AgentAnswer, AgentCall, AgentSpec, Describe, Node
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet
 
 
-def ask(backend: FleetBackend, *, head: str, settings: Settings, fleet: Fleet | None, method: str,
-        args: list[Any] | None = None, wait: float, only: list[str] | None = None,
-        nodes: list[Node] | None = None) -> list[AgentAnswer]:
-    """`method(*args)` on every host's agent (or on those of `only`, in that order); one answer
-    per host, inventory order first. `nodes`: the node table, when the caller just read it."""
+def ask(backend: FleetBackend, *, head: str, settings: Settings, fleet: Fleet | None, call: AgentCall,
+        wait: float, only: list[str] | None = None, nodes: list[Node] | None = None) -> list[AgentAnswer]:
+    """`call` on every host's agent (or on those of `only`, in that order); one answer per host,
+    inventory order first. `nodes`: the node table, when the caller just read it."""
     nodes = backend.nodes(head) if nodes is None else nodes
     alive = live_hosts(nodes)
     hosts = hosts_to_ask(fleet, nodes) if only is None else only
     asked = backend.ask_agents(head, local_address=driver_address(settings), hosts=[h for h in hosts if h in alive],
-                               method=method, args=args, wait=wait,
+                               call=call, wait=wait,
                                ensure=specs(fleet, alive, settings.instance)) if alive else []
     by_host = {a.host: a for a in asked}
     return [by_host.get(h) or AgentAnswer(host=h, error=_not_alive(h, nodes)) for h in hosts]
@@ -71,6 +68,6 @@ def _not_alive(host: str, nodes: list[Node]) -> str:
 def ensure_own(backend: FleetBackend, *, settings: Settings, fleet: Fleet | None, host: str, head: str,
                wait: float) -> AgentAnswer:
     """Start this Spark's own agent after `init`/`join` (idempotent), and say whether it answers."""
-    answers = backend.ask_agents(head, local_address=driver_address(settings), hosts=[host], method="describe",
+    answers = backend.ask_agents(head, local_address=driver_address(settings), hosts=[host], call=Describe(),
                                  wait=wait, ensure=specs(fleet, [host], settings.instance))
     return answers[0]

@@ -9,9 +9,9 @@ without a change to the CLI or the fleet layer, which only speak this protocol.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
-from sparkctl.node import AgentAnswer, AgentSpec, Node, NodeLaunch, NodeRecord, Placement
+from sparkctl.node import AgentAnswer, AgentCall, AgentSpec, Node, NodeLaunch, NodeRecord, Placement
 
 
 class NodeWatch(Protocol):
@@ -49,7 +49,8 @@ class FleetBackend(Protocol):
     def remove(self, head: str, *, local_address: str, name: str) -> bool:
         """Release a placement; False when there was none."""
 
-    def ask_agents(self, head: str, *, local_address: str, hosts: list[str], method: str, args: list[Any] | None = None,
-                   wait: float, ensure: list[AgentSpec] | None = None) -> list[AgentAnswer]:
-        """Start the agents of `ensure` unless they run (idempotent), then call `method` on each
-        host's agent; one answer per host (a value, or the error that host gave or its silence)."""
+    def ask_agents(self, head: str, *, local_address: str, hosts: list[str], call: AgentCall, wait: float,
+                   ensure: list[AgentSpec] | None = None) -> list[AgentAnswer]:
+        """Start the agents of `ensure` unless they run (idempotent), then make `call` on each
+        host's agent; one answer per host (the call's typed answer, or the error that host gave
+        or its silence)."""

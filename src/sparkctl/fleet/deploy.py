@@ -21,7 +21,7 @@ from sparkctl.errors import NoRoom, SparkctlError
 from sparkctl.fleet import agents, placement
 from sparkctl.fleet.backend import FleetBackend
 from sparkctl.fleet.placement import Placed, Replica
-from sparkctl.node import AgentAnswer, Node, unreachable
+from sparkctl.node import AgentAnswer, AgentCall, Containers, Node, Prepare, Remove, Up, unreachable
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet
 from sparkctl.spec.models import Stack
@@ -72,20 +72,20 @@ class Fleetwide:
         hosts = [_host_of(node_id, nodes) for node_id in placed.nodes]
         say(f"Ray placed {stack.name} on {', '.join(hosts)} ({strategy})")
         spec = spec_hash(stack)
-        prepared = self._ask(hosts, "prepare", [stack.name, spec], wait, nodes)
+        prepared = self._ask(hosts, Prepare(stack.name, spec), wait, nodes)
         agreement = placement.agree(prepared)
         if agreement.differences:
             self._release(group)
             raise SparkctlError(agreement.refusal(stack.name))
         say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
         if stack.parallel is None:
-            started = self._ask(hosts, "up", [stack.name, spec, agreement.expected], wait, nodes)
+            started = self._ask(hosts, Up(stack.name, spec, agreement.expected), wait, nodes)
             entry = Placed(stack.name, group, _replicas(started), spec, agreement.expected)
         else:
             started = self._start_group(stack.name, hosts, spec, agreement.expected, wait, nodes)
             entry = Placed(stack.name, group, _replicas(started[:1]), spec, agreement.expected, tuple(hosts))
         placed = self._record(entry)
-        notes = [n for a in [*prepared, *started] if a.ok for n in a.value.get("notes", [])]
+        notes = [n for a in [*prepared, *started] if a.ok for n in a.value.notes]
         return FleetUp(placed, unreachable(started), notes)
 
     def _start_group(self, stack: str, hosts: list[str], spec: str, expected: dict[str, str], wait: float,
@@ -93,9 +93,9 @@ class Fleetwide:
         """Every rank at once (rank 0 first in the answers), each with its own host's network
         settings; if any rank fails, every rank is removed, so no orphan is left behind."""
         ranks = group_ranks(self.fleet, hosts)
-        started = self._ask(hosts, "up", [stack, spec, expected, ranks], wait, nodes)
+        started = self._ask(hosts, Up(stack, spec, expected, ranks), wait, nodes)
         if not all(a.ok for a in started):
-            self._ask(hosts, "remove", [stack], wait, nodes)
+            self._ask(hosts, Remove(stack), wait, nodes)
             failed = "; ".join(f"rank {hosts.index(a.host)} on {a.host}: {a.error}" for a in started if not a.ok)
             raise SparkctlError(f"{stack}'s group did not start, every rank removed: {failed}")
         return started
@@ -107,13 +107,13 @@ class Fleetwide:
         (its link is down) fails the attempt at once: the next one finds it declared dead and
         the group re-placed by Ray, or answering again."""
         alive = set(agents.live_hosts(nodes))
-        removed = self._ask([h for h in placed.ranks if h in alive], "remove", [placed.stack], REMOVE_WAIT, nodes)
+        removed = self._ask([h for h in placed.ranks if h in alive], Remove(placed.stack), REMOVE_WAIT, nodes)
         if silent := [a for a in removed if not a.ok]:
             raise SparkctlError(f"{placed.stack}'s ranks could not be removed on "
                                 + "; ".join(f"host {a.host} ({a.error})" for a in silent))
         started = self._start_group(placed.stack, hosts, placed.spec, placed.parts, wait, nodes)
         entry = self._record(dataclasses.replace(placed, replicas=_replicas(started[:1]), ranks=tuple(hosts)))
-        return Recovered(entry, {}, started[0].value.get("timings", {}).get("engine_start_s"))
+        return Recovered(entry, {}, started[0].value.timings.get("engine_start_s"))
 
     def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered:
         """Replace the replicas whose host died, on the hosts where Ray re-placed their bundles,
@@ -124,7 +124,7 @@ class Fleetwide:
             return self.recreate(placed, hosts, wait=wait, nodes=nodes)
         kept = tuple(r for r in placed.replicas if r.host in hosts and r.host in alive)
         new = [h for h in hosts if h not in {r.host for r in kept}]
-        started = self._ask(new, "up", [placed.stack, placed.spec, placed.parts], wait, nodes) if new else []
+        started = self._ask(new, Up(placed.stack, placed.spec, placed.parts), wait, nodes) if new else []
         entry = self._record(dataclasses.replace(placed, replicas=kept + _replicas(started)))
         return Recovered(entry, unreachable(started))
 
@@ -134,7 +134,7 @@ class Fleetwide:
         `before()` (its requests drain)."""
         placed = placement.update_book(self.settings.fleet_dir, lambda book: _park(book, stack))[stack]
         before()
-        removed = self._ask(placed.hosts, "remove", [stack], wait, self.backend.nodes(self.head))
+        removed = self._ask(placed.hosts, Remove(stack), wait, self.backend.nodes(self.head))
         if failed := [a for a in removed if not a.ok]:
             raise SparkctlError(f"{stack} is parked, but its engine is not confirmed gone on "
                                 + "; ".join(f"host {a.host} ({a.error})" for a in failed)
@@ -152,13 +152,13 @@ class Fleetwide:
             started = self._start_group(stack, hosts, placed.spec, placed.parts, wait, nodes)
             replicas, ranks = _replicas(started[:1]), tuple(hosts)
         else:
-            started = self._ask(hosts, "up", [stack, placed.spec, placed.parts], wait, nodes)
+            started = self._ask(hosts, Up(stack, placed.spec, placed.parts), wait, nodes)
             replicas, ranks = _replicas(started), ()
         if not replicas:
             raise SparkctlError(f"{stack} woke on no host: " + "; ".join(f"{a.host}: {a.error}" for a in started))
         entry = self._record(dataclasses.replace(placed, replicas=replicas, ranks=ranks, parked=False))
         return Recovered(entry, unreachable(started),
-                         started[0].value.get("timings", {}).get("engine_start_s") if started[0].ok else None)
+                         started[0].value.timings.get("engine_start_s") if started[0].ok else None)
 
     def _placed_on(self, placed: Placed, within: float) -> tuple[list[str], set[str], list[Node]]:
         """Where Ray has the stack's bundles, once every one of them is on a live host (within
@@ -184,7 +184,7 @@ class Fleetwide:
         """Start a placed stack's replica again on `host`, with what was agreed (its engine
         died while the host lives: the host's own daemon does not restart the fleet's containers).
         `nodes`: Ray's table as the caller observed it when the host's agent reported the engine gone."""
-        (answer,) = self._ask([host], "up", [placed.stack, placed.spec, placed.parts], wait, nodes)
+        (answer,) = self._ask([host], Up(placed.stack, placed.spec, placed.parts), wait, nodes)
         if not answer.ok:
             raise SparkctlError(f"{placed.stack} did not start again on host {host}: {answer.error}")
 
@@ -192,19 +192,19 @@ class Fleetwide:
         """What each host's agent lists (the instance's containers, with Docker's state), one
         answer per host: an error for a host Ray does not list alive in `nodes` or whose agent
         did not answer within `wait`."""
-        return self._ask(hosts, "containers", [], wait, nodes)
+        return self._ask(hosts, Containers(), wait, nodes)
 
     def sweep(self, host: str, *, wait: float) -> list[str]:
         """Remove the fleet's containers on `host` that the book does not place there (a host that
         comes back restarts what it ran before it died, which now runs elsewhere); their stacks."""
-        (listed,) = self._ask([host], "containers", [], wait, self.backend.nodes(self.head))
+        (listed,) = self._ask([host], Containers(), wait, self.backend.nodes(self.head))
         if not listed.ok:
             raise SparkctlError(f"host {host} did not list its containers: {listed.error}")
         serving = placement.serving(placement.read_book(self.settings.fleet_dir))
-        strays = sorted({c["stack"] for c in listed.value if c.get("placed")
-                         and host not in (serving[c["stack"]].hosts if c["stack"] in serving else [])})
+        strays = sorted({c.stack for c in listed.value if c.placed
+                         and host not in (serving[c.stack].hosts if c.stack in serving else [])})
         for stack in strays:
-            self._ask([host], "remove", [stack], wait, self.backend.nodes(self.head))
+            self._ask([host], Remove(stack), wait, self.backend.nodes(self.head))
         return strays
 
     def down(self, stack: str, *, wait: float) -> list[AgentAnswer]:
@@ -213,7 +213,7 @@ class Fleetwide:
         confirmed (a retry asks every host again and releases it)."""
         placement.update_book(self.settings.fleet_dir, lambda book: book.pop(stack, None))
         answers = agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet,
-                             method="remove", args=[stack], wait=wait)
+                             call=Remove(stack), wait=wait)
         if all(a.ok for a in answers):
             self._release(placement.group_name(stack))
         return answers
@@ -224,9 +224,9 @@ class Fleetwide:
         free = self.backend.free_memory(self.head, local_address=agents.driver_address(self.settings))
         return {n.host: free[n.node_id] for n in nodes if n.host and n.state.is_up() and n.node_id in free}
 
-    def _ask(self, hosts: list[str], method: str, args: list, wait: float, nodes: list[Node]) -> list[AgentAnswer]:
-        return agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet, method=method,
-                          args=args, wait=wait, only=hosts, nodes=nodes)
+    def _ask(self, hosts: list[str], call: AgentCall, wait: float, nodes: list[Node]) -> list[AgentAnswer]:
+        return agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet, call=call,
+                          wait=wait, only=hosts, nodes=nodes)
 
     def _record(self, placed: Placed) -> Placed:
         placement.update_book(self.settings.fleet_dir, lambda book: book.update({placed.stack: placed}))
@@ -259,7 +259,7 @@ def _park(book: dict[str, Placed], stack: str) -> None:
 
 
 def _replicas(started: list[AgentAnswer]) -> tuple[Replica, ...]:
-    return tuple(Replica(a.host, a.value["url"], a.value["fingerprint"]) for a in started if a.ok)
+    return tuple(Replica(a.host, a.value.url, a.value.fingerprint) for a in started if a.ok)
 
 
 def _host_of(node_id: str, nodes: list[Node]) -> str:

@@ -67,7 +67,7 @@ class Agreement:
 
 def agree(answers: list[AgentAnswer]) -> Agreement:
     """Compare the parts each host's `prepare` reported; a host that failed is a difference too."""
-    parts = {a.host: {k: a.value.get("parts", {}).get(k, "") for k in COMPARED} for a in answers if a.ok}
+    parts = {a.host: {k: a.value.parts.get(k, "") for k in COMPARED} for a in answers if a.ok}
     differences = {a.host: f"could not prepare: {a.error}" for a in answers if not a.ok}
     expected: dict[str, str] = {}
     for key in COMPARED:

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkctl.node import AgentAnswer, Node, NodeState, unreachable
+from sparkctl.node import AgentAnswer, HostImage, Node, NodeState, unreachable
 from sparkctl.spec.fleet import GIB, Fleet, Host
 
 
@@ -122,27 +122,19 @@ class Removal:
 def census(answers: list[AgentAnswer]) -> Census:
     """Rows from each host's `containers()` answer, by host (in asked order), stack and name."""
     order = {a.host: i for i, a in enumerate(answers)}
-    rows = [ContainerRow(host=a.host, stack=c["stack"], name=c["name"], state=c["state"], image=c.get("image", ""),
-                         repo_digest=c.get("repo_digest")) for a in answers if a.ok for c in a.value]
+    rows = [ContainerRow(host=c.host, stack=c.stack, name=c.name, state=c.state, image=c.image,
+                         repo_digest=c.repo_digest) for a in answers if a.ok for c in a.value]
     rows.sort(key=lambda r: (order[r.host], r.stack, r.name))
     return Census(hosts=tuple(order), rows=tuple(rows), unreachable=unreachable(answers))
 
 
 def removal(stack: str, answers: list[AgentAnswer]) -> Removal:
     """What each host's `remove(stack)` confirmed, and which hosts could not confirm anything."""
-    removed = {a.host: tuple(a.value.get("removed", ())) for a in answers if a.ok}
+    removed = {a.host: a.value.removed for a in answers if a.ok}
     return Removal(stack=stack, removed=removed, unreachable=unreachable(answers))
 
 
 # -- image drift -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HostImage:
-    host: str
-    present: bool
-    image_id: str | None = None
-    repo_digest: str | None = None  # None: the host's Docker records none (e.g. after `docker load`)
-
-
 @dataclass(frozen=True)
 class Verdict:
     ref: str
@@ -160,9 +152,8 @@ class Verdict:
 
 
 def images(answers: list[AgentAnswer]) -> tuple[list[HostImage], dict[str, str]]:
-    """The agents' `image_digest` (or `pull`) answers as HostImages, and the hosts without one."""
-    found = [HostImage(host=a.host, present=bool(a.value["present"]), image_id=a.value.get("image_id"),
-                       repo_digest=a.value.get("repo_digest")) for a in answers if a.ok]
+    """The agents' `image_digest` (or `pull`) answers, and the hosts without one."""
+    found = [a.value for a in answers if a.ok]
     return found, unreachable(answers)
 
 

@@ -111,7 +111,7 @@ def count_failure(failures: tuple[float, ...], *, now: float, crash_loop: int, w
 def container_state(answer: AgentAnswer, stack: str) -> str:
     """Docker's state of `stack`'s container in a host's `containers()` answer (a running one
     first), or "gone" when the host lists none."""
-    states = [c["state"] for c in answer.value if c.get("stack") == stack]
+    states = [c.state for c in answer.value if c.stack == stack]
     return next((s for s in states if s in RUNNING), states[0] if states else "gone")
 
 
