@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from sparkctl.daemon.bridge import LoopControl
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running, wait_for
@@ -29,15 +30,24 @@ def engines(sim) -> dict[str, object]:
     return {"fast": fast, "capped": capped}
 
 
-@pytest.fixture
-def gateway(engines) -> Iterator[Running]:
-    table = RouteTable(upstreams={
+def two_stacks(engines) -> RouteTable:
+    return RouteTable(upstreams={
         "gemma": Upstream("gemma", engines["fast"].url, "tiny"),
         "qwen": Upstream("qwen", engines["capped"].url, "tiny", max_concurrency=1)},
         aliases={"primary": "gemma", "serial": "qwen"})
+
+
+@pytest.fixture
+def gateway(engines) -> Iterator[Running]:
+    table = two_stacks(engines)
     running = Running(Gateway(lambda: table))
     yield running
     running.stop()
+
+
+def control(running: Running) -> LoopControl:
+    """The gateway's control methods from this (test) thread, as the daemon's switch calls them."""
+    return LoopControl(running.gateway, running.loop)
 
 
 def client(running: Running, key: str = "unused") -> openai.OpenAI:
@@ -146,7 +156,7 @@ def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
                                 aliases={"primary": "gemma"})}
     running = Running(Gateway(lambda: tables["now"]))
     try:
-        on_loop(running, lambda: running.gateway.hold("primary", "gemma", "qwen", limit=8, timeout=30))
+        control(running).hold("primary", "gemma", "qwen")
         health = json.loads(urllib.request.urlopen(running.url + "/health").read())
         assert health["switching"][0] | {"for_s": 0} == {"alias": "primary", "from": "gemma", "to": "qwen",
                                                          "held": 0, "for_s": 0}
@@ -166,7 +176,7 @@ def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
         assert models[0].id == "primary" and models[0].switching["to"] == "qwen"
         tables["now"] = RouteTable(upstreams={"qwen": Upstream("qwen", engines["capped"].url, "tiny",
                                                                max_concurrency=1)}, aliases={"primary": "qwen"})
-        released = on_loop(running, lambda: running.gateway.release("primary"))
+        released = control(running).release("primary")
         for t in threads:
             t.join(30)
         assert released["held_requests"] == 4
@@ -175,8 +185,18 @@ def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
         running.stop()
 
 
-def test_hold_timeout_and_a_full_queue_answer_503_with_retry_after(gateway) -> None:
-    on_loop(gateway, lambda: gateway.gateway.hold("primary", "gemma", "qwen", limit=1, timeout=1.0))
+@pytest.fixture
+def strict(engines) -> Iterator[Running]:
+    """The two stacks behind a gateway that holds one request at most, for 1 s."""
+    table = two_stacks(engines)
+    running = Running(Gateway(lambda: table, hold_queue=1, hold_timeout=1.0))
+    yield running
+    running.stop()
+
+
+def test_hold_timeout_and_a_full_queue_answer_503_with_retry_after(strict) -> None:
+    gateway = strict
+    control(gateway).hold("primary", "gemma", "qwen")
     timed_out: list[int] = []
 
     def held() -> None:
@@ -208,14 +228,14 @@ def test_drain_waits_for_accepted_requests_including_those_queued_at_a_cap(gatew
     counts = on_loop(gateway, gateway.gateway.ledger.snapshot)
     assert counts.accepted["qwen"] == 3 and counts.in_flight["qwen"] == 1
     assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 0.01), gateway.loop).result(5) is False
-    assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 30), gateway.loop).result(35) is True
+    assert control(gateway).drain("qwen") is True  # within the gateway's drain timeout
     assert gateway.gateway.ledger.snapshot().accepted["qwen"] == 0
     for t in calls:
         t.join(60)
 
 
 def test_a_stopping_gateway_answers_held_requests_at_once(gateway) -> None:
-    on_loop(gateway, lambda: gateway.gateway.hold("primary", "gemma", "qwen", limit=8, timeout=300))
+    control(gateway).hold("primary", "gemma", "qwen")
     refused: list[openai.InternalServerError] = []
 
     def held() -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from sparkctl.locate import LOCK_FILE
 from sparkctl.unixhttp import Response, UnixHTTP
 
 DAEMON_LOG = "daemon.log"  # a daemon the CLI started writes its log here, in its state dir
+START_LOCK = "start.lock"  # held by the command that starts a daemon, until it answers
 STARTS_WITHIN = 60.0  # s for a started daemon to answer (its imports and recovery, on a loaded machine)
 STOPS_WITHIN = 30.0  # s for a daemon to end after SIGTERM (it finishes what it is doing first)
 TIMEOUT = 3600.0  # s for a call's answer (an `up` may download and load a model)
@@ -60,26 +61,43 @@ class DaemonClient:
     def ensure(self) -> int | None:
         """Start a daemon when none runs, detached (its own session, outliving this command), with
         this process's environment and working directory as its settings and its log in DAEMON_LOG;
-        wait until it answers. Returns the started daemon's pid, None when another one answers. Two
-        commands that start one at once end up with the same daemon: the second one's finds the
-        lock held and exits, and both wait for the first."""
+        wait until it says it serves (systemd's readiness protocol: `READY=1` to NOTIFY_SOCKET, an
+        abstract socket of this command's). Returns the started daemon's pid, None when one
+        already answers. Commands that start one at once take turns (START_LOCK): the later ones
+        find the first one's daemon answering."""
         if self.available():
             return None
         state = self.path.parent
         state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with os.fdopen(os.open(state / DAEMON_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            child = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + STARTS_WITHIN
-        while not self.available():
-            if child.poll() is not None and self.holder() is None:
-                raise SparkctlError(f"the daemon did not start (exit code {child.returncode}): "
-                                    f"{_last_line(state / DAEMON_LOG)}; its log: {state / DAEMON_LOG}")
-            if time.monotonic() > deadline:
-                raise SparkctlError(f"the daemon (pid {child.pid}) did not answer within {STARTS_WITHIN:g} s of "
-                                    f"its start; its log: {state / DAEMON_LOG}")
-            time.sleep(0.02)
-        return child.pid if self.holder() == child.pid else None  # else another command's start won
+        with open(state / START_LOCK, "a") as turn:
+            fcntl.flock(turn, fcntl.LOCK_EX)  # bounded: the holder waits STARTS_WITHIN at most
+            return None if self.available() else self._start(state)
+
+    def _start(self, state: Path) -> int:
+        log_path = state / DAEMON_LOG
+        name = f"sparkctl-ready-{os.getpid()}-{id(self)}"  # abstract: no file to clean up, no path length limit
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as ready:
+            ready.bind("\0" + name)
+            with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+                child = subprocess.Popen([sys.executable, "-m", "sparkctl", "daemon"], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=os.environ | {"NOTIFY_SOCKET": "@" + name})
+            exited = os.pidfd_open(child.pid)
+            try:
+                answered, _, _ = select.select([ready, exited], [], [], STARTS_WITHIN)
+            finally:
+                os.close(exited)
+            if ready in answered and ready.recv(4096).startswith(b"READY=1"):
+                return child.pid
+        if answered:
+            holder = self.holder()
+            if holder is not None:  # a daemon started beside the CLI's (systemd's) took the lock first
+                raise SparkctlError(f"a daemon (pid {holder}) holds {state} but does not answer yet; retry in a "
+                                    f"moment, or see its log")
+            raise SparkctlError(f"the daemon did not start (exit code {child.wait()}): {_last_line(log_path)}; "
+                                f"its log: {log_path}")
+        raise SparkctlError(f"the daemon (pid {child.pid}) did not answer within {STARTS_WITHIN:g} s of its start; "
+                            f"its log: {log_path}")
 
     def stop(self) -> int | None:
         """SIGTERM to the daemon on this state dir, and wait until it has ended; its engines keep
@@ -87,13 +105,19 @@ class DaemonClient:
         pid = self.holder()
         if not pid:
             return None
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOPS_WITHIN
-        while self.holder() == pid:
-            if time.monotonic() > deadline:
+        try:
+            ended = os.pidfd_open(pid)  # a handle on this very process: a reused pid is not signalled
+        except ProcessLookupError:
+            return pid
+        try:
+            signal.pidfd_send_signal(ended, signal.SIGTERM)
+            if not select.select([ended], [], [], STOPS_WITHIN)[0]:
                 raise SparkctlError(f"the daemon (pid {pid}) did not end within {STOPS_WITHIN:g} s of SIGTERM; "
                                     f"its log: {self.path.with_name(DAEMON_LOG)}")
-            time.sleep(0.02)
+        except ProcessLookupError:
+            pass  # it ended between the lock's read and the signal
+        finally:
+            os.close(ended)
         return pid
 
     def get(self, path: str) -> Any:

@@ -27,6 +27,9 @@ Wants=docker.service
 Requires={name}.socket
 
 [Service]
+# The daemon says READY=1 once its API and gateway listen: `systemctl start` returns then.
+Type=notify
+NotifyAccess=main
 ExecStart={exe} daemon
 Restart=on-failure
 RestartSec=2

@@ -80,13 +80,13 @@ class Daemon:
         self.gateway = Gateway(
             lambda: self.routes.table, api_keys=[k.get_secret_value() for k in s.gateway_api_keys],
             hosts=s.gateway_names, metrics_key=s.gateway_metrics_key, limits=self.limits,
-            hold_queue=s.switch_hold_queue, hold_timeout=s.switch_hold_timeout, stall=s.gateway_stream_stall,
+            hold_queue=s.switch_hold_queue, hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout,
+            stall=s.gateway_stream_stall,
             upstreams=upstreams,
             waker=Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout),
             counters=Counters(self._model_dir),
             ui=Dashboard(f"unix:{s.socket_path}", upstreams, Logins(ensure_key(s.dashboard_key_path))))
-        control = LoopControl(self.gateway, asyncio.get_running_loop(), hold_queue=s.switch_hold_queue,
-                              hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout)
+        control = LoopControl(self.gateway, asyncio.get_running_loop())
         fleetwide = _fleetwide(s)  # None unless this Spark heads a fleet
         fleet = fleetwide and FleetSwitch(fleetwide, self.machine, self.routes, self.store,
                                           total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
@@ -201,6 +201,7 @@ class Daemon:
         os.chmod(path, 0o600)
         log.info("daemon_listening", socket=str(path), pid=os.getpid())
         tcp = await self._serve_tcp()
+        process.notify_ready()
         self.loops.start()
         if self.fleet_watch is not None:
             self.fleet_watch.start()

@@ -6,15 +6,16 @@ for its answer. The gateway itself is only ever touched on its loop."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from sparkctl.gateway.proxy import Gateway
 
 
 class GatewayControl(Protocol):
-    """What a switch on a worker thread asks of the gateway (`LoopControl` in the daemon, a
-    recording fake in the switch's unit tests)."""
+    """What a switch, a park or the fleet watch on a worker thread asks of the gateway: these
+    methods of `Gateway`, through `LoopControl` (a recording fake in the unit tests)."""
 
     def hold(self, alias: str, old: str | None, new: str) -> None: ...
 
@@ -26,45 +27,37 @@ class GatewayControl(Protocol):
 
     def quiet_since(self, stack: str) -> float | None: ...
 
+    def eject_host(self, address: str) -> None: ...
+
+    def eject_engine(self, url: str) -> None: ...
+
+    def restore_engine(self, url: str) -> None: ...
+
+    def restore_host(self, address: str) -> None: ...
+
+
+CONTROL = frozenset(name for name, member in vars(GatewayControl).items()
+                    if callable(member) and not name.startswith("_"))
+
 
 class LoopControl:
-    """The gateway's hold, release and drain for a caller on another thread (the switch's)."""
+    """`GatewayControl` for a caller on another thread: each of the gateway's control methods runs
+    on the gateway's loop (awaited there when it is a coroutine), and the caller waits for its answer."""
 
-    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop, *, hold_queue: int, hold_timeout: float,
-                 drain_timeout: float) -> None:
+    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
         self.gateway, self.loop = gateway, loop
-        self.hold_queue, self.hold_timeout, self.drain_timeout = hold_queue, hold_timeout, drain_timeout
 
-    def hold(self, alias: str, old: str | None, new: str) -> None:
-        self._call(lambda: self.gateway.hold(alias, old, new, limit=self.hold_queue, timeout=self.hold_timeout))
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in CONTROL:
+            raise AttributeError(f"{name} is not one of the gateway's control methods ({', '.join(sorted(CONTROL))})")
+        method = getattr(self.gateway, name)
 
-    def release(self, alias: str) -> dict[str, float]:
-        return self._call(lambda: self.gateway.release(alias))
+        def on_loop(*args: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(_answer(method, args), self.loop).result()
 
-    def drain(self, stack: str) -> bool:
-        return asyncio.run_coroutine_threadsafe(self.gateway.drain(stack, self.drain_timeout), self.loop).result()
+        return on_loop
 
-    def eject_host(self, address: str) -> None:
-        self._call(lambda: self.gateway.eject_host(address))
 
-    def eject_engine(self, url: str) -> None:
-        self._call(lambda: self.gateway.eject_engine(url))
-
-    def restore_engine(self, url: str) -> None:
-        self._call(lambda: self.gateway.restore_engine(url))
-
-    def restore_host(self, address: str) -> None:
-        self._call(lambda: self.gateway.restore_host(address))
-
-    def routes_changed(self) -> None:
-        self._call(self.gateway.routes_changed)
-
-    def quiet_since(self, stack: str) -> float | None:
-        """When the stack's last request through the gateway finished (its ledger's, read on the loop)."""
-        return self._call(lambda: self.gateway.ledger.quiet_since(stack))
-
-    def _call(self, fn: Callable):
-        async def on_loop():
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
+async def _answer(method: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    answer = method(*args)
+    return await answer if inspect.isawaitable(answer) else answer

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import structlog
 
-from sparkctl.daemon.bridge import LoopControl
+from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.fleetprobe import FleetProbe
 from sparkctl.daemon.planner import Policy
@@ -39,7 +39,7 @@ RETRY = 1.0  # s before watching again after the head stopped answering
 
 
 class FleetWatch(FleetProbe):
-    def __init__(self, fleetwide: Fleetwide, *, control: LoopControl,
+    def __init__(self, fleetwide: Fleetwide, *, control: GatewayControl,
                  refresh: Callable[[], None], bus: EventBus, wait: float, within: float,
                  served_name: Callable[[str], str] = str, policy: Policy = Policy(),
                  background: Callable[[Callable[[], object]], None] = lambda work: threading.Thread(

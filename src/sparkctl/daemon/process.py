@@ -1,6 +1,6 @@
 """What the daemon needs from its process and host: the state dir's exclusive lock, a higher
 limit on open files, a listening socket systemd hands over, the garbage collector kept off the
-objects made at start, and giving freed memory back.
+objects made at start, giving freed memory back, and saying when it serves.
 Called by `daemon/app.py` at start and after work."""
 
 from __future__ import annotations
@@ -56,6 +56,20 @@ def handed_socket() -> socket.socket | None:
     if os.environ.get("LISTEN_PID") != str(os.getpid()) or int(os.environ.get("LISTEN_FDS", "0")) < 1:
         return None
     return socket.socket(fileno=3)
+
+
+def notify_ready() -> None:
+    """Tell whoever started the daemon that it serves: systemd (`Type=notify`) or the CLI, by
+    systemd's protocol (`READY=1` to the datagram socket NOTIFY_SOCKET names; `@` an abstract
+    one). The variable is dropped, so nothing the daemon starts inherits it."""
+    address = os.environ.pop("NOTIFY_SOCKET", "")
+    if not address:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        try:
+            notify.sendto(b"READY=1", "\0" + address[1:] if address.startswith("@") else address)
+        except OSError:
+            pass  # the starter is gone; nobody is waiting
 
 
 def exclusive(path: Path) -> IO[str]:

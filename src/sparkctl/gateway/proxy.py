@@ -59,9 +59,9 @@ class Waker:
 class Gateway:
     def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None,
                  hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None,
-                 hold_queue: int = 1024, hold_timeout: float = 300.0, stall: float = STALL,
-                 upstreams: EnginePool | None = None, waker: Waker | None = None, counters: Counters | None = None,
-                 ui: Dashboard | None = None) -> None:
+                 hold_queue: int = 1024, hold_timeout: float = 300.0, drain_timeout: float = 120.0,
+                 stall: float = STALL, upstreams: EnginePool | None = None, waker: Waker | None = None,
+                 counters: Counters | None = None, ui: Dashboard | None = None) -> None:
         """`waker` wakes parked stacks on demand, `counters` count each stack's prompt tokens (for
         routed aliases), `ui` is the dashboard under /ui, on the keep-alive pool `upstreams`."""
         self.routes = routes
@@ -70,7 +70,7 @@ class Gateway:
         self.replicas = Replicas(on_return=self.routes_changed)
         self.on_engine: dict[str, set[Proxied]] = {}  # engine URL -> requests forwarded to it, not yet over
         self.outages: dict[str, Hold] = {}  # stack -> its hold while none of its replicas is in routing
-        self.hold_queue, self.hold_timeout = hold_queue, hold_timeout
+        self.hold_queue, self.hold_timeout, self.drain_timeout = hold_queue, hold_timeout, drain_timeout
         self.ledger = Ledger()
         self.upstreams = upstreams or EnginePool()  # keep-alive connections to the engines
         self.inflight = InFlight(self.on_engine, self.replicas, self.ledger, upstreams=self.upstreams,
@@ -101,8 +101,9 @@ class Gateway:
             error(conn, 404, f"no route {request.path}", "not_found")
 
     # --- a switch's hold and drain (called on the gateway's loop) --------------------------
-    def hold(self, alias: str, old: str | None, new: str, *, limit: int, timeout: float) -> None:
-        self.holds[alias] = Hold(alias, old, new, limit=limit, timeout=timeout)
+    def hold(self, alias: str, old: str | None, new: str) -> None:
+        """Hold the alias's new requests (at most `hold_queue`, each `hold_timeout` s) until `release`."""
+        self.holds[alias] = Hold(alias, old, new, limit=self.hold_queue, timeout=self.hold_timeout)
 
     def release(self, alias: str) -> dict[str, float]:
         """Let the alias's held requests go, in order; the routes must already name its new stack."""
@@ -125,9 +126,14 @@ class Gateway:
             return False
         return True
 
-    async def drain(self, stack: str, timeout: float) -> bool:
-        """Wait until the stack has no accepted request left; False if `timeout` passed first."""
-        return await self.ledger.wait_drained(stack, timeout)
+    async def drain(self, stack: str, timeout: float | None = None) -> bool:
+        """Wait until the stack has no accepted request left; False if `timeout` (default: the
+        gateway's `drain_timeout`) passed first."""
+        return await self.ledger.wait_drained(stack, self.drain_timeout if timeout is None else timeout)
+
+    def quiet_since(self, stack: str) -> float | None:
+        """When the stack's last request through the gateway finished."""
+        return self.ledger.quiet_since(stack)
 
     # --- replicas in and out of routing (called on the gateway's loop) ---------------------------
     def eject_host(self, address: str) -> None:
