@@ -11,6 +11,7 @@ else on the machine. Linux `/proc` only; stdlib only.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from collections.abc import Iterable
@@ -68,40 +69,60 @@ def alive(session: Session) -> list[Proc]:
 
 def stop(session: Session, *, grace: float, sig: signal.Signals = signal.SIGTERM) -> list[int]:
     """Signal the session's live processes, wait up to `grace` seconds for them to exit, then
-    SIGKILL what is left. Returns the pids signalled; waits on /proc, bounded."""
-    targets = alive(session)
-    _signal(targets, sig)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_same(p, session.sid) for p in targets):
-        time.sleep(0.05)
-    _signal([p for p in targets if _same(p, session.sid)], signal.SIGKILL)
-    _reap(targets)
-    return [p.pid for p in targets]
+    SIGKILL what is left and wait (5 s at most) until it has. Returns the pids signalled. Each
+    process is held by a pidfd from the moment it is found ours: a reused pid is never signalled,
+    and its exit is an event to wait on, not a state to poll."""
+    handles = _handles(alive(session), session.sid)
+    try:
+        _signal(handles.values(), sig)
+        left = _wait(handles, grace)
+        _signal(left.values(), signal.SIGKILL)
+        _wait(left, 5)
+    finally:
+        for handle in handles.values():
+            os.close(handle)
+    return [p.pid for p in handles]
 
 
-def _signal(procs: Iterable[Proc], sig: signal.Signals) -> None:
+def _handles(procs: list[Proc], sid: int) -> dict[Proc, int]:
+    """A pidfd for each process that is still the one recorded (checked once the pidfd holds it)."""
+    handles = {}
     for proc in procs:
         try:
-            os.kill(proc.pid, sig)
+            handle = os.pidfd_open(proc.pid)
+        except ProcessLookupError:
+            continue
+        if _same(proc, sid):
+            handles[proc] = handle
+        else:
+            os.close(handle)
+    return handles
+
+
+def _signal(handles: Iterable[int], sig: signal.Signals) -> None:
+    for handle in handles:
+        try:
+            signal.pidfd_send_signal(handle, sig)
         except ProcessLookupError:
             pass
 
 
-def _reap(procs: list[Proc]) -> None:
-    """Wait (bounded) until a SIGKILLed process is gone from /proc, so a caller sees it dead."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_running(p) for p in procs):
-        time.sleep(0.02)
+def _wait(handles: dict[Proc, int], within: float) -> dict[Proc, int]:
+    """Wait until every process has exited or `within` s passed; those still running."""
+    deadline = time.monotonic() + within
+    left = dict(handles)
+    while left and (remaining := deadline - time.monotonic()) > 0:
+        exits = select.poll()
+        for handle in left.values():
+            exits.register(handle, select.POLLIN)
+        ended = {fd for fd, _ in exits.poll(remaining * 1000)}
+        left = {proc: handle for proc, handle in left.items() if handle not in ended}
+    return left
 
 
 def _same(proc: Proc, sid: int) -> bool:
     stat = _stat(proc.pid)
     return stat is not None and stat == (sid, proc.started) and not _zombie(proc.pid)
-
-
-def _running(proc: Proc) -> bool:
-    stat = _stat(proc.pid)
-    return stat is not None and stat[1] == proc.started and not _zombie(proc.pid)
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
