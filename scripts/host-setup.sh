@@ -9,7 +9,9 @@ set -euo pipefail
 
 say() { printf 'host-setup: %s\n' "$*"; }
 
-engine_ok() { docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }
+# The engine's checks are `sparkctl doctor`'s, the same a Spark owner runs (Makefile: the venv first).
+SPARKCTL="${SPARKCTL:-$(dirname "$0")/../.venv/bin/sparkctl}"
+engine_ok() { "$SPARKCTL" doctor --only docker,compose >/dev/null 2>&1; }
 # `ip` (iproute2), nsenter and unshare: the fleet tests' hosts are network namespaces (tests/fleet).
 tools_ok() {
   command -v docker-registry >/dev/null && command -v debootstrap >/dev/null && command -v ip >/dev/null &&
@@ -67,4 +69,4 @@ if ! docker info >/dev/null 2>&1; then
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
 fi
 engine_ok || { say "dockerd did not come up; see /var/log/sparkctl-dockerd.log"; exit 1; }
-say "docker $(docker version --format '{{.Server.Version}}'), $(docker compose version --short)"
+"$SPARKCTL" doctor --only docker,compose

@@ -98,6 +98,21 @@ class Image:
 
 
 @dataclass(frozen=True)
+class EngineFacts:
+    """The Docker engine as `docker version` and `docker info` report it."""
+
+    version: str
+    api_version: str
+    runtimes: tuple[str, ...]  # `nvidia` among them: containers can get GPUs
+    root_dir: str  # where images and containers live, on the engine's host
+
+    @classmethod
+    def from_answers(cls, version: dict[str, Any], info: dict[str, Any]) -> EngineFacts:
+        return cls(version=version.get("Version", "?"), api_version=version.get("ApiVersion", "?"),
+                   runtimes=tuple(sorted(info.get("Runtimes") or {})), root_dir=info.get("DockerRootDir", ""))
+
+
+@dataclass(frozen=True)
 class Event:
     """A container event from Docker's stream: die, oom, start, stop, destroy, ..."""
 

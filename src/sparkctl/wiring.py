@@ -17,6 +17,7 @@ from sparkctl.settings import Settings
 
 if TYPE_CHECKING:
     from sparkctl.adapters.docker import DockerEngine
+    from sparkctl.adapters.hub import HubClient
     from sparkctl.deploy.pipeline import Deployer
     from sparkctl.deploy.progress import Reporter
     from sparkctl.policy.images import ImagePolicy
@@ -69,15 +70,19 @@ class Wiring:
 
         return policy_for(self.settings)
 
-    def deployer(self, reporter: Reporter, *, catalog: Catalog | None = None, policy: ImagePolicy | None = None
-                 ) -> Deployer:
+    def hub(self) -> HubClient:
         from sparkctl.adapters.hub import HubClient
-        from sparkctl.deploy.pipeline import Deployer
 
         s = self.settings
-        hub = HubClient(cache_dir=s.hf_cache_dir, token=s.hf_token.get_secret_value() if s.hf_token else None,
-                        endpoint=s.hf_endpoint)
-        return Deployer(s, catalog or self.catalog(), policy or self.policy(), self.docker, hub, self.store, reporter)
+        return HubClient(cache_dir=s.hf_cache_dir, token=s.hf_token.get_secret_value() if s.hf_token else None,
+                         endpoint=s.hf_endpoint)
+
+    def deployer(self, reporter: Reporter, *, catalog: Catalog | None = None, policy: ImagePolicy | None = None
+                 ) -> Deployer:
+        from sparkctl.deploy.pipeline import Deployer
+
+        return Deployer(self.settings, catalog or self.catalog(), policy or self.policy(), self.docker, self.hub(),
+                        self.store, reporter)
 
 
 def _log_invalid(invalid: Invalid) -> None:

@@ -52,6 +52,13 @@ class ComposeProject:
             return [c.id for c in self.client.compose.ps(all=True)]
 
 
+def version(docker_host: str | None = None) -> str:
+    """`docker compose version`: compose v2's, or a DockerError saying it is missing."""
+    with _translated("docker compose version"):
+        said = DockerClient(client_call=clean_call(docker_host)).compose.version()
+    return said.removeprefix("Docker Compose version ")
+
+
 def clean_call(docker_host: str | None) -> list[str]:
     """`docker`, run through `env -i` with only what the Docker CLI needs."""
     keep = {name: os.environ[name] for name in ("PATH", "HOME", "DOCKER_CONFIG") if name in os.environ}

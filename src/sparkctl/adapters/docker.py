@@ -21,7 +21,7 @@ from docker.types import DeviceRequest, Mount
 
 from sparkctl import instance as instances
 from sparkctl.adapters.retry import transient
-from sparkctl.container import LABEL_STACK, Container, Event, Image, Inspected
+from sparkctl.container import LABEL_STACK, Container, EngineFacts, Event, Image, Inspected
 from sparkctl.errors import DockerError, TransientError
 from sparkctl.policy.images import mirrored, parse_ref
 from sparkctl.spec.render import ContainerPlan
@@ -213,10 +213,10 @@ class DockerEngine:
         with _translated(f"rename container {name_or_id} to {new_name}"):
             self.client.api.rename(name_or_id, new_name)
 
-    def has_gpu_runtime(self) -> bool:
-        """Whether containers can get GPUs here (the NVIDIA runtime is registered)."""
-        with _translated("read the engine's info"):
-            return "nvidia" in (self.client.info().get("Runtimes") or {})
+    def facts(self) -> EngineFacts:
+        """The engine's version, runtimes (`nvidia`: containers can get GPUs) and root dir."""
+        with _translated("read the engine's version and info"):
+            return EngineFacts.from_answers(self.client.version(), self.client.info())
 
     def inspect(self, name_or_id: str) -> Inspected:
         with _translated(f"inspect container {name_or_id}"):

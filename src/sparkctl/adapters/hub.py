@@ -162,6 +162,11 @@ def _translated(repo: str, revision: str) -> Iterator[None]:
         raise
 
 
+def _unreachable(error: Exception) -> bool:
+    """A connection failure of huggingface_hub's HTTP client (httpx under 1.x, httpx2 under 2.x)."""
+    return any(c.__name__ == "TransportError" and c.__module__.startswith("httpx") for c in type(error).__mro__)
+
+
 def _status(error: Exception) -> str:
     response = getattr(error, "response", None)
     return f"HTTP {response.status_code}" if response is not None else "no access"

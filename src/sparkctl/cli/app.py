@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from sparkctl import __version__
-from sparkctl.cli import deploy, service
+from sparkctl.cli import deploy, doctor, service
 from sparkctl.cli.console import fail
 from sparkctl.cli.runtime import Runtime
 from sparkctl.errors import SparkctlError
@@ -52,7 +52,7 @@ app = typer.Typer(
 app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
 for command in (deploy.up, deploy.down, deploy.switch, deploy.park, deploy.wake, deploy.status, deploy.logs,
-                service.daemon, service.dashboard):
+                service.daemon, service.dashboard, doctor.doctor):
     app.command()(command)
 
 _runtime = Runtime()

@@ -132,6 +132,11 @@ def uninstall(ctx: typer.Context, user: bool = typer.Option(False, "--user", hel
     rt.console.print(f"removed {path}; run systemctl{' --user' if user else ''} daemon-reload")
 
 
+def unit_paths(instance: str) -> tuple[Path, Path]:
+    """Where this instance's service unit is written: the system one, then the user one."""
+    return _unit_path(False, instance), _unit_path(True, instance)
+
+
 def _unit_path(user: bool, instance: str) -> Path:
     name = "sparkctl.service" if instance == "default" else f"sparkctl-{instance}.service"
     if user:

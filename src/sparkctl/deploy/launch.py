@@ -215,7 +215,7 @@ class Launch:
 
     def _gpus(self) -> bool:
         if self.settings.gpus == "auto":
-            return self.docker.has_gpu_runtime()
+            return "nvidia" in self.docker.facts().runtimes
         return self.settings.gpus == "all"
 
 

@@ -45,7 +45,7 @@ def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, repo
     snapshot = hub.resolve(weights.repo, weights.revision)
     missing = hub.missing_bytes(snapshot)
     if missing:
-        free = shutil.disk_usage(_existing(hub.cache_dir)).free
+        free = shutil.disk_usage(existing(hub.cache_dir)).free
         if missing + HEADROOM > free:
             raise SparkctlError(
                 f"not enough disk for {weights.repo}: {_gib(missing)} to download (+{_gib(HEADROOM)} headroom), "
@@ -56,7 +56,8 @@ def fetch(weights: Weights, *, hub: HubClient, store: Store, refresh: bool, repo
     return FetchedWeights(path, snapshot.commit, folder, path.relative_to(folder).as_posix())
 
 
-def _existing(path: Path) -> Path:
+def existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists (where a folder yet to be made would go)."""
     while not path.exists():
         path = path.parent
     return path

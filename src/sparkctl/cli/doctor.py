@@ -1,0 +1,75 @@
+"""`sparkctl doctor [STACK…]`: whether this Spark is ready for its stacks (the desired ones, or
+those named), in seconds and starting nothing. Runs in the CLI's own process (a doctor must
+answer when no daemon runs, or none can start); the checks are `sparkctl.doctor`'s."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from sparkctl.cli.runtime import Runtime, runtime
+from sparkctl.cli.service import unit_paths
+from sparkctl.doctor import Report, Status, examine
+from sparkctl.doctor import host as on_host
+from sparkctl.doctor import stacks as for_stacks
+from sparkctl.doctor.host import DaemonFacts
+from sparkctl.doctor.spark import Spark
+from sparkctl.errors import SparkctlError
+
+AREAS = ("docker", "compose", "nvidia", "gpu", "memory", "registry", "hub", "stacks", "disk", "daemon", "port")
+STYLE = {Status.OK: "[green]ok[/]", Status.WARN: "[yellow]warn[/]", Status.FAIL: "[red]fail[/]"}
+
+
+def doctor(ctx: typer.Context,
+           stacks: list[str] = typer.Argument(None, help="Stacks to check (default: the desired ones)."),
+           only: str = typer.Option("", "--only", help=f"Comma-separated areas: {', '.join(AREAS)}."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Check this Spark is ready before the first `up`: Docker, compose, the NVIDIA runtime and GPU,
+    memory, registries and the Hub (and the HF token's access), each stack's image, disk, the
+    daemon and the gateway's port. Exit 1 when a check fails; each failure names its fix."""
+    rt = runtime(ctx)
+    areas = {a.strip() for a in only.split(",") if a.strip()}
+    if unknown := areas - set(AREAS):
+        raise SparkctlError(f"no check area {', '.join(sorted(unknown))}; the areas: {', '.join(AREAS)}")
+    report = diagnose(rt, tuple(stacks or ()), areas)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        _print(rt, report)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def diagnose(rt: Runtime, named: tuple[str, ...], areas: set[str]) -> Report:
+    spark = Spark(rt.settings, rt.wiring, named)
+    facts = _daemon(rt)
+    return examine([
+        ("docker", lambda: on_host.docker(spark)), ("compose", lambda: on_host.compose_v2(spark)),
+        ("nvidia", lambda: on_host.nvidia(spark)), ("gpu", lambda: on_host.gpu(spark)),
+        ("memory", lambda: on_host.memory(spark)), ("registry", lambda: for_stacks.registries(spark)),
+        ("hub", lambda: for_stacks.hub(spark)), ("stacks", lambda: for_stacks.stacks(spark)),
+        ("disk", lambda: for_stacks.disk(spark)), ("daemon", lambda: on_host.daemon(facts)),
+        ("port", lambda: on_host.port(spark, facts)),
+    ], only=areas)
+
+
+def _daemon(rt: Runtime) -> DaemonFacts:
+    client = rt.client
+    holder = client.holder()
+    return DaemonFacts(holder=holder, answers=holder is not None and client.available(), socket=client.path,
+                       units=tuple(p for p in unit_paths(rt.settings.instance) if p.exists()))
+
+
+def _print(rt: Runtime, report: Report) -> None:
+    """One line a check: what was found, or what is wrong and what fixes it."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    for check in report.checks:
+        fix = f" [bold]fix:[/] {escape(check.fix)}" if check.fix else ""
+        table.add_row(STYLE[check.status], escape(check.name), escape(check.detail) + fix)
+    rt.console.print(table)
+    failed = len(report.failed)
+    rt.console.print(f"[red]{failed} check{'s' if failed > 1 else ''} failed[/]" if failed
+                     else "[green]ready[/]: no check failed")
