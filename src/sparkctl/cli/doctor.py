@@ -1,26 +1,24 @@
 """`sparkctl doctor [STACK…]`: whether this Spark is ready for its stacks (the desired ones, or
 those named), in seconds and starting nothing. Runs in the CLI's own process (a doctor must
-answer when no daemon runs, or none can start); the checks are `sparkctl.doctor`'s."""
+answer when no daemon runs, or none can start); the checks are `sparkctl.doctor`'s, imported when
+the command runs (the CLI's start imports no heavy library)."""
 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from sparkctl.cli.runtime import Runtime, runtime
-from sparkctl.cli.service import unit_paths
-from sparkctl.doctor import Report, Status, examine
-from sparkctl.doctor import host as on_host
-from sparkctl.doctor import stacks as for_stacks
-from sparkctl.doctor.host import DaemonFacts
-from sparkctl.doctor.spark import Spark
 from sparkctl.errors import SparkctlError
 
+if TYPE_CHECKING:
+    from sparkctl.doctor import Report
+    from sparkctl.doctor.host import DaemonFacts
+
 AREAS = ("docker", "compose", "nvidia", "gpu", "memory", "registry", "hub", "stacks", "disk", "daemon", "port")
-STYLE = {Status.OK: "[green]ok[/]", Status.WARN: "[yellow]warn[/]", Status.FAIL: "[red]fail[/]"}
+STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
 
 
 def doctor(ctx: typer.Context,
@@ -44,6 +42,11 @@ def doctor(ctx: typer.Context,
 
 
 def diagnose(rt: Runtime, named: tuple[str, ...], areas: set[str]) -> Report:
+    from sparkctl.doctor import examine
+    from sparkctl.doctor import host as on_host
+    from sparkctl.doctor import stacks as for_stacks
+    from sparkctl.doctor.spark import Spark
+
     spark = Spark(rt.settings, rt.wiring, named)
     facts = _daemon(rt)
     return examine([
@@ -57,6 +60,9 @@ def diagnose(rt: Runtime, named: tuple[str, ...], areas: set[str]) -> Report:
 
 
 def _daemon(rt: Runtime) -> DaemonFacts:
+    from sparkctl.cli.service import unit_paths
+    from sparkctl.doctor.host import DaemonFacts
+
     client = rt.client
     holder = client.holder()
     return DaemonFacts(holder=holder, answers=holder is not None and client.available(), socket=client.path,
@@ -65,6 +71,9 @@ def _daemon(rt: Runtime) -> DaemonFacts:
 
 def _print(rt: Runtime, report: Report) -> None:
     """One line a check: what was found, or what is wrong and what fixes it."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(show_header=False, box=None, pad_edge=False)
     for check in report.checks:
         fix = f" [bold]fix:[/] {escape(check.fix)}" if check.fix else ""
