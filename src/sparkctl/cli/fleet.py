@@ -79,8 +79,7 @@ def join(
 @app.command("status")
 def show_status(
     ctx: typer.Context,
-    head: str | None = typer.Option(None, "--head", help="The head's ADDR:PORT (default: the one this Spark "
-                                                         "joined, else the fleet file's `head`)."),
+    head: str | None = HEAD,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Every host of the fleet file as Ray sees it, beside what the file expects."""

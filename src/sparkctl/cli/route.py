@@ -65,9 +65,7 @@ def suggest(ctx: typer.Context, fast: str = typer.Argument(..., help="The stack 
     """Propose where FAST should hand over to REST: the longest prompt FAST decoded faster, from
     the latest benchmark run of each (`sparkctl bench run`), with the numbers it used."""
     rt = runtime(ctx)
-    threshold, lines = _crossover(rt, fast, rest)
-    for line in lines:
-        rt.console.print(line)
+    threshold = _crossover(rt, fast, rest)
     rt.console.print(f"suggested: sparkctl route set ALIAS {fast}:{threshold} {rest}")
 
 
@@ -75,14 +73,13 @@ def suggest(ctx: typer.Context, fast: str = typer.Argument(..., help="The stack 
 def apply(ctx: typer.Context, alias: str, fast: str, rest: str) -> None:
     """Route ALIAS at the threshold `suggest FAST REST` proposes."""
     rt = runtime(ctx)
-    threshold, lines = _crossover(rt, fast, rest)
-    for line in lines:
-        rt.console.print(line)
+    threshold = _crossover(rt, fast, rest)
     _route(ctx, alias, f"{fast}:{threshold} {rest}")
     rt.console.print(f"{escape(alias)}: up to {threshold} tokens -> {escape(fast)}, the rest -> {escape(rest)}")
 
 
-def _crossover(rt, fast: str, rest: str) -> tuple[int, list[str]]:  # noqa: ANN001 - the CLI's Runtime
+def _crossover(rt, fast: str, rest: str) -> int:  # noqa: ANN001 - the CLI's Runtime
+    """The prompt length at which FAST hands over to REST, after printing the numbers it used."""
     from sparkctl.bench.profiles import PROFILES
     from sparkctl.report.analysis import crossover
 
@@ -109,7 +106,8 @@ def _crossover(rt, fast: str, rest: str) -> tuple[int, list[str]]:  # noqa: ANN0
     pp = PROFILES[runs[fast].profile].pp if runs[fast].profile in PROFILES else 0
     lines.append(f"{fast} is faster through depth {before} and slower from {after} on; its deepest faster test "
                  f"sent {before} + {pp} prompt tokens")
-    return before + pp, lines
+    rt.console.print("\n".join(lines))
+    return before + pp
 
 
 def _route(ctx: typer.Context, alias: str, rules: str) -> RouteDone:

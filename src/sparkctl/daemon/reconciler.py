@@ -82,7 +82,7 @@ class Reconciler:
                                     now=self.clock(), policy=self.policy, parked=desired.parked)
             self.wake_at = min((a.until for a in the_plan.of(Wait)), default=None)
             for action in the_plan.actions:
-                self._act(action, desired)
+                self._act(action)
             return the_plan
 
     def died(self, stack: str, *, oom: bool, exit_code: int | None) -> bool:
@@ -125,7 +125,7 @@ class Reconciler:
         if self._pool:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _act(self, action: planner.Action, desired: Desired) -> None:
+    def _act(self, action: planner.Action) -> None:
         if isinstance(action, Remove):
             log.info("container_removed", container=action.container[:12], reason=action.reason)
             self.machine.remove(action.container)

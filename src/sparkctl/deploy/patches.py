@@ -57,7 +57,7 @@ def prepare(patch_sets: list[PatchSet], *, image: str, digest: str, docker: Dock
         return PatchResult("", (), "", "")
     vllm_dir = find_vllm(docker, image, digest, cache=state_dir / VLLM_DIRS)
     steps = _steps(patch_sets, patches_dir)
-    originals = image_files(docker, image, digest, [f"{vllm_dir}/{rel}" for rel in steps],
+    originals = image_files(docker, image, [f"{vllm_dir}/{rel}" for rel in steps],
                             cache=state_dir / "image-files" / f"{digest.replace(':', '-')}.json")
     patched: dict[str, str] = {}
     for rel, actions in steps.items():
@@ -102,11 +102,10 @@ def find_vllm(docker: DockerEngine, image: str, digest: str, *, cache: Path) -> 
     return found
 
 
-def image_files(docker: DockerEngine, image: str, digest: str, paths: list[str], *, cache: Path
-                ) -> dict[str, bytes | None]:
+def image_files(docker: DockerEngine, image: str, paths: list[str], *, cache: Path) -> dict[str, bytes | None]:
     """The files at `paths` in the image (None: absent), read once per digest: a repeated `up`
     starts no scratch container."""
-    known: dict[str, str | None] = json.loads(cache.read_text()) if cache.is_file() else {}
+    known: dict[str, str | None] = _found(cache)
     missing = [p for p in paths if p not in known]
     if missing:
         read = docker.read_files(image, missing)

@@ -21,7 +21,6 @@ from pathlib import Path
 from sparkctl.errors import SparkctlError
 from sparkctl.state import secret
 
-KEY_FILE = "dashboard.key"
 CODE_TTL = 300.0  # seconds a login URL stays good
 SESSION_TTL = 30 * 86400.0  # seconds a browser stays logged in
 

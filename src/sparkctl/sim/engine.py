@@ -18,7 +18,7 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -48,18 +48,16 @@ class Faults:
     def parse(cls, text: str) -> Faults:
         """`crash_after=3,hang_on_load` (the SPARKCTL_SIM_FAULTS form)."""
         faults = cls()
+        kinds = {f.name: int if f.default is None else type(f.default) for f in fields(cls)}  # None: a count
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, _, value = item.partition("=")
-            kind = _FAULT_KINDS.get(key)
+            kind = kinds.get(key)
             if kind is None:
-                raise ValueError(f"unknown fault {key!r}; known: {', '.join(_FAULT_KINDS)}")
+                raise ValueError(f"unknown fault {key!r}; known: {', '.join(kinds)}")
             setattr(faults, key, value.lower() not in ("0", "false", "no") if kind is bool else kind(value))
         return faults
 
 
-_FAULT_KINDS = {"crash_after": int, "crash_above": int, "hang_on_load": bool, "crash_on_load": bool,
-                "slow_health": float, "garbage": bool, "empty": bool, "wake_keeps_backup": bool,
-                "queue_while_asleep": bool}
 _PAGE = 4096
 _CHUNKS = 32  # an allocation rises in this many steps over its duration
 
