@@ -1,8 +1,7 @@
-"""Where an instance's state lives (its name and state dir), read from the environment the way
-`Settings` reads it, but without pydantic: a CLI call that only talks to the daemon needs the
-socket and nothing else, and importing pydantic-settings would cost it about 0.15 s
-(docs/perf.md). `Settings` resolves the pair with the same `resolve`; a property test holds the
-two readings equal. Pure, stdlib only (python-dotenv only when a `.env` exists)."""
+"""Where an instance's state lives: the files of its state dir, the default dir of an instance,
+how an instance and its state dir name each other (`Settings` resolves the pair with `resolve`),
+and a hash of everything the settings are made from (an unchanged `up`'s record keeps it). Pure,
+stdlib only."""
 
 from __future__ import annotations
 
@@ -34,15 +33,6 @@ def resolve(name: str | None, state_dir: str | Path | None) -> tuple[str | None,
     return name, Path(state_dir) if state_dir else None
 
 
-def located(environ: Mapping[str, str] = os.environ) -> tuple[str, Path]:
-    """(instance, state dir) as Settings would read them: `SPARKCTL_*` variables (any case; an
-    empty one is unset), then `.env`, then the defaults."""
-    values = _dotenv(Path(".env"))
-    values.update({key.upper(): value for key, value in environ.items() if value})
-    name, state = resolve(values.get("SPARKCTL_INSTANCE"), values.get("SPARKCTL_STATE_DIR"))
-    return name or instances.DEFAULT, state or default_state_dir()
-
-
 def inputs(environ: Mapping[str, str] = os.environ, env_file: Path = Path(".env")) -> str:
     """A hash of everything the settings are made from (the `SPARKCTL_*`, Hub, Docker and XDG
     variables, `.env`, the working directory relative paths resolve in): equal hashes, equal
@@ -56,15 +46,3 @@ def inputs(environ: Mapping[str, str] = os.environ, env_file: Path = Path(".env"
     if env_file.is_file():
         digest.update(env_file.read_bytes())
     return digest.hexdigest()
-
-
-def socket_path(environ: Mapping[str, str] = os.environ) -> Path:
-    return located(environ)[1] / SOCKET_FILE
-
-
-def _dotenv(path: Path) -> dict[str, str]:
-    if not path.is_file():
-        return {}
-    from dotenv import dotenv_values  # pydantic-settings' own reader, so both parse `.env` alike
-
-    return {key.upper(): value for key, value in dotenv_values(path).items() if value}

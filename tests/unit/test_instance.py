@@ -4,12 +4,9 @@ and the compose override carrying sparkctl's labels."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from sparkctl import instance, locate
 from sparkctl.adapters.compose import _override
@@ -105,35 +102,6 @@ def test_a_listing_becomes_a_typed_container() -> None:
                                 "Labels": {"sparkctl.stack": "a", "sparkctl.gpu-memory": "0.4"}})
     assert (c.stack, c.instance, c.labelled, c.running, c.memory, c.fingerprint) == ("a", "default", False, True,
                                                                                     0.4, None)
-
-
-NAMES = st.sampled_from(["", "staging", "a-1", "Upper", "x" * 40])
-DIRS = st.sampled_from(["", "state", "My State", "xdg/sparkctl", "xdg/sparkctl-staging"])
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(env=st.fixed_dictionaries({}, optional={"SPARKCTL_INSTANCE": NAMES, "sparkctl_instance": NAMES,
-                                               "SPARKCTL_STATE_DIR": DIRS}),
-       dotenv=st.fixed_dictionaries({}, optional={"SPARKCTL_INSTANCE": NAMES, "SPARKCTL_STATE_DIR": DIRS}))
-def test_the_daemon_client_finds_the_state_dir_settings_would(clean_env, monkeypatch, env, dotenv) -> None:
-    """`locate` reads the instance and state dir without pydantic (a call through the daemon
-    starts fast): it must agree with Settings, `.env` and case-insensitive names included."""
-    for key in ("SPARKCTL_INSTANCE", "sparkctl_instance", "SPARKCTL_STATE_DIR"):
-        monkeypatch.delenv(key, raising=False)
-    if "SPARKCTL_INSTANCE" in env and "sparkctl_instance" in env:
-        del env["sparkctl_instance"]  # two spellings at once: which wins is pydantic's business
-    for key, value in env.items():
-        monkeypatch.setenv(key, str(clean_env / value) if "DIR" in key and value else value)
-    (clean_env / ".env").write_text("".join(
-        f"{key}={clean_env / value if 'DIR' in key and value else value}\n" for key, value in dotenv.items()))
-    name, state_dir = locate.located()
-    if not re.match(instance.PATTERN, name):  # passed on untouched: Settings refuses it, naming the rule
-        with pytest.raises(ValueError, match="instance"):
-            Settings()
-        return
-    expected = Settings()
-    assert (name, state_dir) == (expected.instance, expected.state_dir)
-    assert locate.socket_path() == expected.socket_path
 
 
 def test_the_settings_inputs_hash_moves_with_what_settings_read_and_never_holds_a_token(tmp_path, monkeypatch) -> None:

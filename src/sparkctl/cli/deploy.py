@@ -88,7 +88,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     from sparkctl import answers
 
     rt = runtime(ctx)
-    views.status(answers.Status.from_json(rt.daemon.get("/v1/status")), as_json=as_json, instance=rt.instance)
+    views.status(answers.Status.from_json(rt.daemon.get("/v1/status")), as_json=as_json)
 
 
 def logs(

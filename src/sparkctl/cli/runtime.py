@@ -89,18 +89,11 @@ class Runtime:
         return self.wiring.store
 
     @cached_property
-    def instance(self) -> str:
-        from sparkctl.locate import located
-
-        return located()[0]
-
-    @cached_property
     def client(self) -> DaemonClient:
         """The client of this instance's daemon, whether or not one runs."""
         from sparkctl.cli.client import DaemonClient
-        from sparkctl.locate import socket_path
 
-        return DaemonClient(socket_path())  # the settings are not loaded for a call the daemon answers
+        return DaemonClient(self.settings.socket_path)
 
     @cached_property
     def daemon(self) -> DaemonClient:

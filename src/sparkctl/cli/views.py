@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from sparkctl.cli.client import DaemonClient
 
 
-def status(report: Status, *, as_json: bool, instance: str) -> None:
+def status(report: Status, *, as_json: bool) -> None:
     """Every sparkctl container of the instance, then each engine's KV headroom, then the other
     instances that share the engine (`report` as the daemon's `/v1/status` has it)."""
     rows, others = report.stacks, report.others
@@ -24,7 +24,7 @@ def status(report: Status, *, as_json: bool, instance: str) -> None:
     if rows:
         console.print(_status_table(rows, wide=console.width >= 100))
     else:
-        say(f"no stacks are deployed (instance {instance})")
+        say(f"no stacks are deployed (instance {report.instance})")
     for row in rows:
         if row.kv:
             say(f"{row.stack}: {row.kv.summary}")
