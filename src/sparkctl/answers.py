@@ -110,6 +110,30 @@ class Engines:
 
 
 @dataclass(frozen=True)
+class StackSeries:
+    """One stack's figures at each of `Series.at` (None: its engine did not answer, or served nothing)."""
+
+    tps: tuple[float | None, ...]  # tokens generated per second since the sample before
+    ttft_p50_ms: tuple[float | None, ...]  # median time to first token since the sample before
+    in_flight: tuple[int, ...]  # requests forwarded to its engine, at the sample
+    queued: tuple[int, ...]  # requests accepted and waiting at its concurrency cap
+
+
+@dataclass(frozen=True)
+class Series:
+    """The dashboard's last minutes, sampled by the daemon: each stack's figures, unified memory
+    as shares (awake, parked, free) under the ceiling, and the alias switches in the window."""
+
+    at: tuple[float, ...]  # unix seconds of each sample
+    stacks: dict[str, StackSeries]
+    awake: tuple[float, ...]
+    parked: tuple[float, ...]
+    free: tuple[float, ...]
+    ceiling: float
+    switches: tuple[tuple[float, str], ...] = ()  # (when, "primary: a → b")
+
+
+@dataclass(frozen=True)
 class RunRow:
     id: int
     stack: str

@@ -139,9 +139,13 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
         sync_api.expect(answered).not_to_have_text("0", timeout=10_000)
         before = int(answered.inner_text())
         sync_api.expect(answered).not_to_have_text(str(before), timeout=10_000)  # the panel moves with the load
-        engine = page.locator(f'#gateway tr[data-stack="{A}"]')  # the engine's own counters, a tick apart
-        sync_api.expect(engine.locator(".tps")).to_have_text(re.compile(r"^(?!0\.0)\d+\.\d$"), timeout=10_000)
-        sync_api.expect(engine.locator(".ttft")).to_have_text(re.compile(r"^\d+ ms$"), timeout=10_000)
+        engine = page.locator(f'#gateway tr[data-stack="{A}"]')  # the daemon's samples, 5 s apart
+        sync_api.expect(engine.locator(".tps")).to_have_text(re.compile(r"^(?!0\.0)\d+\.\d$"), timeout=30_000)
+        sync_api.expect(engine.locator(".ttft")).to_have_text(re.compile(r"^\d+ ms$"), timeout=30_000)
+        for chart in ("tps", "ttft", "requests", "memory"):
+            image = page.locator(f"#chart-{chart}")
+            wait_for(lambda image=image: image.evaluate("img => img.complete && img.naturalWidth > 0"), timeout=20,
+                     what=f"the {chart} chart drawn")
 
         page.select_option("#switch-primary", B)
         page.get_by_role("button", name="switch primary").click()
@@ -151,6 +155,11 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
         assert any(f"{B}:" in s for s in steps[1:-1]), steps  # the new stack's deploy phases, as they came
         page.screenshot(path=str(shots / "switch.png"), full_page=True)
         wait_for(lambda: served and served[-1] == B, timeout=30, what="the agent answered by the new stack")
+        series = json.loads(page.evaluate("() => fetch('/ui/api/v1/series').then(r => r.text())"))
+        assert any(what == f"primary: {A} → {B}" for _, what in series["switches"]), series["switches"]
+        assert any(tps for tps in series["stacks"][A]["tps"]), series["stacks"][A]
+        svg = page.evaluate("() => fetch('/ui/api/v1/chart?name=tps').then(r => r.text())")
+        assert svg.startswith("<svg") and f">{A}</text>" in svg and "<title>primary: " in svg  # the switch, marked
     finally:
         stop.set()
         thread.join(60)

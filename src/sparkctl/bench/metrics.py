@@ -1,14 +1,19 @@
 """Engine counters between two /metrics readings: speculative acceptance rate, mean acceptance
-length and per-position acceptance (vLLM's spec_decode counters), and committed tokens per
-denoising step for diffusion engines; the KV-cache capacity an engine reports. Pure."""
+length and per-position acceptance (vLLM's spec_decode counters), committed tokens per denoising
+step for diffusion engines, a histogram's quantile (TTFT p50); the KV-cache capacity an engine
+reports. Pure, but for `read`, which asks an engine for its readings."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
+from sparkctl.adapters import engine
+
 SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})? ([-+0-9.eE]+)$')
 POSITION = re.compile(r'position="(\d+)"')
+BOUND = re.compile(r'le="([^"]+)"')
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,36 @@ def parse(text: str) -> dict[str, float]:
         values[name] = values.get(name, 0.0) + value
         if position := POSITION.search(labels):
             values[f"{name}[{position[1]}]"] = value
+        if bound := BOUND.search(labels):  # a histogram's bucket: `name{le=0.5}`
+            values[f"{name}{{le={bound[1]}}}"] = values.get(f"{name}{{le={bound[1]}}}", 0.0) + value
     return values
+
+
+def read(url: str, headers: dict[str, str] | None = None) -> dict[str, float] | None:
+    """An engine's /metrics readings (None: it did not answer within a second)."""
+    try:
+        return parse(engine.text(url, "/metrics", headers=headers or {}, timeout=1))
+    except (OSError, ValueError):
+        return None
+
+
+def quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float | None:
+    """The `q`-quantile of histogram `name` over the interval between two readings, from its
+    buckets' growth, estimated as Prometheus' histogram_quantile does (linear within the bucket);
+    None when nothing was observed in between."""
+    prefix = f"{name}_bucket{{le="
+    buckets = sorted((float(key[len(prefix):-1]), after[key] - before.get(key, 0.0))
+                     for key in after if key.startswith(prefix))
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank, lower, below = q * buckets[-1][1], 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 0.0)
+        lower, below = bound, count
+    return lower
 
 
 def between(before: dict[str, float], after: dict[str, float]) -> EngineStats:

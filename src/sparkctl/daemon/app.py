@@ -29,9 +29,10 @@ from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.reads import Reads
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.series import Recorder, readings
 from sparkctl.daemon.switch import recover
 from sparkctl.daemon.turns import Turns
-from sparkctl.deploy.memory import GIB
+from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
@@ -41,6 +42,7 @@ from sparkctl.gateway.pool import EnginePool
 from sparkctl.gateway.proxy import Gateway, Waker
 from sparkctl.gateway.tokens import Counters
 from sparkctl.gateway.ui import Dashboard
+from sparkctl.policy.switch import Memory
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import load_fleet
 from sparkctl.wiring import Wiring
@@ -93,7 +95,12 @@ class Daemon:
         context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
                           fleet=fleet)
         self.actions = Actions.over(context)
-        self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics)
+        def memory() -> Memory:  # unified memory as the planner sees it: status and the time series
+            return MemoryView(s, self.store, wiring.catalog(), self.docker).now(self.machine.desired().parked)
+
+        self.recorder = Recorder(engines=lambda: readings(self.routes.table), memory=memory,
+                                 requests=self.gateway.ledger.snapshot)
+        self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics, self.recorder, memory)
         self.fleet_watch = fleetwide and FleetWatch(
             fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
             wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
@@ -203,6 +210,7 @@ class Daemon:
         tcp = await self._serve_tcp()
         process.notify_ready()
         self.loops.start()
+        sampling = asyncio.create_task(self.recorder.run())
         if self.fleet_watch is not None:
             self.fleet_watch.start()
         stop = asyncio.Event()
@@ -216,6 +224,8 @@ class Daemon:
             log.warning("gateway_requests_cut", note="in-flight requests outlived the drain timeout")
         if self.fleet_watch is not None:
             self.fleet_watch.stop()
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
         await self.loops.stop()
         await runner.cleanup()
         gateway.close()

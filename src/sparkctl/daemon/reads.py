@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sparkctl.adapters import engine
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.answers import (
     BanRow,
@@ -24,19 +24,22 @@ from sparkctl.answers import (
     MemoryHeld,
     ReportRow,
     RunRow,
+    Series,
     StackRow,
     Status,
     StatusRow,
 )
 from sparkctl.bench import metrics
 from sparkctl.daemon import planner
+from sparkctl.daemon.charts import CHARTS, chart
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
-from sparkctl.deploy.memory import MemoryView
+from sparkctl.daemon.series import Recorder, readings
 from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
 from sparkctl.policy.images import ImagePolicy, check
+from sparkctl.policy.switch import Memory
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.engine import Weights
@@ -49,14 +52,6 @@ REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir fo
 
 ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "ttft_sum": "vllm:time_to_first_token_seconds_sum",
                    "ttft_count": "vllm:time_to_first_token_seconds_count"}
-
-
-def engine_counters(url: str, headers: list[tuple[str, str]] | None = None) -> dict[str, float] | None:
-    """An engine's /metrics counters (None: it did not answer within a second)."""
-    try:
-        return metrics.parse(engine.text(url, "/metrics", headers=dict(headers or []), timeout=1))
-    except (OSError, ValueError):
-        return None
 
 
 def report_file(state_dir: Path, report: str, path: str) -> Path:
@@ -79,6 +74,8 @@ class Reads:
     reconciler: Reconciler
     routes: Routes
     metrics: DaemonMetrics
+    recorder: Recorder  # the dashboard's time series
+    memory: Callable[[], Memory]  # unified memory as the planner sees it now
 
     @property
     def store(self) -> Store:
@@ -99,7 +96,7 @@ class Reads:
         rows += [StatusRow(s, "failed" if history.get(s, planner.History()).failed else "pending", "absent", "", None,
                            "", None, None, None, None) for s in desired.stacks if s not in seen]
         restarts = Counter(e["stack"] for e in self.store.events.list(limit=10_000) if e["kind"] == "restarted")
-        memory = MemoryView(self.settings, self.store, catalog, self.machine.docker).now(desired.parked)
+        memory = self.memory()
         return Status(tuple(self._full(row, catalog, policy, restarts) for row in rows),
                       other_instances(self.machine.docker), aliases=desired.aliases, pid=os.getpid(),
                       instance=self.settings.instance,
@@ -144,7 +141,7 @@ class Reads:
     def _acceptance(stack: str, catalog: Catalog) -> float | None:
         """The engine's speculative acceptance since it started, from its /metrics (None: no speculation)."""
         try:
-            counters = engine_counters(catalog.stack(stack).url)
+            counters = metrics.read(catalog.stack(stack).url)
         except SparkctlError:
             return None
         return metrics.between({}, counters).acceptance if counters is not None else None
@@ -152,11 +149,21 @@ class Reads:
     def engines(self) -> Engines:
         """Each routed stack's engine counters as they stand (generated tokens, time to first token's
         sum and count): the dashboard turns two readings into tokens/s and TTFT."""
-        found = {}
-        for stack, upstream in self.routes.table.upstreams.items():
-            if (counters := engine_counters(upstream.url, upstream.headers)) is not None:
-                found[stack] = EngineCounters(**{key: counters.get(name, 0.0) for key, name in ENGINE_COUNTERS.items()})
-        return Engines(time.time(), found)
+        found = readings(self.routes.table)
+        return Engines(time.time(), {stack: EngineCounters(**{key: counters.get(name, 0.0)
+                                                              for key, name in ENGINE_COUNTERS.items()})
+                                     for stack, counters in found.items()})
+
+    def series(self) -> Series:
+        """The dashboard's last 15 minutes, with the alias switches of the window marked."""
+        switches = [(float(r["at"]), f"{r.get('alias', '?')}: {r.get('from') or '—'} → {r.get('to', '?')}")
+                    for r in self.store.switches.list(limit=100)]
+        return self.recorder.series(switches)
+
+    def chart(self, name: str) -> str:
+        if name not in CHARTS:
+            raise SparkctlError(f"no chart {name!r}; the charts: {', '.join(CHARTS)}")
+        return chart(self.series(), name, now=time.time())
 
     def history(self, stack: str | None) -> History:
         store = self.store

@@ -1,6 +1,6 @@
 """The API's reads: status, the stack list, the desired state, history, benchmark runs, engines'
-counters, reports and their files, the daemon's metrics, and the two long-lived streams (events,
-an engine's log)."""
+counters, the dashboard's time series and charts, reports and their files, the daemon's metrics,
+and the two long-lived streams (events, an engine's log)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ status = _answer(lambda q: q.status())
 stacks = _answer(lambda q: q.stacks(), "stacks")
 runs = _answer(lambda q: q.runs(), "runs")
 engines = _answer(lambda q: q.engines())
+series = _answer(lambda q: q.series())
 reports = _answer(lambda q: q.reports(), "reports")
 
 
@@ -101,6 +102,13 @@ async def report_file(request: web.Request) -> web.FileResponse:
 async def history(request: web.Request) -> web.Response:
     found = await asyncio.to_thread(request.app[QUERIES].history, request.query.get("stack"))
     return web.json_response(asdict(found))
+
+
+async def chart(request: web.Request) -> web.Response:
+    """One of the dashboard's charts, as SVG (`?name=tps|ttft|requests|memory`)."""
+    svg = await asyncio.to_thread(request.app[QUERIES].chart, request.query.get("name", ""))
+    return web.Response(text=svg, content_type="image/svg+xml", headers={"Cache-Control": "no-store",
+                                                                         "X-Content-Type-Options": "nosniff"})
 
 
 async def metrics(request: web.Request) -> web.Response:

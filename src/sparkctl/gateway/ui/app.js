@@ -211,48 +211,19 @@ function renderHistory(history) {
 }
 
 // Engine throughput over the last minutes, from two readings of each engine's counters a tick apart.
-const WINDOW = 150;  // points kept: 5 minutes at one per 2 s
-const series = {};  // stack -> [{tps, ttft}]
-let lastEngines = null;
-
-function readEngines(reading) {
-  for (const [stack, now] of Object.entries(reading.engines)) {
-    const before = lastEngines && lastEngines.engines[stack];
-    if (!before) continue;
-    const seconds = reading.at - lastEngines.at, answered = now.ttft_count - before.ttft_count;
-    const points = (series[stack] ||= []);
-    points.push({ tps: seconds > 0 ? (now.generated - before.generated) / seconds : 0,
-      ttft: answered > 0 ? (now.ttft_sum - before.ttft_sum) / answered : null });
-    if (points.length > WINDOW) points.shift();
-  }
-  lastEngines = reading;
-}
-
-function sparkline(values, label) {
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("viewBox", "0 0 100 20");
-  svg.setAttribute("class", "spark");
-  svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", label);
-  const known = values.filter((v) => v != null), top = Math.max(...known, 1e-9);
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", values.map((v, i) => v == null ? null : `${(i * 100) / (WINDOW - 1)},${20 - (v / top) * 18}`)
-    .filter(Boolean).join(" "));
-  svg.append(line);
-  return svg;
-}
+let latest = null;  // the daemon's time series (/v1/series): the last sample's figures per stack
+const CHARTS = ["tps", "ttft", "requests", "memory"];
 
 function engineCells(stack) {
-  const points = series[stack] || [];
-  const last = points[points.length - 1];
-  const ttfts = points.map((p) => p.ttft), recent = ttfts.filter((v) => v != null);
-  const ttft = recent.length ? recent[recent.length - 1] : null;
-  return [
-    el("td", { class: "tps" }, last ? last.tps.toFixed(1) : "", el("br"),
-      sparkline(points.map((p) => p.tps), `${stack} tokens per second, last 5 minutes`)),
-    el("td", { class: "ttft" }, ttft != null ? `${(ttft * 1000).toFixed(0)} ms` : "", el("br"),
-      sparkline(ttfts, `${stack} time to first token, last 5 minutes`)),
-  ];
+  const figures = latest && latest.stacks[stack];
+  const last = (values) => figures ? values[values.length - 1] : null;
+  const tps = last(figures ? figures.tps : []), ttft = last(figures ? figures.ttft_p50_ms : []);
+  return [el("td", { class: "tps", textContent: tps != null ? tps.toFixed(1) : "" }),
+    el("td", { class: "ttft", textContent: ttft != null ? `${ttft.toFixed(0)} ms` : "" })];
+}
+
+function refreshCharts() {  // drawn by the daemon: each image is asked for again, never cached
+  for (const name of CHARTS) $(`chart-${name}`).src = `/ui/api/v1/chart?name=${name}&at=${Date.now()}`;
 }
 
 function renderGateway(text) {
@@ -270,7 +241,7 @@ function renderGateway(text) {
     else if (m[1] === "sparkctl_gateway_held") counts.held += value;
   }
   const seconds = lastCounts ? (counts.at - lastCounts.at) / 1000 : 0;
-  const stacks = [...new Set([...Object.keys(counts.served), ...Object.keys(counts.inFlight), ...Object.keys(series)])].sort();
+  const stacks = [...new Set([...Object.keys(counts.served), ...Object.keys(counts.inFlight), ...Object.keys(latest ? latest.stacks : {})])].sort();
   $("gateway").tBodies[0].replaceChildren(...stacks.map((stack) => {
     const rate = seconds > 0 ? ((counts.served[stack] || 0) - (lastCounts.served[stack] || 0)) / seconds : 0;
     return el("tr", { dataset: { stack } }, el("th", { scope: "row", textContent: stack }),
@@ -438,11 +409,12 @@ events.onmessage = (message) => {
 
 async function tick() {
   try {  // the gateway's own counters, and the engines'
-    const [gateway, engines] = await Promise.all([fetch("/metrics", { credentials: "same-origin" }), api("/v1/engines")]);
-    readEngines(engines);
+    const [gateway, series] = await Promise.all([fetch("/metrics", { credentials: "same-origin" }), api("/v1/series")]);
+    latest = series;
     if (gateway.ok) renderGateway(await gateway.text());
+    refreshCharts();
   } catch (e) { /* the daemon restarts: the next tick tries again */ }
 }
 refresh();
 tick();
-setInterval(tick, 2000);
+setInterval(tick, 5000);  // the daemon samples every 5 s
