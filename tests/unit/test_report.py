@@ -215,7 +215,10 @@ def test_reproduce_runs_each_config_when_their_depths_differ(catalog) -> None:
 
 
 @pytest.mark.parametrize("depths", [(0,), (0, 4096, 16384)])
-def test_a_single_depth_is_drawn_as_bars_per_config_not_a_line_around_nothing(depths: tuple[int, ...]) -> None:
+def test_graphs_label_units_mark_the_crossover_and_draw_the_seeds_figure(depths: tuple[int, ...]) -> None:
+    """A single depth is drawn as bars per config (a line through one point draws an axis around
+    nothing); over several, speculative `b`'s crossover against its twin `a` is a marked point
+    with its depth, and `a`'s seed figure a reference line (a mark over its bar for one depth)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -223,16 +226,24 @@ def test_a_single_depth_is_drawn_as_bars_per_config_not_a_line_around_nothing(de
 
     from sparkctl import report
 
-    rows = [{"config": c, "depth": d, "concurrency": 1, "decode_tps": 10.0 + i} for i, c in enumerate(("a", "b"))
-            for d in depths]
-    fig = report._by_depth(plt, rows, ["a", "b"], "decode_tps", "decode tok/s", "test")
+    gain = {0: 2.0, 4096: 1.2, 16384: 0.7}
+    rows = [{"config": c, "depth": d, "concurrency": 1, "decode_tps": 10.0 + i + (gain[d] if c == "b" else 0),
+             "speedup_vs_twin": gain[d] if c == "b" else None, "twin": "a" if c == "b" else None}
+            for i, c in enumerate(("a", "b")) for d in depths]
+    fig = report._by_depth(plt, rows, ["a", "b"], "decode_tps", "decode (tokens/s)", "test", {"a": 9.5})
     ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert ax.get_ylabel() == "decode (tokens/s)"
     if len(depths) == 1:
         assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
-        assert [bar.get_height() for bar in ax.patches] == [10.0, 11.0] and ax.get_ylim()[0] == 0
-        assert "at context depth 0" in ax.get_title()
+        assert [bar.get_height() for bar in ax.patches] == [10.0, 13.0] and ax.get_ylim()[0] == 0
+        assert "at context depth 0 tokens" in ax.get_title() and texts == ["seed 9.5"]
     else:
-        assert ax.get_xscale() == "symlog" and len(ax.lines) == 2
+        assert ax.get_xscale() == "symlog" and ax.get_xlabel() == "context depth (tokens)"
+        assert "the seed's 9.5: a" in [line.get_label() for line in ax.lines]
+        assert texts == ["crossover at depth 16384"]
+        marked = next(line for line in ax.lines if line.get_marker() == "X")
+        assert list(marked.get_xdata()) == [16384]
     plt.close(fig)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.report import environment, markdown
-from sparkctl.report.analysis import Config, efficiency, speedups, twin
+from sparkctl.report.analysis import Config, crossover, efficiency, speedups, twin
 from sparkctl.report.environment import Entry
 from sparkctl.settings import Settings
 from sparkctl.spec.imagefile import policy_for
@@ -73,7 +73,8 @@ def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs:
     data = _dataset(configs, {e.stack.name: e.run for e in studied}, bandwidth_gbs=bandwidth_gbs)
     _write_dataset(data, folder)
     (folder / "graphs").mkdir(exist_ok=True)
-    images = _draw(data, folder / "graphs", subtitle=label)
+    seeds = {e.stack.name: seed for e in studied if (seed := e.stack.expectations.seed_decode_tps)}
+    images = _draw(data, folder / "graphs", subtitle=label, seeds=seeds)
     results = _copy_results(studied, folder / "results")
     text = markdown.render(studied, data, configs, title=title, label=label, bandwidth_gbs=bandwidth_gbs,
                            images=images, results=results, bans=bans or {})
@@ -153,9 +154,10 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _draw(data: list[dict], folder: Path, *, subtitle: str) -> list[str]:
-    """The graphs (PNG, matplotlib without a display): decode tok/s, TTFT and prefill tok/s against
-    context depth (one line per config), and grouped bars of decode per config at a few depths."""
+def _draw(data: list[dict], folder: Path, *, subtitle: str, seeds: dict[str, float]) -> list[str]:
+    """The graphs (PNG, matplotlib without a display): decode, TTFT and prefill against context
+    depth (one line per config; decode with each speculative config's crossover marked and each
+    seed's figure as a reference line), and grouped bars of decode per config at a few depths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,10 +166,10 @@ def _draw(data: list[dict], folder: Path, *, subtitle: str) -> list[str]:
     single = [r for r in data if r["concurrency"] == 1]
     configs = list(dict.fromkeys(r["config"] for r in single))
     written = []
-    for key, label, name in (("decode_tps", "decode tok/s", "decode_vs_depth.png"),
-                             ("ttft_ms", "TTFT (ms)", "ttft_vs_depth.png"),
-                             ("prefill_tps", "prefill tok/s", "prefill_vs_depth.png")):
-        fig = _by_depth(plt, single, configs, key, label, subtitle)
+    for key, label, name in (("decode_tps", "decode (tokens/s)", "decode_vs_depth.png"),
+                             ("ttft_ms", "time to first token (ms)", "ttft_vs_depth.png"),
+                             ("prefill_tps", "prefill (tokens/s)", "prefill_vs_depth.png")):
+        fig = _by_depth(plt, single, configs, key, label, subtitle, seeds if key == "decode_tps" else {})
         fig.savefig(folder / name, dpi=110)
         plt.close(fig)
         written.append(name)
@@ -175,21 +177,41 @@ def _draw(data: list[dict], folder: Path, *, subtitle: str) -> list[str]:
     return written
 
 
-def _by_depth(plt, single: list[dict], configs: list[str], key: str, label: str, subtitle: str):  # noqa: ANN001, ANN202
+def _by_depth(plt, single: list[dict], configs: list[str], key: str, label: str, subtitle: str,  # noqa: ANN001, ANN202
+              seeds: dict[str, float]):
     """One metric against context depth, a line per config; with a single depth measured, a bar
-    per config (a line through one point would draw an axis around nothing)."""
+    per config (a line through one point would draw an axis around nothing). A seed's figure is
+    a dashed line in its config's colour; a crossover, a marked point at the first slower depth."""
     fig, ax = plt.subplots(figsize=(9, 5))
     depths = sorted({r["depth"] for r in single})
+    colours = {c: f"C{i % 10}" for i, c in enumerate(configs)}
     if len(depths) == 1:
         values = [next((r[key] or 0 for r in single if r["config"] == c), 0) for c in configs]
-        ax.bar(range(len(configs)), values)
+        ax.bar(range(len(configs)), values, color=[colours[c] for c in configs])
+        for i, config in enumerate(configs):
+            if config in seeds:
+                ax.hlines(seeds[config], i - 0.4, i + 0.4, colors="black", linestyles="dashed")
+                ax.annotate(f"seed {seeds[config]:g}", (i, seeds[config]), textcoords="offset points",
+                            xytext=(0, 3), ha="center", fontsize=7)
         ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right", fontsize=8)
-        ax.set(ylabel=label, title=f"{label} at context depth {depths[0]}\n{subtitle}")
+        ax.set(ylabel=label, title=f"{label} at context depth {depths[0]} tokens\n{subtitle}")
     else:
         for config in configs:
-            points = sorted((r["depth"], r[key]) for r in single if r["config"] == config)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=config)
+            rows = sorted((r for r in single if r["config"] == config), key=lambda r: r["depth"])
+            ax.plot([r["depth"] for r in rows], [r[key] for r in rows], marker="o", markersize=3, label=config,
+                    color=colours[config])
+            if key == "decode_tps" and (found := crossover({r["depth"]: r["speedup_vs_twin"] for r in rows
+                                                             if r["speedup_vs_twin"] is not None})):
+                slower = next(r for r in rows if r["depth"] == found[1])
+                ax.plot([slower["depth"]], [slower[key]], marker="X", markersize=10, color=colours[config])
+                ax.annotate(f"crossover at depth {found[1]}", (slower["depth"], slower[key]), ha="right",
+                            textcoords="offset points", xytext=(-8, 8), fontsize=7, color=colours[config])
+        for seed in sorted(set(seeds.values())):  # one line a figure, naming the configs it is theirs
+            which = [c for c in configs if seeds.get(c) == seed]
+            ax.axhline(seed, color="grey", linestyle="dashed", linewidth=1,
+                       label=f"the seed's {seed:g}: {', '.join(which)}")
         ax.set_xscale("symlog", linthresh=512)
+        ax.set_xlim(-64, depths[-1] * 1.2)  # the reference lines span the axes, not the data: keep it to the depths
         ax.set(xlabel="context depth (tokens)", ylabel=label, title=f"{label} vs context depth\n{subtitle}")
         ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -208,7 +230,7 @@ def _bars(plt, single: list[dict], configs: list[str], folder: Path, subtitle: s
         ax.bar([x + i * width for x in range(len(configs))], values, width, label=f"depth {depth}")
     ax.set_xticks([x + width * (len(shown) - 1) / 2 for x in range(len(configs))], configs, rotation=30,
                   ha="right", fontsize=8)
-    ax.set(ylabel="decode tok/s", title=f"decode per config\n{subtitle}")
+    ax.set(ylabel="decode (tokens/s)", title=f"decode per config, by context depth (tokens)\n{subtitle}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(folder / "decode_by_config.png", dpi=110)

@@ -60,6 +60,9 @@ class Expectations(Spec):
     min_concurrency: int | None = Field(default=None, ge=1)  # must not crash at this many
     # KV-cache tokens the engine must report after health (vllm:cache_config_info); less is a warning.
     min_kv_tokens: int | None = Field(default=None, ge=1)
+    # What a seed measured for this very config (depth 0, single stream): the report draws it as a
+    # reference line. Only a figure the seed gives for it; none for an estimate or a range.
+    seed_decode_tps: float | None = Field(default=None, gt=0)
 
 
 class Placement(Spec):
