@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl import instance, locate
+from sparkctl import instance
 from sparkctl.adapters.compose import _override
 from sparkctl.locate import default_state_dir
 from sparkctl.settings import Settings
@@ -104,15 +104,3 @@ def test_a_listing_becomes_a_typed_container() -> None:
                                                                                     0.4, None)
 
 
-def test_the_settings_inputs_hash_moves_with_what_settings_read_and_never_holds_a_token(tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    base = {"PATH": "/bin", "SPARKCTL_GPUS": "none", "HF_TOKEN": "hf_secret_value"}
-    same = locate.inputs(base)
-    assert locate.inputs({**base, "PATH": "/usr/bin", "TERM": "dumb"}) == same  # what settings never read
-    for changed in ({"SPARKCTL_GPUS": "all"}, {"sparkctl_engine_env": "A=1"}, {"HF_TOKEN": "hf_other"},
-                    {"DOCKER_HOST": "unix:///x"}, {"XDG_STATE_HOME": "/s"}):
-        assert locate.inputs({**base, **changed}) != same, changed
-    (tmp_path / ".env").write_text("SPARKCTL_GPUS=all\n")
-    assert locate.inputs(base) != same and "hf_secret_value" not in locate.inputs(base)
-    monkeypatch.chdir(tmp_path.parent)  # relative paths resolve elsewhere
-    assert locate.inputs(base) not in (same, locate.inputs(base, tmp_path / ".env"))

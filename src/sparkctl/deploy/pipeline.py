@@ -15,11 +15,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.hub import HubClient
-from sparkctl.deploy import capacity, image, patches, quick, weights
+from sparkctl.deploy import capacity, image, patches, weights
 from sparkctl.deploy.launch import Launch, Prepared, Staged, UpResult
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.deploy.progress import Reporter
@@ -58,17 +57,9 @@ class Deployer:
     def up(self, name: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None
            ) -> UpResult:
         """Deploy the stack; `staged` (from `stage`) has been prepared and started already, and
-        only its admission is left before its engine starts. An unchanged stack is confirmed from
-        its last deployment's record when nothing it was made from changed (deploy/quick.py)."""
+        only its admission is left before its engine starts. An unchanged stack is found so by the
+        engine step: its running container has the fingerprint of what was just prepared."""
         stack = self.catalog.stack(name)
-        remembered = staged is None and self._remembers(stack)
-        if remembered and not (refresh or replace) and (answered := quick.unchanged(self.store, name, self.docker)):
-            made, notes = answered
-            for note in notes:
-                self.reporter.note(name, note)
-            return UpResult(name, made.fingerprint, False, made.url,
-                            headroom=self.store.deployments.headroom(name, made.fingerprint))
-        files_then = quick.files(self._folders()) if remembered else None  # before anything reads them
         deployment = staged.deployment if staged else self.store.deployments.begin(name)
         phases = Phases(self.store, self.reporter, stack.name, deployment)
         prepared = staged.prepared if staged else None
@@ -98,20 +89,8 @@ class Deployer:
         headroom = (self._headroom(stack, deployment) if result.changed
                     else self.store.deployments.headroom(stack.name, result.fingerprint))
         watched = (prepared.image.source, prepared.image.name.tagged) if prepared.image.source else None
-        if files_then is not None:
-            quick.made(self.store, stack=name, folders=self._folders(), files_then=files_then,
-                       fingerprint=result.fingerprint, parts=prepared.parts, spec_hash=spec_hash(stack),
-                       url=result.url, warnings=[why for _, why in stack.risks()], watch=watched)
         return dataclasses.replace(result, timings=phases.durations(), headroom=headroom,  # `replace`: a flag here
                                    watched=watched)
-
-    def _remembers(self, stack: Stack) -> bool:
-        """Whether `up` keeps (and checks) what the stack's deployment was made from: a single
-        container sparkctl names, on this host's own engine (not compose, not a fleet's)."""
-        return stack.kind is not Kind.COMPOSE and not self.placed and self.rank is None
-
-    def _folders(self) -> list[Path]:
-        return [self.settings.stacks_dir, self.settings.patches_dir]
 
     def stage(self, name: str) -> Staged:
         """The part of `up` that holds no engine memory: checked, prepared, and (for a container

@@ -85,10 +85,12 @@ MIGRATIONS = (
     """,
     # A deployment's KV headroom (policy.headroom.Headroom as JSON), read once it runs.
     "ALTER TABLE deployments ADD COLUMN headroom TEXT",
-    # What the last deploy of a stack that ended running was made from (deploy/quick.py), as JSON.
+    # What the last deploy of a stack that ended running was made from, as JSON (dropped below).
     "CREATE TABLE made (stack TEXT PRIMARY KEY, record TEXT NOT NULL)",
-    # What a registry last answered for a pinned tag, and when (deploy/quick.py asks once a minute).
+    # What a registry last answered for a pinned tag, and when (deploy/image.py asks once a minute).
     "CREATE TABLE answers (ref TEXT PRIMARY KEY, digest TEXT NOT NULL, asked REAL NOT NULL)",
+    # An unchanged `up` runs the pipeline, which finds its engine's fingerprint running: no record kept.
+    "DROP TABLE made",
 )
 
 

@@ -71,16 +71,6 @@ class Deployments:
                           "AND headroom IS NOT NULL ORDER BY id DESC LIMIT 1", (stack, fingerprint))
         return _headroom(row["headroom"]) if row else None
 
-    def remember(self, stack: str, record: dict) -> None:
-        """Keep what `stack`'s running deployment was made from (one record per stack)."""
-        with self.db.tx() as db:
-            db.execute("INSERT INTO made VALUES (?, ?) ON CONFLICT (stack) DO UPDATE SET record = excluded.record",
-                       (stack, json.dumps(record, sort_keys=True)))
-
-    def made(self, stack: str) -> dict | None:
-        row = self.db.one("SELECT record FROM made WHERE stack = ?", (stack,))
-        return json.loads(row["record"]) if row else None
-
     def latest(self, stack: str) -> Deployment | None:
         row = self.db.one(f"SELECT {COLUMNS} FROM deployments WHERE stack = ? ORDER BY id DESC LIMIT 1", (stack,))
         return Deployment.from_row(row) if row else None
