@@ -95,21 +95,6 @@ class StackRow:
 
 
 @dataclass(frozen=True)
-class EngineCounters:
-    generated: float  # tokens generated since the engine started
-    ttft_sum: float  # seconds to first token, summed over its requests
-    ttft_count: float
-
-
-@dataclass(frozen=True)
-class Engines:
-    """Each routed engine's counters as they stand: two readings give tokens/s and TTFT."""
-
-    at: float
-    engines: dict[str, EngineCounters]
-
-
-@dataclass(frozen=True)
 class StackSeries:
     """One stack's figures at each of `Series.at` (None: its engine did not answer, or served nothing)."""
 

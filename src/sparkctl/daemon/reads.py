@@ -1,5 +1,5 @@
-"""What the daemon answers without changing anything: status, the stack list, history, engines'
-counters, benchmark runs, reports and their files, engine logs and its own metrics. Each runs on
+"""What the daemon answers without changing anything: status, the stack list, history, the
+dashboard's time series and charts, benchmark runs, reports and their files, engine logs and its own metrics. Each runs on
 a worker thread (the API's `Queries`). The daemon holds the catalog and the policy already read,
 so a command that shows them (`stacks list`, `status`) need not import them."""
 
@@ -17,8 +17,6 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.answers import (
     BanRow,
     DeploymentRow,
-    EngineCounters,
-    Engines,
     EventRow,
     History,
     MemoryHeld,
@@ -36,7 +34,7 @@ from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
-from sparkctl.daemon.series import Recorder, readings
+from sparkctl.daemon.series import Recorder
 from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.policy.switch import Memory
@@ -49,9 +47,6 @@ from sparkctl.state.store import Store
 
 REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
 
-
-ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "ttft_sum": "vllm:time_to_first_token_seconds_sum",
-                   "ttft_count": "vllm:time_to_first_token_seconds_count"}
 
 
 def report_file(state_dir: Path, report: str, path: str) -> Path:
@@ -145,14 +140,6 @@ class Reads:
         except SparkctlError:
             return None
         return metrics.between({}, counters).acceptance if counters is not None else None
-
-    def engines(self) -> Engines:
-        """Each routed stack's engine counters as they stand (generated tokens, time to first token's
-        sum and count): the dashboard turns two readings into tokens/s and TTFT."""
-        found = readings(self.routes.table)
-        return Engines(time.time(), {stack: EngineCounters(**{key: counters.get(name, 0.0)
-                                                              for key, name in ENGINE_COUNTERS.items()})
-                                     for stack, counters in found.items()})
 
     def series(self) -> Series:
         """The dashboard's last 15 minutes, with the alias switches of the window marked."""

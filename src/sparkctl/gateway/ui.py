@@ -39,7 +39,7 @@ COOKIE = "sparkctl_session"
 ASSETS = {"/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
           "/ui/app.css": ("app.css", "text/css; charset=utf-8")}
 READS = {"/v1/status", "/v1/desired", "/v1/events", "/v1/history", "/v1/logs", "/v1/runs", "/v1/reports",
-         "/v1/report-file", "/v1/engines", "/v1/series", "/v1/chart"}
+         "/v1/report-file", "/v1/series", "/v1/chart"}
 ACTIONS = {"/v1/up", "/v1/down", "/v1/park", "/v1/wake", "/v1/switch", "/v1/report"}
 PAGE_HEADERS = [("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"), ("Referrer-Policy", "no-referrer"),
                 ("X-Content-Type-Options", "nosniff"),

@@ -37,7 +37,6 @@ def build(commands: Commands, queries: Queries, *, token: str | None = None) -> 
     app.router.add_get("/v1/events", on_query.events)
     app.router.add_get("/v1/logs", on_query.logs)
     app.router.add_get("/v1/runs", on_query.runs)
-    app.router.add_get("/v1/engines", on_query.engines)
     app.router.add_get("/v1/series", on_query.series)
     app.router.add_get("/v1/chart", on_query.chart)
     app.router.add_get("/v1/reports", on_query.reports)

@@ -35,7 +35,6 @@ def _answer(ask: Callable[[Queries], object], key: str | None = None) -> Handler
 status = _answer(lambda q: q.status())
 stacks = _answer(lambda q: q.stacks(), "stacks")
 runs = _answer(lambda q: q.runs(), "runs")
-engines = _answer(lambda q: q.engines())
 series = _answer(lambda q: q.series())
 reports = _answer(lambda q: q.reports(), "reports")
 
