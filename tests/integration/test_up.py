@@ -351,3 +351,32 @@ def test_a_staged_stack_starts_its_engine_only_once_admitted(world, engine) -> N
     wiring.docker.stop(gated["Id"], timeout=0)  # a rollback starts a stopped container again: no gate then
     wiring.docker.start(gated["Id"])
     wait_for(lambda: http_status(url + "/health") == 200, what="the restarted container's engine answers")
+
+
+def test_an_image_the_disk_cannot_hold_is_refused_before_its_pull(published, tmp_path: Path) -> None:
+    """The pull's disk check reads the layers' sizes from the registry's manifest (here the loopback
+    registry's), against the free space of Docker's root dir: a 2 MB filesystem stands in for it."""
+    from sparkctl.container import EngineFacts
+    from sparkctl.deploy.image import room_for
+    from sparkctl.deploy.progress import RecordingReporter
+    from sparkctl.errors import SparkctlError
+
+    small = tmp_path / "docker-root"
+    small.mkdir()
+
+    class Engine:  # the root dir Docker would report, on the small filesystem
+        def facts(self) -> EngineFacts:
+            return EngineFacts("26", "1.45", ("runc",), str(small))
+
+    from tests.fakes.registry import PUBLISHED
+
+    ref = f"{published.host}/{next(iter(PUBLISHED))}"  # as the mirror serves it
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    try:
+        with pytest.raises(SparkctlError, match=r"not enough disk for image .* GB compressed, about .* once extracted"):
+            room_for(ref, stack="s", docker=Engine(), reporter=RecordingReporter())
+        unreachable = RecordingReporter()
+        room_for("127.0.0.1:9/nothing:1", stack="s", docker=Engine(), reporter=unreachable)
+        assert "the image's size is unknown" in unreachable.notes[0]  # said, and the pull goes on
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

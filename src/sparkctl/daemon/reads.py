@@ -1,7 +1,8 @@
 """What the daemon answers without changing anything: status, the stack list, history, the
-dashboard's time series and charts, benchmark runs, reports and their files, engine logs and its own metrics. Each runs on
-a worker thread (the API's `Queries`). The daemon holds the catalog and the policy already read,
-so a command that shows them (`stacks list`, `status`) need not import them."""
+dashboard's time series and charts, benchmark runs, reports and their files, engine logs and its
+own metrics. Each runs on a worker thread (the API's `Queries`). The daemon holds the catalog and
+the policy already read, so a command that shows them (`stacks list`, `status`) need not import
+them."""
 
 from __future__ import annotations
 

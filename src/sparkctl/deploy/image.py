@@ -10,16 +10,24 @@ note before it ends. Called by the pipeline.
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from sparkctl.adapters import registry
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.deploy.progress import Reporter, moved_note
+from sparkctl.deploy.weights import HEADROOM, existing
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.images import ImageName, ImagePolicy, check, mirrored
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
+
+# A pull keeps each layer as downloaded and as extracted; extracted layers of a Python and CUDA
+# image take about as much again as their compressed size, so a pull needs about twice that.
+PULL_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -69,12 +77,34 @@ def _watch_tag(docker: DockerEngine, store: Store, source: str, stack: Stack, na
 
 
 def pull(image: ResolvedImage, *, stack: str, docker: DockerEngine, reporter: Reporter) -> None:
-    """Pull by digest unless Docker has it already (progress reported as `stack`'s)."""
+    """Pull by digest unless Docker has it already (progress reported as `stack`'s), once the
+    engine's disk has room for it."""
     if docker.local_image_id(image.run_ref):
         return
+    room_for(image.run_ref, stack=stack, docker=docker, reporter=reporter)
     repository = image.run_ref.split("@", 1)[0]
     docker.pull(repository, image.digest,
                 on_layer=lambda layer, done, total: reporter.progress(stack, f"layer {layer}", done, total))
+
+
+def room_for(ref: str, *, stack: str, docker: DockerEngine, reporter: Reporter) -> None:
+    """Refuse a pull the engine's disk cannot hold: the layers' compressed size in the registry's
+    manifest, PULL_FACTOR times over, plus HEADROOM, against the free space of Docker's root dir
+    (when the engine is on this machine). A registry that does not say is a note, not a refusal."""
+    root = Path(docker.facts().root_dir)
+    if not root.is_dir():
+        return  # a remote engine's disk: not ours to read
+    try:
+        size = registry.image_bytes(ref)
+    except SparkctlError as e:
+        reporter.note(stack, f"the image's size is unknown ({e}); pulling without a disk check")
+        return
+    free = shutil.disk_usage(existing(root)).free
+    if size * PULL_FACTOR + HEADROOM > free:
+        raise SparkctlError(f"not enough disk for image {ref}: {size / 1e9:.1f} GB compressed, about "
+                            f"{size * PULL_FACTOR / 1e9:.1f} GB once extracted (+{HEADROOM / 1e9:.1f} GB headroom), "
+                            f"{free / 1e9:.1f} GB free at {root}; free space (`docker image prune`) or move "
+                            "Docker's data-root to a larger disk")
 
 
 def _remote_digest(docker: DockerEngine, source: str, stack: Stack, reporter: Reporter, *,

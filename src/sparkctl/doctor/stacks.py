@@ -10,15 +10,12 @@ import shutil
 from pathlib import Path
 
 from sparkctl.adapters.hub import cached_snapshot
+from sparkctl.deploy.image import PULL_FACTOR
 from sparkctl.deploy.weights import HEADROOM, existing
 from sparkctl.doctor import Check, fail, ok, warn
 from sparkctl.doctor.spark import Spark
 from sparkctl.errors import SparkctlError
 from sparkctl.policy.images import check as policy_check
-
-# A pull stores each layer as downloaded and then extracted; extracted layers of a Python and CUDA
-# image take about as much again as their compressed size, so a pull needs about twice that.
-PULL_FACTOR = 2
 
 
 def registries(spark: Spark) -> list[Check]:
