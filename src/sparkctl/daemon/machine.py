@@ -48,6 +48,7 @@ class DockerMachine:
         self.docker, self.deployer, self.catalog, self.store = docker, deployer, catalog, store
         self.desired_path, self.reporter, self.turns = desired_path, reporter, turns
         self.wake_floor = wake_floor  # bytes of MemAvailable under which a wake is killed
+        self.fetching: dict[str, threading.Event] = {}  # stack -> its deploy's stop, while one runs
         self._desired_lock = threading.Lock()
 
     def observe(self) -> list[Observed]:
@@ -62,7 +63,11 @@ class DockerMachine:
                 if staged is not None:
                     self.deployer().discard(staged, "not started: the stack was taken down meanwhile")
                 return None
-            result = self.deployer().up(stack, refresh=refresh, replace=replace, staged=staged)
+            self.fetching[stack] = stop = threading.Event()
+            try:
+                result = self.deployer().up(stack, refresh=refresh, replace=replace, staged=staged, stop=stop)
+            finally:
+                self.fetching.pop(stack, None)
         if result.changed:  # a new engine: its KV headroom was read (the pipeline showed it as notes)
             log_headroom(stack, result.headroom)
         return result
@@ -77,6 +82,9 @@ class DockerMachine:
             self.deployer().discard(staged, why)
 
     def down(self, stack: str) -> int:
+        """Remove the stack's containers; a deploy of it still fetching stops its streams first."""
+        if (fetching := self.fetching.get(stack)) is not None:
+            fetching.set()
         with self.turns.turn(stack):
             return self.deployer().down(stack)
 

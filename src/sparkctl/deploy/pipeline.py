@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import threading
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -21,7 +23,7 @@ from sparkctl.adapters.hub import HubClient
 from sparkctl.deploy import capacity, image, patches, weights
 from sparkctl.deploy.launch import Launch, Prepared, Staged, UpResult
 from sparkctl.deploy.memory import MemoryView
-from sparkctl.deploy.progress import Reporter
+from sparkctl.deploy.progress import Reporter, Stoppable, Stopped
 from sparkctl.deploy.record import Phases
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
@@ -54,11 +56,12 @@ class Deployer:
     def launch(self) -> Launch:
         return Launch(self.settings, self.policy, self.docker, self.reporter, placed=self.placed, rank=self.rank)
 
-    def up(self, name: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None
-           ) -> UpResult:
+    def up(self, name: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None,
+           stop: threading.Event | None = None) -> UpResult:
         """Deploy the stack; `staged` (from `stage`) has been prepared and started already, and
-        only its admission is left before its engine starts. An unchanged stack is found so by the
-        engine step: its running container has the fingerprint of what was just prepared."""
+        only its admission is left before its engine starts; `stop`: see `prepare`. An unchanged
+        stack is found so by the engine step: its running container has the fingerprint of what
+        was just prepared."""
         stack = self.catalog.stack(name)
         deployment = staged.deployment if staged else self.store.deployments.begin(name)
         phases = Phases(self.store, self.reporter, stack.name, deployment)
@@ -67,7 +70,7 @@ class Deployer:
             if staged is None:
                 self._check(stack)
             room = self._admit(stack, replace=replace)
-            prepared = prepared or self.prepare(stack, deployment, refresh=refresh)
+            prepared = prepared or self.prepare(stack, deployment, refresh=refresh, stop=stop)
             for other in room:  # only once everything else checked out (a refused image stops nothing)
                 self.reporter.note(stack.name, f"stopping {other} to make room (--replace)")
                 for c in self.docker.containers(other):
@@ -132,20 +135,17 @@ class Deployer:
         for _, why in stack.risks():  # opted into with `allow:`
             self.reporter.note(stack.name, f"warning: {why}")
 
-    def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False) -> Prepared:
-        """Resolve and fetch everything the stack needs, and patch; starts nothing."""
+    def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False,
+                stop: threading.Event | None = None) -> Prepared:
+        """Resolve and fetch everything the stack needs, and patch; starts nothing. `stop` set
+        while it fetches (a `down`) ends every fetch stream."""
         phases = Phases(self.store, self.reporter, stack.name, deployment)
         phases.enter(Phase.RESOLVING)
         resolved = image.resolve(stack, policy=self.policy, docker=self.docker, store=self.store,
                                  mirrors=self.settings.registry_mirrors, refresh=refresh, reporter=self.reporter)
-        phases.enter(Phase.PULLING, resolved.run_ref)
-        image.pull(resolved, stack=stack.name, docker=self.docker, reporter=self.reporter)
+        model, draft = self._fetch(stack, resolved, phases, refresh=refresh, stop=stop or threading.Event())
         self.store.digests.record(resolved.name.tagged, resolved.digest)
         self._settle_pin(stack, resolved)
-        phases.enter(Phase.FETCHING)
-        model, draft = (weights.fetch(w, hub=self.hub, store=self.store, refresh=refresh, reporter=self.reporter,
-                                      stack=stack.name, label=label) if w else None
-                        for w, label in ((stack.model, "model"), (stack.draft, "draft")))
         phases.enter(Phase.PATCHING)
         sources = {k: w.path for k, w in (("model", model), ("draft", draft)) if w is not None}
         patched = patches.prepare([self.catalog.patch_sets[p] for p in stack.patches], image=resolved.run_ref,
@@ -157,6 +157,37 @@ class Deployer:
                  "env": json.dumps(self.settings.engine_env, sort_keys=True)}
         fingerprint = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
         return Prepared(resolved, model, draft, patched, fingerprint, parts)
+
+    def _fetch(self, stack: Stack, resolved: image.ResolvedImage, phases: Phases, *, refresh: bool,
+               stop: threading.Event) -> tuple[weights.FetchedWeights | None, weights.FetchedWeights | None]:
+        """The image, the model and the draft fetched at once: the registry and the Hub are other
+        servers, a pull's extraction is bound by one core and a download by the network. The phase
+        is `pulling` until the image is here, then `fetching` until the weights are. The first
+        stream to fail (or a set `stop`) ends the others at their next progress; each resumes on
+        the next `up` (Docker keeps the layers it has, the Hub cache the files)."""
+        streams = Stoppable(self.reporter, stop, why="stopped: another fetch failed, or `down` came")
+        phases.enter(Phase.PULLING, ", ".join([resolved.run_ref, *(w.repo or w.path or "" for w in
+                                                                   (stack.model, stack.draft) if w)]) + " at once")
+        with ThreadPoolExecutor(3, thread_name_prefix="fetch") as pool:
+            pulled = pool.submit(image.pull, resolved, stack=stack.name, docker=self.docker, reporter=streams)
+            fetched = [pool.submit(weights.fetch, w, hub=self.hub, store=self.store, refresh=refresh, reporter=streams,
+                                   stack=stack.name, label=label) if w else None
+                       for w, label in ((stack.model, "model"), (stack.draft, "draft"))]
+            streams = [f for f in (pulled, *fetched) if f is not None]
+            pending = set(streams)
+            try:
+                while pending and not stop.is_set():
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    if any(f.exception() for f in done):
+                        break
+                    if pulled in done:
+                        phases.enter(Phase.FETCHING)
+            finally:
+                stop.set()  # the others end at their next progress; leaving the pool waits for them
+        failed = [e for f in streams if (e := f.exception())]
+        if cause := [e for e in failed if not isinstance(e, Stopped)] or failed:  # in stream order, each said
+            raise cause[0] if len(cause) == 1 else SparkctlError("; ".join(str(e) for e in cause))
+        return fetched[0].result() if fetched[0] else None, fetched[1].result() if fetched[1] else None
 
     def down(self, name: str) -> int:
         """Stop and remove the stack's containers (state and pins are kept); how many went."""
