@@ -101,8 +101,8 @@ def measure(docker: DockerEngine, env: dict[str, str], registry: str, hub: str, 
     goal, sequential = bound + rest + 0.5, sum(alone.values()) + rest
     print(f"first up, {name} at {RATE / MB:g} MB/s: {took:.2f} s; alone: pull {alone['pull']:.2f} s "
           f"({LAYER} MB), model {alone['model']:.2f} s ({MODEL} MB), draft {alone['draft']:.2f} s ({DRAFT} MB); "
-          f"patching + start {rest:.2f} s\n  goal {'every byte at the link rate' if shared else 'max(streams)'} + patching + "
-          f"start + 0.5 = {goal:.2f} s: "
+          f"patching + start {rest:.2f} s\n  goal {'all bytes at the link rate' if shared else 'max(streams)'} "
+          f"+ patching + start + 0.5 = {goal:.2f} s: "
           f"ratio {took / goal:.2f} ({'met' if took <= goal else 'missed'}); the sequential order "
           f"{sequential:.2f} s: ratio {took / sequential:.2f}\n  up's phases: {durations(phases)}")
     key = "shared" if shared else "own"
