@@ -53,8 +53,12 @@ class Throttle:
         except OSError:
             client_out.close()
             return
-        await asyncio.gather(self._pipe(client_in, server_out, limited=False),
-                             self._pipe(server_in, client_out, limited=True), return_exceptions=True)
+        try:
+            await asyncio.gather(self._pipe(client_in, server_out, limited=False),
+                                 self._pipe(server_in, client_out, limited=True), return_exceptions=True)
+        except asyncio.CancelledError:  # the proxy stops
+            client_out.close()
+            server_out.close()
 
     async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, limited: bool) -> None:
         try:

@@ -81,10 +81,13 @@ class DockerMachine:
         with self.turns.turn(staged.stack):
             self.deployer().discard(staged, why)
 
-    def down(self, stack: str) -> int:
-        """Remove the stack's containers; a deploy of it still fetching stops its streams first."""
+    def stop_fetching(self, stack: str) -> None:
+        """End the fetch streams of a deploy of the stack under way (a `down` came): its turn ends
+        soon after, not once every byte has arrived."""
         if (fetching := self.fetching.get(stack)) is not None:
             fetching.set()
+
+    def down(self, stack: str) -> int:
         with self.turns.turn(stack):
             return self.deployer().down(stack)
 

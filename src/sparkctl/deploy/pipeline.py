@@ -163,8 +163,9 @@ class Deployer:
         """The image, the model and the draft fetched at once: the registry and the Hub are other
         servers, a pull's extraction is bound by one core and a download by the network. The phase
         is `pulling` until the image is here, then `fetching` until the weights are. The first
-        stream to fail (or a set `stop`) ends the others at their next progress; each resumes on
-        the next `up` (Docker keeps the layers it has, the Hub cache the files)."""
+        stream to fail (or a set `stop`) ends the others at their next progress; the next `up`
+        fetches only what is missing (Docker keeps the layers that arrived, the Hub cache the files
+        that arrived whole; huggingface_hub 2 keeps no partial file)."""
         streams = Stoppable(self.reporter, stop, why="stopped: another fetch failed, or `down` came")
         phases.enter(Phase.PULLING, ", ".join([resolved.run_ref, *(w.repo or w.path or "" for w in
                                                                    (stack.model, stack.draft) if w)]) + " at once")

@@ -52,6 +52,7 @@ class Deploys:
                       acceptance=result.acceptance)
 
     def down(self, stack: str, *, ticket: int | None = None) -> DownDone:
+        self.ctx.machine.stop_fetching(stack)  # before its turn: a deploy fetching holds it
         with self.ctx.turns.turn(stack, ticket):
             self.ctx.machine.update_desired(lambda d: d.without_stack(stack))
             with self.ctx.reconciler.holding(stack):

@@ -1,0 +1,79 @@
+"""A first `up` fetches the image, the model and the draft at once, through a slow link to the Hub
+(`tests/fakes/throttle.py`): a stream that fails stops the others at once, and so does a `down`
+while they run; nothing is recorded as running, and the next `up` fetches none of the files that
+arrived whole (huggingface_hub 2 keeps no partial file: one cut part way comes again whole)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sparkctl.phase import Phase
+from sparkctl.state.store import Store
+from tests.conftest import ours, wait_for
+from tests.fakes.repos import QWEN_NVFP4
+from tests.fakes.throttle import Bucket, Throttle
+
+MB = 10**6
+SLOW = 2 * MB  # bytes/s to the Hub: the model's 40 MB take ~20 s
+
+
+@pytest.fixture
+def slow_hub(world, hub, monkeypatch):
+    """The Hub behind a 2 MB/s link, the model 40 MB larger."""
+    hub.hub.repos[QWEN_NVFP4].files["model-slow.safetensors"] = bytes(40 * MB)
+    link = Throttle(hub.endpoint.removeprefix("http://"), Bucket(SLOW))
+    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", f"http://{link.host}")
+    yield link
+    link.stop()
+    del hub.hub.repos[QWEN_NVFP4].files["model-slow.safetensors"]
+
+
+def arrived(world) -> bool:
+    """Whether the model's slow file is complete in the HF cache (a snapshot links it only then)."""
+    return any((world / "hf").rglob("snapshots/*/model-slow.safetensors"))
+
+
+def test_a_failing_stream_stops_the_others_at_once(world, slow_hub, cli, engine) -> None:
+    stack = world / "stacks" / "qwen36-dflash.yaml"
+    text = stack.read_text()
+    draft = text.index("draft:")
+    stack.write_text(text[:draft] + text[draft:].replace("  revision: main", "  revision: no-such-revision", 1))
+    code, _, err = cli("up", "qwen36-dflash")
+    assert code == 1 and "no such revision" in err, err
+    assert not arrived(world) and not ours(engine)  # the model's ~20 s download did not run to its end
+    history = Store(world / "state" / "sparkctl.db").deployments.history("qwen36-dflash")
+    assert any(d.phase == Phase.FAILED and "no such revision" in (d.error or "") for d in history)  # (it retries)
+    stack.write_text(text)
+    code, out, err = cli("up", "qwen36-dflash")
+    assert code == 0, err
+
+
+def test_a_down_while_fetching_stops_every_stream_and_the_next_up_keeps_what_arrived(world, slow_hub, cli, engine, hub
+                                                                            ) -> None:
+    up = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "qwen36-dflash"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    store = Store(world / "state" / "sparkctl.db")
+
+    def fetching() -> bool:
+        latest = store.deployments.latest("qwen36-dflash") if (world / "state" / "sparkctl.db").exists() else None
+        return latest is not None and latest.phase in (Phase.PULLING, Phase.FETCHING)
+
+    wait_for(fetching, timeout=60, what="the up fetching")
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=30, what="the model's download under way")
+    code, out, err = cli("down", "qwen36-dflash")
+    assert code == 0, err
+    out, err = up.communicate(timeout=60)
+    assert up.returncode == 1 and "stopped" in err, err
+    assert not arrived(world) and not ours(engine)  # the download stopped part way
+    whole = {f"/{f.parents[2].name.removeprefix('models--').replace('--', '/')}/{f.name}"  # arrived whole
+             for f in (world / "hf").rglob("snapshots/*/*") if f.is_file()}
+    asked = len(hub.hub.requests)
+    code, out, err = cli("up", "qwen36-dflash")
+    assert code == 0, err
+    fetched = [r for r in hub.hub.requests[asked:] if r.startswith("GET") and "/resolve/" in r]
+    again = [r for r in fetched if r.split()[1].split("/resolve/")[0] + "/" + r.split()[1].rsplit("/", 1)[-1] in whole]
+    assert whole and not again, (whole, again)
+    assert any("model-slow.safetensors" in r for r in fetched)  # cut part way: fetched again, whole
