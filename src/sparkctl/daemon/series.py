@@ -78,11 +78,13 @@ class Recorder:
 
 
 def readings(table: RouteTable) -> dict[str, dict[str, float]]:
-    """Each routed stack's engine readings now (a stack whose engine did not answer is absent)."""
+    """Each routed stack's engine readings now that the series uses (its generated tokens and TTFT
+    buckets: a window of whole /metrics readings would hold ~10 MB); a stack whose engine did not
+    answer is absent."""
     found = {}
     for stack, upstream in table.upstreams.items():
         if (counters := metrics.read(upstream.url, dict(upstream.headers or []))) is not None:
-            found[stack] = counters
+            found[stack] = {k: v for k, v in counters.items() if k == GENERATED or k.startswith(f"{TTFT}_bucket{{")}
     return found
 
 
