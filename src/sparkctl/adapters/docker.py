@@ -200,14 +200,20 @@ class DockerEngine:
     @transient()
     def stop(self, name_or_id: str, *, timeout: int = 30) -> None:
         """Stop the container; returns once Docker's container list agrees. The list is a copy
-        the engine updates after `stop` has returned, and for a few ms it can still say running:
-        admission, which reads it, would count a stopped stack's memory."""
+        the engine writes after the container is marked stopped, which is what ends `stop`, and
+        before it sends the `die` event: so a stop of a running container waits for its `die`.
+        Admission reads the list, and would count a stopped stack's memory."""
+        since = time.time()
         with _translated(f"stop container {name_or_id}"):
-            self.client.api.stop(name_or_id, timeout=timeout)
-            deadline = time.monotonic() + 5
-            while self.client.api.containers(all=True, filters={"id": name_or_id, "status": "running"}) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.005)
+            if not self.client.api.inspect_container(name_or_id)["State"]["Running"]:
+                return
+            died = self.client.events(decode=True, since=since, until=since + timeout + 30,
+                                      filters={"type": "container", "container": name_or_id, "event": "die"})
+            try:
+                self.client.api.stop(name_or_id, timeout=timeout)
+                next(died, None)  # its `die`, or the stream's end at `until`
+            finally:
+                died.close()
 
     def rename(self, name_or_id: str, new_name: str) -> None:
         with _translated(f"rename container {name_or_id} to {new_name}"):
