@@ -16,8 +16,9 @@ class Phase(StrEnum):
     READY = "ready"
     CANARY = "canary"
     RUNNING = "running"  # terminal success: healthy and serving
+    FETCHED = "fetched"  # terminal: `pull` fetched and patched what it needs, and started nothing
     FAILED = "failed"
     STOPPED = "stopped"
 
     def is_terminal(self) -> bool:
-        return self in (Phase.RUNNING, Phase.FAILED, Phase.STOPPED)
+        return self in (Phase.RUNNING, Phase.FETCHED, Phase.FAILED, Phase.STOPPED)

@@ -22,6 +22,13 @@ class UpDone:
 
 
 @dataclass(frozen=True)
+class PullDone:
+    done: ClassVar[str] = "pull"
+    stack: str
+    fingerprint: str  # what an `up` will start, unless something it is made from changes first
+
+
+@dataclass(frozen=True)
 class DownDone:
     done: ClassVar[str] = "down"
     stack: str
@@ -101,8 +108,8 @@ class ReportWritten:
     file: str  # its page, in that folder
 
 
-Done = UpDone | DownDone | SwitchDone | RouteDone | ParkDone | WakeDone | RetestDone | ReportWritten
-DONE: dict[str, type[Done]] = {kind.done: kind for kind in (UpDone, DownDone, SwitchDone, RouteDone, ParkDone,
+Done = UpDone | PullDone | DownDone | SwitchDone | RouteDone | ParkDone | WakeDone | RetestDone | ReportWritten
+DONE: dict[str, type[Done]] = {kind.done: kind for kind in (UpDone, PullDone, DownDone, SwitchDone, RouteDone, ParkDone,
                                                             WakeDone, RetestDone, ReportWritten)}
 
 

@@ -26,6 +26,12 @@ class UpRequest:
 
 
 @dataclass(frozen=True)
+class PullRequest:
+    stack: str
+    refresh: bool = False
+
+
+@dataclass(frozen=True)
 class DownRequest:
     stack: str
 
@@ -60,7 +66,7 @@ class RetestRequest:
     force: bool = False  # measure even an unchanged or itself blacklisted digest
 
 
-Request = UpRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest | RetestRequest
+Request = UpRequest | PullRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest | RetestRequest
 
 
 def parse(kind: type[Request], body: object) -> Request:

@@ -5,6 +5,7 @@ arrived whole (huggingface_hub 2 keeps no partial file: one cut part way comes a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 
 from sparkctl.phase import Phase
 from sparkctl.state.store import Store
-from tests.conftest import ours, wait_for
+from tests.conftest import name, ours, wait_for
 from tests.fakes.repos import QWEN_NVFP4
 from tests.fakes.throttle import Bucket, Throttle
 
@@ -77,3 +78,17 @@ def test_a_down_while_fetching_stops_every_stream_and_the_next_up_keeps_what_arr
     again = [r for r in fetched if r.split()[1].split("/resolve/")[0] + "/" + r.split()[1].rsplit("/", 1)[-1] in whole]
     assert whole and not again, (whole, again)
     assert any("model-slow.safetensors" in r for r in fetched)  # cut part way: fetched again, whole
+
+
+def test_a_pulled_stack_shows_fetched_and_its_up_fetches_nothing(world, cli, engine, hub) -> None:
+    code, out, err = cli("pull", "qwen36-dflash")
+    assert code == 0 and "qwen36-dflash fetched (fingerprint " in out, err
+    assert not ours(engine)  # nothing started
+    code, out, _ = cli("status", "--json")
+    [row] = [r for r in json.loads(out) if r["stack"] == "qwen36-dflash"]
+    assert row["phase"] == "fetched" and not row["desired"]
+    asked = len(hub.hub.requests)
+    code, out, err = cli("up", "qwen36-dflash")
+    assert code == 0 and "qwen36-dflash up: http://127.0.0.1:" in out, err
+    assert not [r for r in hub.hub.requests[asked:] if r.startswith("GET") and "/resolve/" in r]  # all here
+    assert engine.client.api.inspect_container(name("qwen36-dflash"))["State"]["Running"]

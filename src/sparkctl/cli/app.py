@@ -51,8 +51,8 @@ app = typer.Typer(
 )
 app.add_typer(deploy.patch_app, name="patch")
 app.add_typer(service.app, name="service")
-for command in (deploy.up, deploy.down, deploy.switch, deploy.park, deploy.wake, deploy.status, deploy.logs,
-                service.daemon, service.dashboard, doctor.doctor):
+for command in (deploy.up, deploy.pull, deploy.down, deploy.switch, deploy.park, deploy.wake, deploy.status,
+                deploy.logs, service.daemon, service.dashboard, doctor.doctor):
     app.command()(command)
 
 _runtime = Runtime()

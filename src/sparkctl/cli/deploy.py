@@ -22,6 +22,21 @@ def up(
     views.up(runtime(ctx).daemon, stack, refresh=refresh, replace=replace)
 
 
+def pull(
+    ctx: typer.Context,
+    stacks: list[str] = typer.Argument(..., metavar="STACK...", help="The stacks to fetch."),
+    refresh: bool = typer.Option(False, "--refresh", help="Follow a tag if it moved since it was pinned."),
+) -> None:
+    """Fetch each STACK's image, weights and draft, and patch, starting nothing: a later `up` or
+    `switch` waits only for the engine. Shown as `fetched` in `status`."""
+    from sparkctl import results, wire
+
+    rt = runtime(ctx)
+    for stack in stacks:
+        done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
+        rt.console.print(f"{stack} fetched (fingerprint {done.fingerprint}); `sparkctl up {stack}` starts it")
+
+
 def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
     from sparkctl import results, wire

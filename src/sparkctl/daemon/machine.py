@@ -24,7 +24,7 @@ from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon.planner import Observed
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy import health
-from sparkctl.deploy.launch import Staged, UpResult
+from sparkctl.deploy.launch import Prepared, Staged, UpResult
 from sparkctl.deploy.memory import GIB, available
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.deploy.progress import Reporter
@@ -71,6 +71,16 @@ class DockerMachine:
         if result.changed:  # a new engine: its KV headroom was read (the pipeline showed it as notes)
             log_headroom(stack, result.headroom)
         return result
+
+    def fetch(self, stack: str, *, refresh: bool = False) -> Prepared:
+        """Fetch and patch the stack in its turn, starting nothing (`Deployer.fetch`); a `down`
+        stops its streams as it stops a deploy's."""
+        with self.turns.turn(stack):
+            self.fetching[stack] = stop = threading.Event()
+            try:
+                return self.deployer().fetch(stack, refresh=refresh, stop=stop)
+            finally:
+                self.fetching.pop(stack, None)
 
     def stage(self, stack: str) -> Staged:
         """Prepare the stack and start its container, its engine behind a gate (`Deployer.stage`)."""

@@ -37,6 +37,7 @@ from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
 from sparkctl.daemon.series import Recorder
 from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
+from sparkctl.phase import Phase
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.policy.switch import Memory
 from sparkctl.settings import Settings
@@ -91,6 +92,9 @@ class Reads:
         history = self.reconciler.history
         rows += [StatusRow(s, "failed" if history.get(s, planner.History()).failed else "pending", "absent", "", None,
                            "", None, None, None, None) for s in desired.stacks if s not in seen]
+        rows += [StatusRow(s.name, Phase.FETCHED.value, "absent", "", latest.fingerprint, "", None, None, None, None)
+                 for s in catalog.deployable() if s.name not in seen and s.name not in desired.stacks
+                 and (latest := self.store.deployments.latest(s.name)) and latest.phase is Phase.FETCHED]
         restarts = Counter(e["stack"] for e in self.store.events.list(limit=10_000) if e["kind"] == "restarted")
         memory = self.memory()
         return Status(tuple(self._full(row, catalog, policy, restarts) for row in rows),

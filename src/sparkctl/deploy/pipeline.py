@@ -120,6 +120,23 @@ class Deployer:
             raise
         return Staged(stack.name, deployment, prepared, container, sleep)
 
+    def fetch(self, name: str, *, refresh: bool = False, stop: threading.Event | None = None) -> Prepared:
+        """`sparkctl pull`: everything `up` would fetch and patch, recorded as a `fetched`
+        deployment; nothing starts, so a later `up` (or a switch to it) waits only for the engine."""
+        stack = self.catalog.stack(name)
+        deployment = self.store.deployments.begin(name)
+        phases = Phases(self.store, self.reporter, stack.name, deployment)
+        try:
+            self._check(stack)
+            prepared = self.prepare(stack, deployment, refresh=refresh, stop=stop)
+        except SparkctlError as e:
+            phases.enter(Phase.FAILED, error=str(e))
+            raise
+        prepared.image.settle()  # the moved-tag note comes before the outcome
+        self.store.deployments.set_fingerprint(deployment, prepared.fingerprint, prepared.parts)
+        phases.enter(Phase.FETCHED, "image, weights and patches here; nothing started")
+        return prepared
+
     def discard(self, staged: Staged, why: str) -> None:
         """A staged deployment that will not start: its container removed, the deployment failed."""
         if staged.container:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.parking import Parking
 from sparkctl.errors import ImageRefused, SparkctlError
-from sparkctl.results import DownDone, UpDone
+from sparkctl.results import DownDone, PullDone, UpDone
 
 
 @dataclass
@@ -50,6 +50,13 @@ class Deploys:
         self.ctx.serving_since[stack] = time.monotonic()
         return UpDone(stack, result.fingerprint, unchanged=not result.changed, url=result.url,
                       acceptance=result.acceptance)
+
+    def pull(self, stack: str, *, refresh: bool = False, ticket: int | None = None) -> PullDone:
+        """Fetch and patch the stack, start nothing: it is not made desired, and shows as
+        `fetched` until an `up` starts it."""
+        with self.ctx.turns.turn(stack, ticket):
+            prepared = self.ctx.machine.fetch(stack, refresh=refresh)
+        return PullDone(stack, prepared.fingerprint)
 
     def down(self, stack: str, *, ticket: int | None = None) -> DownDone:
         self.ctx.machine.stop_fetching(stack)  # before its turn: a deploy fetching holds it

@@ -29,6 +29,11 @@ async def up(request: web.Request) -> web.StreamResponse:
         stack, refresh=ask.refresh, replace=ask.replace, ticket=ticket))
 
 
+async def pull(request: web.Request) -> web.StreamResponse:
+    return await _on_stack(request, wire.PullRequest, lambda actions, ask, stack, ticket: actions.deploys.pull(
+        stack, refresh=ask.refresh, ticket=ticket))
+
+
 async def down(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.DownRequest,
                            lambda actions, ask, stack, ticket: actions.deploys.down(stack, ticket=ticket))
