@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkctl.node import AgentAnswer, HostImage, Node, NodeState, unreachable
+from sparkctl.node import AgentAnswer, HostContainer, HostImage, Node, NodeState, unreachable
 from sparkctl.spec.fleet import GIB, Fleet, Host
 
 
@@ -84,19 +84,9 @@ def _problems(host: Host | None, node: Node | None) -> tuple[str, ...]:
 
 # -- containers ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ContainerRow:
-    host: str
-    stack: str
-    name: str
-    state: str  # Docker's: running, exited, created, ...
-    image: str
-    repo_digest: str | None = None
-
-
-@dataclass(frozen=True)
 class Census:
     hosts: tuple[str, ...]  # every host asked, in order
-    rows: tuple[ContainerRow, ...] = ()
+    rows: tuple[HostContainer, ...] = ()  # as each host's agent listed them
     unreachable: dict[str, str] = field(default_factory=dict)  # host -> why it gave no answer
 
     @property
@@ -122,8 +112,7 @@ class Removal:
 def census(answers: list[AgentAnswer]) -> Census:
     """Rows from each host's `containers()` answer, by host (in asked order), stack and name."""
     order = {a.host: i for i, a in enumerate(answers)}
-    rows = [ContainerRow(host=c.host, stack=c.stack, name=c.name, state=c.state, image=c.image,
-                         repo_digest=c.repo_digest) for a in answers if a.ok for c in a.value]
+    rows = [c for a in answers if a.ok for c in a.value]
     rows.sort(key=lambda r: (order[r.host], r.stack, r.name))
     return Census(hosts=tuple(order), rows=tuple(rows), unreachable=unreachable(answers))
 
