@@ -29,7 +29,7 @@ from sparkctl.adapters import processes  # noqa: E402
 from sparkctl.fleet import local  # noqa: E402
 
 THREE = ("print-a", "print-b", "print-c")
-LOAD_S = 3 if SMOKE else 15
+LOAD_S, SETTLE = (3, 2) if SMOKE else (15, 10)  # s of load; s for the series' samples and a reconcile pass
 HEAD, RAY_PORT = "127.0.0.2", 27700
 
 
@@ -104,11 +104,11 @@ def main() -> None:
         with daemon(env) as proc:
             sparkctl(env, "up", THREE[0])
             sparkctl(env, "switch", THREE[0])
-            time.sleep(10)  # a few of the series' samples, a reconcile pass
+            time.sleep(SETTLE)
             one = memory(proc.pid)
             for name in THREE[1:]:
                 sparkctl(env, "up", name)
-            time.sleep(10)
+            time.sleep(SETTLE)
             three = memory(proc.pid)
             peak = under_load(env, proc.pid)
             try:
