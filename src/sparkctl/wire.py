@@ -32,6 +32,11 @@ class PullRequest:
 
 
 @dataclass(frozen=True)
+class CancelRequest:
+    stack: str  # the stack whose deploy or pull under way should stop fetching
+
+
+@dataclass(frozen=True)
 class DownRequest:
     stack: str
 
@@ -66,7 +71,8 @@ class RetestRequest:
     force: bool = False  # measure even an unchanged or itself blacklisted digest
 
 
-Request = UpRequest | PullRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest | RetestRequest
+Request = (UpRequest | PullRequest | CancelRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest
+           | RetestRequest)
 
 
 def parse(kind: type[Request], body: object) -> Request:

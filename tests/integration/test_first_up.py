@@ -6,6 +6,7 @@ arrived whole (huggingface_hub 2 keeps no partial file: one cut part way comes a
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -92,3 +93,19 @@ def test_a_pulled_stack_shows_fetched_and_its_up_fetches_nothing(world, cli, eng
     assert code == 0 and "qwen36-dflash up: http://127.0.0.1:" in out, err
     assert not [r for r in hub.hub.requests[asked:] if r.startswith("GET") and "/resolve/" in r]  # all here
     assert engine.client.api.inspect_container(name("qwen36-dflash"))["State"]["Running"]
+
+
+def test_ctrl_c_of_an_up_stops_its_fetch_in_the_daemon_and_leaves_the_stack_as_it_was(world, slow_hub, cli,
+                                                                                         engine) -> None:
+    up = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "qwen36-dflash"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the model's download under way")
+    up.send_signal(signal.SIGINT)
+    out, err = up.communicate(timeout=60)
+    assert up.returncode == 130 and "cancelled; its fetch streams stopped in the daemon" in err, err
+    store = Store(world / "state" / "sparkctl.db")
+    wait_for(lambda: store.deployments.latest("qwen36-dflash").phase == Phase.FAILED, timeout=60,
+             what="the daemon's deploy ended")  # within a progress step, not the ~20 s the download had left
+    assert not arrived(world) and not ours(engine)
+    code, out, _ = cli("status", "--json")
+    assert not [r for r in json.loads(out) if r["stack"] == "qwen36-dflash" and r["desired"]]  # new: not kept

@@ -126,6 +126,12 @@ class DaemonClient:
                 raise SparkctlError(_message(response))
             return json.loads(response.read())
 
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        with UnixHTTP(self.path, TIMEOUT).request("POST", path, body) as response:
+            if response.status != 200:
+                raise SparkctlError(_message(response))
+            return json.loads(response.read())
+
     def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST `body`; the NDJSON events of the response as they come. The request is sent and
         the response's head read before this returns, so what the caller does next overlaps the

@@ -33,7 +33,8 @@ def pull(
 
     rt = runtime(ctx)
     for stack in stacks:
-        done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
+        with views.cancelled_on_interrupt(rt.daemon, stack):
+            done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
         rt.console.print(f"{stack} fetched (fingerprint {done.fingerprint}); `sparkctl up {stack}` starts it")
 
 

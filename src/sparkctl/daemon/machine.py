@@ -49,6 +49,7 @@ class DockerMachine:
         self.desired_path, self.reporter, self.turns = desired_path, reporter, turns
         self.wake_floor = wake_floor  # bytes of MemAvailable under which a wake is killed
         self.fetching: dict[str, threading.Event] = {}  # stack -> its deploy's stop, while one runs
+        self.cancelled: set[str] = set()  # stacks whose deploy's fetch a `cancel` stopped (not yet seen)
         self._desired_lock = threading.Lock()
 
     def observe(self) -> list[Observed]:
@@ -91,11 +92,15 @@ class DockerMachine:
         with self.turns.turn(staged.stack):
             self.deployer().discard(staged, why)
 
-    def stop_fetching(self, stack: str) -> None:
-        """End the fetch streams of a deploy of the stack under way (a `down` came): its turn ends
-        soon after, not once every byte has arrived."""
+    def stop_fetching(self, stack: str, *, cancel: bool = False) -> bool:
+        """End the fetch streams of a deploy (or pull) of the stack under way (a `down`, a
+        Ctrl-C's `cancel`, the daemon's stop): its turn ends soon after, not once every byte has
+        arrived. False: none runs."""
         if (fetching := self.fetching.get(stack)) is not None:
+            if cancel:
+                self.cancelled.add(stack)
             fetching.set()
+        return fetching is not None
 
     def down(self, stack: str) -> int:
         with self.turns.turn(stack):

@@ -203,8 +203,10 @@ class Deployer:
             finally:
                 stop.set()  # the others end at their next progress; leaving the pool waits for them
         failed = [e for f in streams if (e := f.exception())]
-        if cause := [e for e in failed if not isinstance(e, Stopped)] or failed:  # in stream order, each said
+        if cause := [e for e in failed if not isinstance(e, Stopped)]:  # in stream order, each said
             raise cause[0] if len(cause) == 1 else SparkctlError("; ".join(str(e) for e in cause))
+        if failed:  # stopped from outside (a `down`, a Ctrl-C, the daemon's stop): every stream said so
+            raise failed[0]
         return fetched[0].result() if fetched[0] else None, fetched[1].result() if fetched[1] else None
 
     def down(self, name: str) -> int:

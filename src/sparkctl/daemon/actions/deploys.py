@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.parking import Parking
+from sparkctl.deploy.progress import Stopped
 from sparkctl.errors import ImageRefused, SparkctlError
 from sparkctl.results import DownDone, PullDone, UpDone
 
@@ -31,8 +32,10 @@ class Deploys:
             try:
                 with self.ctx.reconciler.holding(stack):
                     result = self.ctx.machine.deploy(stack, refresh=refresh, replace=replace)
-            except ImageRefused:  # the policy refuses it: retrying cannot help, so a new stack is not kept desired
-                if not was_desired:
+            except (ImageRefused, Stopped) as e:  # refused by policy, or cancelled: a stack new to desired
+                cancelled = stack in self.ctx.machine.cancelled  # leaves it (the reconciler would retry it)
+                self.ctx.machine.cancelled.discard(stack)
+                if not was_desired and (cancelled or isinstance(e, ImageRefused)):
                     self.ctx.machine.update_desired(lambda d: d.without_stack(stack))
                 self.ctx.metrics.outcome(stack, ok=False)
                 raise
@@ -55,8 +58,16 @@ class Deploys:
         """Fetch and patch the stack, start nothing: it is not made desired, and shows as
         `fetched` until an `up` starts it."""
         with self.ctx.turns.turn(stack, ticket):
-            prepared = self.ctx.machine.fetch(stack, refresh=refresh)
+            try:
+                prepared = self.ctx.machine.fetch(stack, refresh=refresh)
+            finally:
+                self.ctx.machine.cancelled.discard(stack)  # a `cancel` of this pull is seen
         return PullDone(stack, prepared.fingerprint)
+
+    def cancel(self, stack: str) -> bool:
+        """Stop the fetch of the stack's deploy or pull under way; the deploy fails, and an `up`
+        of a stack that was not desired before leaves it not desired (`up`'s `Stopped`)."""
+        return self.ctx.machine.stop_fetching(stack, cancel=True)
 
     def down(self, stack: str, *, ticket: int | None = None) -> DownDone:
         self.ctx.machine.stop_fetching(stack)  # before its turn: a deploy fetching holds it

@@ -29,6 +29,7 @@ def build(commands: Commands, queries: Queries, *, token: str | None = None) -> 
     app.router.add_get("/v1/desired", on_query.desired)
     app.router.add_post("/v1/up", on_action.up)
     app.router.add_post("/v1/pull", on_action.pull)
+    app.router.add_post("/v1/cancel", on_action.cancel)
     app.router.add_post("/v1/down", on_action.down)
     app.router.add_post("/v1/switch", on_action.switch)
     app.router.add_post("/v1/route", on_action.route)

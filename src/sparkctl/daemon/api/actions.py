@@ -34,6 +34,14 @@ async def pull(request: web.Request) -> web.StreamResponse:
         stack, refresh=ask.refresh, ticket=ticket))
 
 
+async def cancel(request: web.Request) -> web.Response:
+    """Stop the fetch streams of the stack's deploy or pull under way (the CLI's Ctrl-C); not in
+    the stack's turn, which that deploy holds."""
+    ask = await http.parse_body(request, wire.CancelRequest)
+    stopped = await asyncio.to_thread(request.app[COMMANDS].deploys.cancel, ask.stack)
+    return web.json_response({"stack": ask.stack, "stopped": stopped})
+
+
 async def down(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.DownRequest,
                            lambda actions, ask, stack, ticket: actions.deploys.down(stack, ticket=ticket))
