@@ -97,3 +97,26 @@ def test_the_recorder_samples_on_its_loop_until_cancelled() -> None:
 
     asyncio.run(asyncio.wait_for(run(), 30))
     assert made.series([]).stacks["a"].in_flight[0] == 1
+
+
+def test_a_failing_read_leaves_a_gap_and_the_sampler_goes_on() -> None:
+    reads = iter([RuntimeError("Docker restarting"), {"a": readings(10, [])}, {"a": readings(20, [])}])
+
+    def engines() -> dict:
+        answer = next(reads, {"a": readings(30, [])})
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    ledger = Snapshot(served={}, in_flight={}, accepted={}, peak={}, routed={})
+    made = Recorder(engines=engines, memory=lambda: Memory({}, 0.9), requests=lambda: ledger, every=0.01)
+
+    async def run() -> None:
+        task = asyncio.create_task(made.run())
+        while len(made.samples) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    assert [s.engines["a"][GENERATED] for s in made.samples][:2] == [10, 20]

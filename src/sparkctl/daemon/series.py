@@ -18,12 +18,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from sparkctl.answers import Series, StackSeries
 from sparkctl.bench import metrics
 from sparkctl.gateway.ledger import Snapshot
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.policy.switch import Memory
 
+log = structlog.get_logger()
 SAMPLE_EVERY = 5.0  # s between two samples
 WINDOW = 15 * 60.0  # s of samples kept
 GENERATED, TTFT = "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds"
@@ -47,12 +50,17 @@ class Recorder:
         self.lock = threading.Lock()
 
     async def run(self) -> None:
-        """Sample until cancelled (the daemon's stop)."""
+        """Sample until cancelled (the daemon's stop); a sample that fails (Docker restarting) is
+        left out, and the series has a gap there."""
         while True:
-            engines, memory = await asyncio.to_thread(lambda: (self.engines(), self.memory()))
-            sample = Sample(time.time(), engines, self.requests(), memory)
-            with self.lock:
-                self.samples.append(sample)
+            try:
+                engines, memory = await asyncio.to_thread(lambda: (self.engines(), self.memory()))
+            except Exception as e:  # noqa: BLE001 - the sampler outlives any one bad read
+                log.warning("series_sample_failed", error=str(e)[:200])
+            else:
+                sample = Sample(time.time(), engines, self.requests(), memory)
+                with self.lock:
+                    self.samples.append(sample)
             await asyncio.sleep(self.every)
 
     def series(self, switches: list[tuple[float, str]]) -> Series:
