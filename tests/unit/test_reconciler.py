@@ -87,6 +87,9 @@ class FakeMachine:
     def observe(self) -> list[Observed]:
         return list(self.containers)
 
+    def deploy_absent(self, stack: str) -> None:
+        self.deploy(stack)
+
     def deploy(self, stack: str) -> None:
         self.calls.append(("deploy", stack))
         if self.deploy_fails:

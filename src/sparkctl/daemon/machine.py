@@ -83,6 +83,15 @@ class DockerMachine:
             finally:
                 self.fetching.pop(stack, None)
 
+    def deploy_absent(self, stack: str) -> UpResult | None:
+        """The reconciler's deploy of a stack it saw with no container: none, if by its turn one
+        runs (an `up` made it meanwhile), so a pass planned on what it saw before does not run the
+        pipeline again on a stack just deployed."""
+        with self.turns.turn(stack):
+            if any(c.running for c in self.docker.containers(stack)):
+                return None
+            return self.deploy(stack)
+
     def stage(self, stack: str) -> Staged:
         """Prepare the stack and start its container, its engine behind a gate (`Deployer.stage`)."""
         with self.turns.turn(stack):

@@ -37,6 +37,8 @@ class Machine(Protocol):
 
     def deploy(self, stack: str, *, staged: Staged | None = None) -> UpResult | None: ...
 
+    def deploy_absent(self, stack: str) -> UpResult | None: ...
+
     def stage(self, stack: str) -> Staged: ...
 
     def discard(self, staged: Staged, why: str) -> None: ...
@@ -138,7 +140,7 @@ class Reconciler:
             self._run(action.stack, lambda: self.machine.start(action.container))
         elif isinstance(action, Deploy):
             log.info("stack_deploying", stack=action.stack)
-            self._run(action.stack, lambda: self.machine.deploy(action.stack))
+            self._run(action.stack, lambda: self.machine.deploy_absent(action.stack))
         elif isinstance(action, GiveUp):
             self.history[action.stack] = replace(self.history.get(action.stack, History()), failed=action.reason)
             log.error("stack_failed", stack=action.stack, reason=action.reason)
