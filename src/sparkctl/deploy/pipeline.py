@@ -155,7 +155,7 @@ class Deployer:
     def prepare(self, stack: Stack, deployment: int | None = None, *, refresh: bool = False,
                 stop: threading.Event | None = None) -> Prepared:
         """Resolve and fetch everything the stack needs, and patch; starts nothing. `stop` set
-        while it fetches (a `down`) ends every fetch stream."""
+        while it fetches (a `down`, a cancel, the daemon's stop) ends every fetch stream."""
         phases = Phases(self.store, self.reporter, stack.name, deployment)
         phases.enter(Phase.RESOLVING)
         resolved = image.resolve(stack, policy=self.policy, docker=self.docker, store=self.store,
@@ -183,12 +183,12 @@ class Deployer:
         stream to fail (or a set `stop`) ends the others at their next progress; the next `up`
         fetches only what is missing (Docker keeps the layers that arrived, the Hub cache the files
         that arrived whole; huggingface_hub 2 keeps no partial file)."""
-        streams = Stoppable(self.reporter, stop, why="stopped: another fetch failed, or `down` came")
+        reporter = Stoppable(self.reporter, stop, why="stopped: another fetch failed, or the deploy was stopped")
         phases.enter(Phase.PULLING, ", ".join([resolved.run_ref, *(w.repo or w.path or "" for w in
                                                                    (stack.model, stack.draft) if w)]) + " at once")
         with ThreadPoolExecutor(3, thread_name_prefix="fetch") as pool:
-            pulled = pool.submit(image.pull, resolved, stack=stack.name, docker=self.docker, reporter=streams)
-            fetched = [pool.submit(weights.fetch, w, hub=self.hub, store=self.store, refresh=refresh, reporter=streams,
+            pulled = pool.submit(image.pull, resolved, stack=stack.name, docker=self.docker, reporter=reporter)
+            fetched = [pool.submit(weights.fetch, w, hub=self.hub, store=self.store, refresh=refresh, reporter=reporter,
                                    stack=stack.name, label=label) if w else None
                        for w, label in ((stack.model, "model"), (stack.draft, "draft"))]
             streams = [f for f in (pulled, *fetched) if f is not None]
