@@ -98,7 +98,8 @@ def test_a_pulled_stack_shows_fetched_and_its_up_fetches_nothing(world, cli, eng
 def test_ctrl_c_of_an_up_stops_its_fetch_in_the_daemon_and_leaves_the_stack_as_it_was(world, slow_hub, cli,
                                                                                          engine) -> None:
     up = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "qwen36-dflash"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True,  # as from a terminal: a job a script started in
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # the background ignores it
     wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the model's download under way")
     up.send_signal(signal.SIGINT)
     out, err = up.communicate(timeout=60)

@@ -12,6 +12,7 @@ import pytest
 
 from sparkctl.adapters.raynode import _check_ports
 from sparkctl.agent import _digest_for
+from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, local, survey
 from sparkctl.node import (
     CALLS,
@@ -148,9 +149,22 @@ def test_the_repo_digest_that_stands_for_a_ref(ref: str, repo_digests: list[str]
     assert _digest_for(ref, repo_digests) == digest
 
 
+def free_block(tmp_path: Path) -> int:
+    """The first port of 256 that nothing listens on, below the kernel's ephemeral range (where a
+    busy machine's other connections come and go) and apart from the fleet tests' 27100-27955."""
+    for base in range(29000, 32000, 300):
+        try:
+            _check_ports(NodeLaunch(host="a", address="127.0.0.1", port=base, head="127.0.0.1:1", memory_bytes=1,
+                                    temp_dir=tmp_path, log_file=tmp_path / "log", object_store_bytes=1))
+            return base
+        except SparkctlError:
+            continue
+    raise AssertionError("no free block of 256 ports between 29000 and 32000")
+
+
 def test_a_port_left_in_time_wait_is_free_to_start_on(tmp_path: Path) -> None:
     """A node killed mid-connection leaves its ports in TIME_WAIT: a restart must not be refused."""
-    server = socket.create_server(("127.0.0.1", 0))
+    server = socket.create_server(("127.0.0.1", free_block(tmp_path) + 1))
     port = server.getsockname()[1]
     client = socket.create_connection(("127.0.0.1", port))
     accepted, _ = server.accept()
