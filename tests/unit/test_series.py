@@ -31,6 +31,18 @@ def sample(at: float, engines: dict, *, in_flight: int = 0, accepted: int = 0, p
     return Sample(at, engines, requests, Memory({"a": 0.4, "b": 0.1}, 0.9, {"b": 1} if parked else {}))
 
 
+def sampled(made: Recorder, n: int) -> None:
+    """Run the recorder's sampling on a loop of its own until it holds `n` samples."""
+    async def run() -> None:
+        task = asyncio.create_task(made.run())
+        while len(made.samples) < n:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
 def recorder(*samples: Sample) -> Recorder:
     made = Recorder(engines=dict, memory=lambda: Memory({}, 0.9), requests=lambda: None)
     made.samples.extend(samples)
@@ -87,15 +99,7 @@ def test_the_recorder_samples_on_its_loop_until_cancelled() -> None:
     ledger = Snapshot(served={}, in_flight={"a": 1}, accepted={"a": 1}, peak={}, routed={})
     made = Recorder(engines=lambda: {"a": readings(10, [])}, memory=lambda: Memory({"a": 0.4}, 0.9),
                     requests=lambda: ledger, every=0.01)
-
-    async def run() -> None:
-        task = asyncio.create_task(made.run())
-        while len(made.samples) < 3:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(asyncio.wait_for(run(), 30))
+    sampled(made, 3)
     assert made.series([]).stacks["a"].in_flight[0] == 1
 
 
@@ -110,13 +114,5 @@ def test_a_failing_read_leaves_a_gap_and_the_sampler_goes_on() -> None:
 
     ledger = Snapshot(served={}, in_flight={}, accepted={}, peak={}, routed={})
     made = Recorder(engines=engines, memory=lambda: Memory({}, 0.9), requests=lambda: ledger, every=0.01)
-
-    async def run() -> None:
-        task = asyncio.create_task(made.run())
-        while len(made.samples) < 2:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(asyncio.wait_for(run(), 30))
+    sampled(made, 2)
     assert [s.engines["a"][GENERATED] for s in made.samples][:2] == [10, 20]
