@@ -176,6 +176,15 @@ class Realiased:
 
 
 @dataclass(frozen=True)
+class Prefetching:
+    """The reconciler fetches a stack that is not desired, and why (the stack an alias falls back to)."""
+
+    kind: ClassVar[str] = "prefetching"
+    stack: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Settled:
     """A reconciler action on a stack ended (`error` None: it succeeded)."""
 
@@ -194,7 +203,8 @@ class Finished:
     action: int  # which action: several may be about one stack
 
 
-Event = PhaseChanged | Progress | Note | Died | Removed | Restarting | Failed | Realiased | Settled | Finished
+Event = (PhaseChanged | Progress | Note | Died | Removed | Restarting | Failed | Realiased | Prefetching | Settled
+         | Finished)
 STREAMED = ("phase", "progress", "note")  # what an action's stream passes on to its client
 
 

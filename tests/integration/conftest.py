@@ -16,9 +16,12 @@ import pytest
 
 from sparkctl.cli.client import DaemonClient
 from tests.conftest import wait_for  # noqa: F401  (re-exported for the integration tests)
+from tests.fakes.repos import QWEN_NVFP4
+from tests.fakes.throttle import Bucket, Throttle
 from tests.integration.agents import FAST_LOAD, A, B, amend, routed
 from tests.teardown import stop
 
+MB = 10**6
 SMALL = "resources:\n  gpu_memory_utilization: 0.4\n"  # two of these fit under the 0.9 ceiling
 
 
@@ -91,6 +94,17 @@ def containers(engine, stack: str | None = None) -> list[dict]:
     from tests.conftest import ours
 
     return ours(engine, stack)
+
+
+@pytest.fixture
+def slow_hub(world, hub, monkeypatch):
+    """The Hub behind a 2 MB/s link, the model 40 MB larger: its download takes ~20 s."""
+    hub.hub.repos[QWEN_NVFP4].files["model-slow.safetensors"] = bytes(40 * MB)
+    link = Throttle(hub.endpoint.removeprefix("http://"), Bucket(2 * MB))
+    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", f"http://{link.host}")
+    yield link
+    link.stop()
+    del hub.hub.repos[QWEN_NVFP4].files["model-slow.safetensors"]
 
 
 @pytest.fixture

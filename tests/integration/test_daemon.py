@@ -30,6 +30,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.state.store import Store
 from tests import teardown
 from tests.conftest import instance, name
+from tests.fakes.repos import QWEN_NVFP4
 from tests.integration.conftest import SMALL, containers, wait_for
 
 
@@ -110,23 +111,34 @@ def test_a_killed_engine_is_restarted_and_the_crash_recorded(start_daemon, cli, 
     assert len(containers(engine)) == 1
 
 
-def test_crash_loop_marks_failed_and_the_alias_falls_back(start_daemon, world, cli, engine) -> None:
-    (world / "stacks" / "crashy.yaml").write_text(
-        "name: crashy\nextends: qwen36-dflash\ncontainer:\n  env:\n    SPARKCTL_SIM_FAULTS: crash_after=0\n" + SMALL)
+def test_crash_loop_marks_failed_and_the_alias_falls_back_to_its_prefetched_standby(start_daemon, world, engine,
+                                                                                     hub) -> None:
+    """The fallback is not desired: the daemon prefetches it while the alias's stack runs, and the
+    failover deploys it without fetching a file again."""
+    (world / "stacks" / "crashy.yaml").write_text("name: crashy\nextends: qwen36-bf16-stock\ncontainer:\n  env:\n"
+                                                  "    SPARKCTL_SIM_FAULTS: crash_after=0\n" + SMALL)
     (world / "stacks" / "steady.yaml").write_text("name: steady\nextends: qwen36-nvfp4-stock\n" + SMALL)
     (world / "state").mkdir(exist_ok=True)
+    asked = len(hub.hub.requests)
     (world / "state" / "desired.yaml").write_text(
-        "stacks: [steady, crashy]\naliases: {primary: crashy}\nfallbacks: {primary: steady}\n")
+        "stacks: [crashy]\naliases: {primary: crashy}\nfallbacks: {primary: steady}\n")
     daemon = start_daemon()
     wait_for(lambda: any(r["failed"] for r in daemon.client.get("/v1/status")["stacks"]), timeout=90,
              what="crash loop")
     [crashy] = [r for r in daemon.client.get("/v1/status")["stacks"] if r["stack"] == "crashy"]
     assert crashy["failed"].startswith("crash loop: 5 failures")
-    assert daemon.client.get("/v1/desired")["aliases"] == {"primary": "steady"}
-    [steady] = containers(engine, "steady")
-    assert steady["State"] == "running"
+    desired = daemon.client.get("/v1/desired")
+    assert desired["aliases"] == {"primary": "steady"} and "steady" in desired["stacks"]
+    def phases() -> list[str]:
+        return sorted(d["phase"] for d in daemon.client.get("/v1/history?stack=steady")["deployments"])
+
+    wait_for(lambda: "running" in phases(), timeout=90, what="the fallback deployed")
     attempts = daemon.client.get("/v1/history?stack=crashy")["deployments"]
     assert len(attempts) == 5 and all(d["phase"] == "failed" for d in attempts)
+    assert phases() == ["fetched", "running"]  # the prefetch, then the failover
+    assert [c["State"] for c in containers(engine, "steady")] == ["running"]
+    got = [r.split()[1] for r in hub.hub.requests[asked:] if r.startswith("GET") and f"/{QWEN_NVFP4}/resolve/" in r]
+    assert got and len(got) == len(set(got)), got  # each of its files once: the failover fetched none again
 
 
 def test_adoption_after_kill9_keeps_engines_and_removes_strays(start_daemon, world, cli, engine) -> None:

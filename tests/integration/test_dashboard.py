@@ -16,6 +16,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -27,6 +29,7 @@ from playwright import sync_api
 
 from tests.conftest import HUB_TOKEN, wait_for
 from tests.conftest import _missing as missing
+from tests.fakes.repos import DSPARK_DRAFT, QWEN_NVFP4
 from tests.integration.agents import A, B
 
 KEY = "sk-dashboard-test"
@@ -208,6 +211,31 @@ def test_the_dashboard_shows_switches_and_follows_in_a_real_browser(daemon, brow
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(shots / "phone.png"))
+
+
+def test_the_dashboard_shows_each_fetch_stream_of_an_up_at_once(slow_hub, start_daemon, browser, cli,
+                                                                 monkeypatch) -> None:
+    """A first `up` fetches its model and draft at once (the image is here): both bars show together,
+    and go once the deploy moves on."""
+    monkeypatch.setenv("SPARKCTL_GATEWAY_API_KEYS", KEY)
+    start_daemon()
+    gateway = f"http://127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+    page = browser.new_page(http_credentials={"username": "owner", "password": KEY})
+    page.goto(gateway + login_path(cli))
+    sync_api.expect(page.locator("#live")).to_contain_text("live", timeout=10_000)
+    up = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "qwen36-dflash"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        streams = page.locator("#fetches li")
+        model = streams.filter(has_text=re.compile(rf"^qwen36-dflash: model {QWEN_NVFP4} \d+ of 4\d MB"))
+        sync_api.expect(model).to_have_count(1, timeout=60_000)  # the slow file (40 MB, ~20 s) under way
+        sync_api.expect(streams.filter(has_text=f"qwen36-dflash: draft {DSPARK_DRAFT}")).to_have_count(1)
+        sync_api.expect(streams.locator("progress")).to_have_count(2)
+        assert model.locator("progress").evaluate("bar => bar.value < bar.max")  # together, while the model comes
+    finally:
+        out, err = up.communicate(timeout=180)
+    assert up.returncode == 0, err
+    sync_api.expect(streams).to_have_count(0, timeout=20_000)
 
 
 def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon, cli) -> None:

@@ -10,27 +10,9 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 from sparkctl.phase import Phase
 from sparkctl.state.store import Store
 from tests.conftest import name, ours, wait_for
-from tests.fakes.repos import QWEN_NVFP4
-from tests.fakes.throttle import Bucket, Throttle
-
-MB = 10**6
-SLOW = 2 * MB  # bytes/s to the Hub: the model's 40 MB take ~20 s
-
-
-@pytest.fixture
-def slow_hub(world, hub, monkeypatch):
-    """The Hub behind a 2 MB/s link, the model 40 MB larger."""
-    hub.hub.repos[QWEN_NVFP4].files["model-slow.safetensors"] = bytes(40 * MB)
-    link = Throttle(hub.endpoint.removeprefix("http://"), Bucket(SLOW))
-    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", f"http://{link.host}")
-    yield link
-    link.stop()
-    del hub.hub.repos[QWEN_NVFP4].files["model-slow.safetensors"]
 
 
 def arrived(world) -> bool:

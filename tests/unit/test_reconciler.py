@@ -16,6 +16,7 @@ from sparkctl.daemon.planner import (
     History,
     Observed,
     Policy,
+    Prefetch,
     Realias,
     Remove,
     Restart,
@@ -71,6 +72,23 @@ def test_alias_falls_back_when_its_stack_is_given_up() -> None:
     assert not plan(("a",), {"primary": "a"}, {}, [], {"a": History(failed="x")}, now=NOW, policy=POLICY).actions
 
 
+STANDBY = "the fallback of alias primary: a failover to it then waits only for its engine"
+
+
+@pytest.mark.parametrize(("fetched", "history", "expected"), [
+    (False, {}, [Prefetch("b", STANDBY.replace("primary", "batch, primary"))]),
+    (True, {}, []),  # here already
+    (False, {"b": History(busy=1)}, []),  # being fetched (or deployed) now
+    (False, {"b": History(failures=(NOW - 1,))}, []),  # a failed prefetch waits for an `up` or a restart
+], ids=["absent", "fetched", "busy", "failed"])
+def test_a_fallback_that_is_not_desired_is_prefetched_unless_here(fetched, history, expected) -> None:
+    got = plan(("a",), {"primary": "a", "batch": "a"}, {"primary": "b", "batch": "b"}, [run()], history, now=NOW,
+               policy=POLICY, fetched=lambda s: fetched and s == "b").actions
+    assert list(got) == expected  # one prefetch for both aliases
+    assert not plan(("a", "b"), {"primary": "a"}, {"primary": "b"}, [run(), run("c2", "b")], {}, now=NOW,
+                    policy=POLICY).of(Prefetch)  # a desired fallback runs already
+
+
 def test_backoff_is_exponential_and_capped() -> None:
     assert [backoff(n, POLICY) for n in (1, 2, 3, 4, 5, 10)] == [0, 1, 2, 4, 8, 60]
 
@@ -83,12 +101,20 @@ class FakeMachine:
     wanted: Desired = field(default_factory=Desired)
     calls: list[tuple[str, str]] = field(default_factory=list)
     deploy_fails: bool = False
+    here: set[str] = field(default_factory=set)  # stacks whose image, weights and patches are here
 
     def observe(self) -> list[Observed]:
         return list(self.containers)
 
     def deploy_absent(self, stack: str) -> None:
         self.deploy(stack)
+
+    def fetch(self, stack: str) -> None:
+        self.calls.append(("fetch", stack))
+        self.here.add(stack)
+
+    def fetched(self, stack: str) -> bool:
+        return stack in self.here
 
     def deploy(self, stack: str) -> None:
         self.calls.append(("deploy", stack))
@@ -150,6 +176,23 @@ def test_a_crash_is_restarted_then_a_crash_loop_gives_up_and_moves_the_alias() -
     assert machine.wanted.aliases["primary"] == "b"
     kinds = [e["kind"] for e in r.bus.after(0, timeout=0)]
     assert kinds.count("died") == 5 and "failed" in kinds and "realiased" in kinds
+
+
+def test_a_standby_fallback_is_prefetched_once_and_a_crash_loop_deploys_it() -> None:
+    clock = Clock()
+    machine = FakeMachine([run("c1", "a")], Desired(("a",), aliases={"primary": "a"}, fallbacks={"primary": "b"}))
+    r = reconciler(machine, clock)
+    r.reconcile()
+    r.reconcile()
+    assert machine.calls == [("fetch", "b")]  # once: then it is here
+    for _ in range(5):
+        machine.containers = [Observed("a", "c1", "exited")]
+        r.died("a", oom=False, exit_code=1)
+        clock.now += 100
+        r.reconcile()
+    assert machine.wanted.aliases == {"primary": "b"} and "b" in machine.wanted.stacks  # desired, so deployed:
+    r.reconcile()
+    assert machine.calls[-1] == ("deploy", "b")
 
 
 def test_a_death_reported_while_a_pass_restarts_the_engine_still_counts() -> None:

@@ -32,6 +32,7 @@ from sparkctl.errors import SparkctlError
 from sparkctl.policy.headroom import Headroom
 from sparkctl.results import WakeDone
 from sparkctl.spec.load import Catalog
+from sparkctl.spec.render import spec_hash
 from sparkctl.state import desired as desired_file
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
@@ -82,6 +83,17 @@ class DockerMachine:
                 return self.deployer().fetch(stack, refresh=refresh, stop=stop)
             finally:
                 self.fetching.pop(stack, None)
+
+    def fetched(self, stack: str) -> bool:
+        """Whether the stack's latest deployment (or pull) fetched and patched what it needs, for
+        the stack as its file is now (it recorded a fingerprint of this spec)."""
+        latest = self.store.deployments.latest(stack)
+        if latest is None or latest.fingerprint is None:
+            return False
+        try:
+            return latest.parts.get("spec") == spec_hash(self.catalog().stack(stack))
+        except SparkctlError:  # no such stack (any more): its fetch says so
+            return False
 
     def deploy_absent(self, stack: str) -> UpResult | None:
         """The reconciler's deploy of a stack it saw with no container: none, if by its turn one

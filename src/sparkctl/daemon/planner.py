@@ -4,7 +4,9 @@ take now. No I/O, no logging, no clock of its own: the caller passes `now`.
 Rules, per desired stack: a running container is left alone; a stack whose container died is
 restarted (`docker start`) after an exponential backoff counted over its recent failures; a
 stack with no container is deployed; `crash_loop` failures inside `window` mark it failed (no
-more restarts) and move any alias it held to that alias's fallback. A parked stack whose
+more restarts) and move any alias it held to that alias's fallback, which becomes desired if it
+was not. A fallback that is not desired is prefetched (`sparkctl pull` of it) unless what it needs
+is here already, so that a failover to it waits only for its engine. A parked stack whose
 container is not running is left as it is (its memory is free; waking starts it). Containers
 carrying sparkctl's labels that no desired stack claims are removed, unless an action holds
 their stack (a retest's trial).
@@ -12,7 +14,7 @@ their stack (a retest's trial).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -76,12 +78,18 @@ class Realias:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    stack: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Wait:
     stack: str
     until: float
 
 
-Action = Deploy | Restart | Remove | GiveUp | Realias | Wait
+Action = Deploy | Restart | Remove | GiveUp | Realias | Prefetch | Wait
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,9 @@ def backoff(failures: int, policy: Policy) -> float:
 
 def plan(stacks: tuple[str, ...], aliases: Mapping[str, str], fallbacks: Mapping[str, str],
          observed: list[Observed], history: Mapping[str, History], *, now: float, policy: Policy,
-         parked: Mapping[str, int] | None = None) -> Plan:
+         parked: Mapping[str, int] | None = None, fetched: Callable[[str], bool] = lambda _: False) -> Plan:
+    """`fetched(stack)`: whether what the stack needs (image, weights, patches) is here for it as
+    it is now."""
     actions: list[Action] = []
     desired = set(stacks)
     for o in observed:  # an action in flight on a stack (a retest's trial) holds its container
@@ -117,6 +127,15 @@ def plan(stacks: tuple[str, ...], aliases: Mapping[str, str], fallbacks: Mapping
         fallback = fallbacks.get(alias)
         if stack in given_up and fallback and fallback != stack and fallback not in given_up:
             actions.append(Realias(alias, fallback, f"{stack} failed: {given_up[stack]}"))
+    standby: dict[str, list[str]] = {}  # a fallback not desired -> the aliases it stands by for
+    for alias, stack in sorted(fallbacks.items()):
+        if stack not in desired:
+            standby.setdefault(stack, []).append(alias)
+    for stack, by in standby.items():
+        h = history.get(stack, History())
+        if not (h.busy or h.failures or fetched(stack)):  # a failed prefetch waits for an `up` or a restart
+            actions.append(Prefetch(stack, f"the fallback of alias {', '.join(by)}: a failover to it then waits "
+                                           "only for its engine"))
     return Plan(tuple(actions))
 
 

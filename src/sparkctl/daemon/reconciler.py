@@ -19,12 +19,12 @@ import structlog
 
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import EventBus
-from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Realias, Remove, Restart, Wait
+from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Prefetch, Realias, Remove, Restart, Wait
 from sparkctl.deploy.launch import Staged, UpResult
 from sparkctl.errors import SparkctlError
 from sparkctl.results import WakeDone
 from sparkctl.state.desired import Desired
-from sparkctl.wire import Died, Failed, Realiased, Removed, Restarting, Settled
+from sparkctl.wire import Died, Failed, Prefetching, Realiased, Removed, Restarting, Settled
 
 log = structlog.get_logger()
 
@@ -38,6 +38,10 @@ class Machine(Protocol):
     def deploy(self, stack: str, *, staged: Staged | None = None) -> UpResult | None: ...
 
     def deploy_absent(self, stack: str) -> UpResult | None: ...
+
+    def fetch(self, stack: str) -> object: ...
+
+    def fetched(self, stack: str) -> bool: ...
 
     def stage(self, stack: str) -> Staged: ...
 
@@ -81,7 +85,8 @@ class Reconciler:
             desired = self.machine.desired()
             observed = self.machine.observe()
             the_plan = planner.plan(desired.stacks, desired.aliases, desired.fallbacks, observed, self.history,
-                                    now=self.clock(), policy=self.policy, parked=desired.parked)
+                                    now=self.clock(), policy=self.policy, parked=desired.parked,
+                                    fetched=self.machine.fetched)
             self.wake_at = min((a.until for a in the_plan.of(Wait)), default=None)
             for action in the_plan.actions:
                 self._act(action)
@@ -141,13 +146,17 @@ class Reconciler:
         elif isinstance(action, Deploy):
             log.info("stack_deploying", stack=action.stack)
             self._run(action.stack, lambda: self.machine.deploy_absent(action.stack))
+        elif isinstance(action, Prefetch):
+            log.info("stack_prefetching", stack=action.stack, why=action.why)
+            self.bus.publish(Prefetching(action.stack, action.why))
+            self._run(action.stack, lambda: self.machine.fetch(action.stack))
         elif isinstance(action, GiveUp):
             self.history[action.stack] = replace(self.history.get(action.stack, History()), failed=action.reason)
             log.error("stack_failed", stack=action.stack, reason=action.reason)
             self.bus.publish(Failed(action.stack, action.reason))
         elif isinstance(action, Realias):
             alias, stack = action.alias, action.stack
-            self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, alias: stack}))
+            self.machine.update_desired(lambda d: replace(d.with_stack(stack), aliases={**d.aliases, alias: stack}))
             log.warning("alias_fell_back", alias=action.alias, stack=action.stack, reason=action.reason)
             self.bus.publish(Realiased(action.alias, action.stack, action.reason))
 

@@ -148,6 +148,7 @@ function progressLine(event) {
   if (event.kind === "restarting") return `${event.stack}: restarting`;
   if (event.kind === "failed") return `${event.stack} failed: ${event.reason}`;
   if (event.kind === "realiased") return `${event.alias} -> ${event.stack}: ${event.reason}`;
+  if (event.kind === "prefetching") return `${event.stack}: prefetching, ${event.why}`;
   if (event.kind === "removed") return `removed ${event.container}: ${event.reason}`;
   if (event.kind === "finished") return `${event.stack}: action done`;
   if (event.kind === "outcome" && event.result === undefined && event.error !== undefined) {
@@ -397,6 +398,30 @@ $("log-stack").addEventListener("change", (event) => {
   };
 });
 
+// The fetch streams of deploys and pulls under way, each with its bar: a stack's image (its layers
+// summed), model and draft arrive at once. A stack's bars go when it leaves pulling and fetching.
+const fetches = new Map();  // stack -> Map(stream -> Map(task -> [done, total]))
+function followFetch(event) {
+  if (event.kind === "progress") {
+    const stream = event.task.startsWith("layer ") ? "image" : event.task;
+    const streams = fetches.get(event.stack) || new Map();
+    const tasks = streams.get(stream) || new Map();
+    fetches.set(event.stack, streams.set(stream, tasks.set(event.task, [event.done, event.total])));
+  } else if ((event.kind === "phase" && !["pulling", "fetching"].includes(event.phase)) || event.kind === "outcome") {
+    fetches.delete(event.stack);
+  } else return;
+  const list = $("fetches");
+  list.replaceChildren();
+  for (const [stack, streams] of fetches) {
+    for (const [stream, tasks] of streams) {
+      const [done, total] = [...tasks.values()].reduce(([d, t], [dd, tt]) => [d + dd, t + tt], [0, 0]);
+      const label = `${stack}: ${stream} ${(done / 1e6).toFixed(0)} of ${(total / 1e6).toFixed(0)} MB`;
+      list.append(el("li", {}, el("span", { textContent: label }), " ",
+        el("progress", { max: Math.max(total, 1), value: done, ariaLabel: label })));
+    }
+  }
+}
+
 const events = new EventSource("/ui/api/v1/events");
 events.onopen = () => { $("live").textContent = "live"; };
 events.onerror = () => { $("live").textContent = "reconnecting…"; };
@@ -404,7 +429,8 @@ events.onmessage = (message) => {
   const event = JSON.parse(message.data);
   $("live").dataset.time = event.time;  // the event's own time on the daemon's bus (its latency, measured)
   $("live").textContent = `live: ${progressLine(event)}`;
-  soon();
+  followFetch(event);
+  if (event.kind !== "progress") soon();  // a bar moves by itself: the rest reads the same
 };
 
 async function tick() {
