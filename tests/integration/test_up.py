@@ -16,6 +16,7 @@ import pytest
 from sparkctl.policy.headroom import tokens
 from sparkctl.sim.engine import KV_BLOCK_SIZE
 from sparkctl.sim.profiles import PROFILES, kv_capacity
+from sparkctl.state import desired
 from sparkctl.state.journal import Answers
 from sparkctl.state.store import Store
 from tests.conftest import FAST, instance, name, ours, port, wait_for
@@ -115,7 +116,8 @@ def test_without_the_shim_the_engine_fails_and_sparkctl_names_the_hint(world, cl
     assert code == 1
     assert "AttributeError: 'DFlashProposer' object has no attribute '_draft_kv_cache_group_ids'" in err
     assert "hint: the DFlash 2-line shim is missing" in err
-    assert not ours(engine)
+    assert not ours(engine)  # nothing left, and nothing tried again: a failed `up` of a new stack leaves it
+    assert "noshim" not in desired.load(world / "state" / "desired.yaml").stacks  # not desired
 
 
 def test_patch_check_prints_the_diff_without_starting_anything(world, cli, engine) -> None:

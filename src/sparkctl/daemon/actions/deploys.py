@@ -1,5 +1,6 @@
 """`up` and `down` of a stack, each in the stack's turn, marked busy so reconcile passes leave it
-alone. A parked stack that `up` names is woken first."""
+alone. A parked stack that `up` names is woken first. A failed `up` of a stack that was not
+desired leaves it not desired (the reconciler does not retry what the user saw fail)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.parking import Parking
 from sparkctl.deploy.progress import Stopped
-from sparkctl.errors import ImageRefused, SparkctlError
+from sparkctl.errors import SparkctlError
 from sparkctl.results import DownDone, PullDone, UpDone
 
 
@@ -32,14 +33,11 @@ class Deploys:
             try:
                 with self.ctx.reconciler.holding(stack):
                     result = self.ctx.machine.deploy(stack, refresh=refresh, replace=replace)
-            except (ImageRefused, Stopped) as e:  # refused by policy, or cancelled: a stack new to desired
-                cancelled = stack in self.ctx.machine.cancelled  # leaves it (the reconciler would retry it)
-                self.ctx.machine.cancelled.discard(stack)
-                if not was_desired and (cancelled or isinstance(e, ImageRefused)):
+            except SparkctlError as e:  # a stack new to desired leaves it, as it was (the reconciler
+                cancelled = stack in self.ctx.machine.cancelled  # would retry it), unless the daemon's stop
+                self.ctx.machine.cancelled.discard(stack)  # ended its fetch: the next daemon resumes the `up`
+                if not was_desired and (cancelled or not isinstance(e, Stopped)):
                     self.ctx.machine.update_desired(lambda d: d.without_stack(stack))
-                self.ctx.metrics.outcome(stack, ok=False)
-                raise
-            except SparkctlError:
                 self.ctx.metrics.outcome(stack, ok=False)
                 raise
             finally:
