@@ -63,7 +63,7 @@ def test_the_trial_runs_the_digest_under_its_own_name_without_a_canary_floor(cat
 @pytest.mark.parametrize(("expect", "cap", "levels"), [
     (Expectations(min_concurrency=32), None, (1, 32, 64)),  # the declared level and past it
     (Expectations(min_concurrency=16), None, (1, 16, 32)),
-    (Expectations(), None, (1, 4, 16, 32)),  # nothing declared: the concurrency profile's levels
+    (Expectations(), None, (1, 4, 16, 32, 64)),  # nothing declared: the concurrency profile's levels
     (Expectations(min_concurrency=16), 20, (1, 16)),  # never past an enforced cap
     (Expectations(), 2, (1,)),
 ])

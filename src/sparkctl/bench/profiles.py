@@ -42,5 +42,5 @@ PROFILES = {
     "quick": Profile("quick", 512, 128, (0, 4096, 16384), runs=1),
     "seed": Profile("seed", 512, 256, SEED_DEPTHS, runs=2),
     "sampled": Profile("sampled", 512, 256, SEED_DEPTHS, runs=2, temperature=1.0),
-    "concurrency": Profile("concurrency", 512, 128, (0,), runs=1, concurrency=(1, 4, 16, 32)),
+    "concurrency": Profile("concurrency", 512, 128, (0,), runs=1, concurrency=(1, 4, 16, 32, 64)),
 }
