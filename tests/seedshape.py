@@ -38,7 +38,7 @@ def seed_study(store: Store, folder: Path | None = None) -> list[tuple]:
         stack = catalog.stack(name)
         spec = stack.vllm.speculative
         profile = PROFILES[auto_profile(stack.model.repo, spec.model_dump() if spec else {})]
-        rows = [Row(depth=d, concurrency=1, pp_tps=profile.prefill_tps(d), tg_tps=round(profile.decode_tps(d), 3),
+        rows = [Row(depth=d, concurrency=1, pp_tps=profile.prefill_tps(d), tg_tps=round(profile.benchmarked_tps(d), 3),
                     ttft_ms=round(1000 * (512 + d) / profile.prefill_tps(d), 1),
                     acceptance=profile.acceptance if spec else None,
                     acceptance_length=1 + profile.acceptance * spec.num_speculative_tokens if spec else None)

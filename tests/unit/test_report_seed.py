@@ -122,7 +122,7 @@ def test_configs_tested_has_the_seeds_columns_and_configs(text) -> None:
         assert row[1] == checkpoint and engine in row[2] and row[3].startswith(speculation)
     assert found["qwen36-dflash"][4] == "--quantization compressed-tensors --attention-backend flash_attn " \
                                         "--mamba-cache-dtype float32"  # DFlash configs add their flags
-    assert found["qwen36-nvfp4-stock"][5].startswith("2.4 full-context requests fit (KV cache 315K tokens")
+    assert found["qwen36-nvfp4-stock"][5].startswith("2.5 full-context requests fit (KV cache 327K tokens")
     assert found["qwen36-bf16-stock"][5].startswith("1.")  # BF16's weights leave room for about one
 
 

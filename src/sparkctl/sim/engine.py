@@ -196,8 +196,9 @@ class Vocabulary:
     def ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def pieces(self, n: int) -> list[str]:
-        return [self.rng.choice(self.pool)[1] for _ in range(n)]
+    def tokens(self, n: int) -> list[tuple[int, str]]:
+        """`n` random (id, text) tokens of the model's vocabulary."""
+        return [self.rng.choice(self.pool) for _ in range(n)]
 
 
 class Engine:
@@ -239,8 +240,8 @@ class Engine:
         natural = max(min_tokens, self.rng.randint(12, 40))
         return min(natural, wanted)
 
-    async def generate(self, *, prompt: Sequence[int], length: int) -> AsyncIterator[list[str]]:
-        """Yield the text pieces of each engine step, at the profile's speed; a prompt's blocks
+    async def generate(self, *, prompt: Sequence[int], length: int) -> AsyncIterator[list[tuple[int, str]]]:
+        """Yield the tokens (id, text) of each engine step, at the profile's speed; a prompt's blocks
         in the prefix cache are not prefilled again."""
         prompt_tokens = len(prompt)
         m, need, start, aborts = self.metrics, prompt_tokens + length, time.monotonic(), self._aborts
@@ -279,7 +280,7 @@ class Engine:
                 last = now
                 emitted += step
                 m.generation_tokens += step
-                yield self._text(step)
+                yield self._tokens(step)
         finally:
             m.requests_running -= 1
             m.requests_finished += 1
@@ -422,12 +423,13 @@ class Engine:
         m.accepted_tokens += accepted
         return accepted + 1
 
-    def _text(self, n: int) -> list[str]:
+    def _tokens(self, n: int) -> list[tuple[int, str]]:
+        tokens = self.vocab.tokens(n)
         if self.faults.empty:
-            return [""] * n
+            return [(i, "") for i, _ in tokens]
         if self.faults.garbage or self.stale_weights:
-            return ["".join(chr(self.rng.randint(0x21, 0x2F)) for _ in range(3)) for _ in range(n)]
-        return self.vocab.pieces(n)
+            return [(i, "".join(chr(self.rng.randint(0x21, 0x2F)) for _ in range(3))) for i, _ in tokens]
+        return tokens
 
     def die(self, reason: str) -> None:
         """Engine death: vLLM logs the error and the process exits."""

@@ -102,18 +102,19 @@ class Api:
             # Real vLLM queues the request until /wake_up; the sim answers at once.
             return _error(503, "The engine is sleeping; POST /wake_up to serve requests again.",
                           "ServiceUnavailableError")
-        reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length)
+        reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length,
+                       token_ids=bool(body.get("return_token_ids")))
         steps = self.engine.generate(prompt=ids, length=length)
         echo = _echo(body)
         if body.get("stream"):
             return await self._stream(request, reply, steps, body.get("stream_options") or {}, echo)
-        pieces: list[str] = []
+        tokens: list[tuple[int, str]] = []
         try:
             async for step in steps:
-                pieces += step
+                tokens += step
         except Aborted:
-            reply.abort(len(pieces))
-        return web.json_response(reply.whole("".join(pieces)), headers=echo)
+            reply.abort(len(tokens))
+        return web.json_response(reply.whole(tokens), headers=echo)
 
     async def _stream(self, request: web.Request, reply: _Reply, steps: Any, options: dict,
                       echo: dict[str, str]) -> web.StreamResponse:
@@ -121,17 +122,17 @@ class Api:
                                                **echo})
         await response.prepare(request)
         if reply.chat:
-            await _send(response, reply.chunk({"role": "assistant", "content": ""}))
+            await _send(response, reply.chunk([], role=True))
         emitted = 0
         try:
             async for step in steps:
                 emitted += len(step)
-                await _send(response, reply.chunk("".join(step)))
+                await _send(response, reply.chunk(step))
         except Aborted:
             reply.abort(emitted)
         finally:
             await steps.aclose()  # a client that left aborts its request at once, as in vLLM
-        await _send(response, reply.chunk("", finish=True))
+        await _send(response, reply.chunk([], finish=True))
         if options.get("include_usage"):
             await _send(response, reply.usage_chunk())
         await response.write(b"data: [DONE]\n\n")
@@ -182,10 +183,15 @@ class Api:
 
 
 class _Reply:
-    """Builds vLLM-shaped response bodies for one request."""
+    """Builds vLLM-shaped response bodies for one request. With `return_token_ids` (vLLM 0.10.2 on),
+    each choice also carries the ids of its tokens, one streamed chunk's or the whole answer's:
+    llama-benchy asks for them, and times each token by them (without them it spreads the tokens
+    evenly from the first chunk to the last, which overstates the decode of an engine whose first
+    chunk holds many tokens: a diffusion block, or a step's accepted drafts)."""
 
-    def __init__(self, *, chat: bool, model: str, prompt_tokens: int, length: int) -> None:
+    def __init__(self, *, chat: bool, model: str, prompt_tokens: int, length: int, token_ids: bool = False) -> None:
         self.chat, self.model, self.prompt_tokens, self.length = chat, model, prompt_tokens, length
+        self.token_ids = token_ids
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.finish = "length" if length else "stop"
@@ -198,21 +204,27 @@ class _Reply:
         return {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + self.length,
                 "completion_tokens": self.length}
 
-    def whole(self, text: str) -> dict[str, Any]:
+    def whole(self, tokens: list[tuple[int, str]]) -> dict[str, Any]:
+        text = "".join(t for _, t in tokens)
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish, "stop_reason": None}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
         else:
             choice["text"] = text
-        return self._envelope([choice], chunk=False, usage=self.usage())
+        return self._envelope([self._ids(choice, tokens)], chunk=False, usage=self.usage())
 
-    def chunk(self, delta: Any, *, finish: bool = False) -> dict[str, Any]:
+    def chunk(self, tokens: list[tuple[int, str]], *, finish: bool = False, role: bool = False) -> dict[str, Any]:
+        """A streamed chunk of `tokens`; `role`: the chat stream's opening one, `finish`: its last."""
+        text = "".join(t for _, t in tokens)
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish if finish else None}
         if self.chat:
-            choice["delta"] = delta if isinstance(delta, dict) else {"content": delta}
+            choice["delta"] = {"role": "assistant", "content": ""} if role else {"content": text}
         else:
-            choice |= {"text": delta, "stop_reason": None}
-        return self._envelope([choice])
+            choice |= {"text": text, "stop_reason": None}
+        return self._envelope([self._ids(choice, tokens)])
+
+    def _ids(self, choice: dict[str, Any], tokens: list[tuple[int, str]]) -> dict[str, Any]:
+        return choice | {"token_ids": [i for i, _ in tokens]} if self.token_ids else choice
 
     def usage_chunk(self) -> dict[str, Any]:
         return self._envelope([], usage=self.usage())
