@@ -249,3 +249,31 @@ def test_why_llama_benchy_failed_says_what_to_do(tmp_path) -> None:
     offline = "Error downloading or processing book: HTTPSConnectionPool(host='www.gutenberg.org')\n"
     assert "SPARKCTL_BENCH_CORPUS=loopback" in runner.failure(1, offline, folder=tmp_path)
     assert runner.failure(2, "a\nb\n", folder=tmp_path) == "llama-benchy exited with code 2: a | b"
+
+
+def test_a_prefix_cached_run_reads_the_cold_and_the_cached_ttft_of_each_test() -> None:
+    """llama-benchy's prefix mode records each test twice: its context sent alone (cold), then a
+    prompt after it (cached); a test at depth 0 has no context to cache."""
+    cached = PROFILES["cached"]
+    assert cached.args()[-1] == "--enable-prefix-caching" and "--enable-prefix-caching" not in PROFILES["seed"].args()
+    tests = [{"context_size": 4096, "concurrency": 1, "is_context_prefill_phase": True, "e2e_ttft": {"mean": 2300.0}},
+             {"context_size": 4096, "concurrency": 1, "e2e_ttft": {"mean": 310.0}, "tg_throughput": {"mean": 20.0}},
+             {"context_size": 0, "concurrency": 1, "e2e_ttft": {"mean": 290.0}, "tg_throughput": {"mean": 21.0}}]
+    deep, shallow = runner._rows({"benchmarks": tests}, cached, [], errored=set())
+    assert (deep.ttft_ms, deep.cached_ttft_ms, deep.tg_tps) == (2300.0, 310.0, 20.0)
+    assert (shallow.ttft_ms, shallow.cached_ttft_ms) == (290.0, None)
+
+
+def test_the_cached_profile_is_refused_on_a_stack_that_caches_nothing(workspace) -> None:
+    from sparkctl.errors import SparkctlError
+    from sparkctl.phase import Phase
+    from sparkctl.settings import Settings
+    from sparkctl.state.store import Store
+
+    settings = Settings()
+    store = Store(settings.store_path)
+    stack = load_catalog(workspace / "stacks", workspace / "patches").stack("qwen36-dflash")  # seed 000: off
+    store.deployments.advance(store.deployments.begin(stack.name), Phase.RUNNING)
+    with pytest.raises(SparkctlError, match="prefix caching off .* seed 000 kept it off, as it hung"):
+        bench_stack.benchmark(stack, settings=settings, store=store, profile=PROFILES["cached"])
+    assert not store.bench.runs(stack.name)  # refused before a run was begun

@@ -268,6 +268,15 @@ def test_aggregate_throughput_and_startup_and_memory_per_stack(catalog, tmp_path
     assert "| aeon-gemma4-v2 | unknown | unknown | 0.8 of memory | unknown |" in text
 
 
+def test_a_cached_run_reports_the_ttft_with_the_context_cached_beside_the_cold_one(catalog, tmp_path: Path) -> None:
+    stack = catalog.stack("aeon-gemma4-v2")
+    rows = [{**_row(4096, 80.0), "ttft_ms": 2300.0, "cached_ttft_ms": 310.0}, {**_row(16384, 78.0)}]
+    run = BenchRun(9, stack.name, "fp", {}, "cached", "", 1_760_000_000.0, None, None, None, rows)
+    text = report.write([(stack, run)], tmp_path / "out", bandwidth_gbs=273.0, title="t", label="").read_text()
+    assert "## Time to first token with the context cached (ms)" in text
+    assert "| aeon-gemma4-v2 | 4096 | 1 | 2300 | 310 | 0.13 |" in text and "| aeon-gemma4-v2 | 16384 | 1 |" not in text
+
+
 def test_the_startup_is_read_from_the_deployment_that_served_the_run(tmp_path: Path) -> None:
     from sparkctl.phase import Phase
 

@@ -2,7 +2,9 @@
 the CLI. `quick` runs at switch-over; `seed` is seed 000's methodology; `sampled` is the same at
 T=1.0 (seed 000:51: the draft's acceptance gains are larger under T=1.0 sampling than under
 llama-benchy's near-greedy default); `concurrency` finds engines that fall over under parallel
-load."""
+load; `cached` measures the time to first token of a prompt whose context the engine's prefix cache
+holds (llama-benchy's prefix mode: each test sends its context first, then a prompt after it),
+which seed 000 could not (prefix caching hung with its draft)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class Profile:
     runs: int
     concurrency: tuple[int, ...] = (1,)
     temperature: float | None = None  # None: the engine's default (llama-benchy sends none)
+    prefix_cached: bool = False  # llama-benchy's --enable-prefix-caching: a cold and a cached TTFT per depth
 
     def within(self, max_model_len: int | None) -> Profile:
         """The profile without the depths whose requests would not fit the context window."""
@@ -34,7 +37,7 @@ class Profile:
         sampling = [] if self.temperature is None else ["--extra-body", f"temperature={float(self.temperature)!r}"]
         return ["--pp", str(self.pp), "--tg", str(self.tg), "--depth", *map(str, self.depths),
                 "--runs", str(self.runs), "--concurrency", *map(str, self.concurrency), "--exact-tg",
-                "--latency-mode", "generation", *sampling]
+                "--latency-mode", "generation", *sampling, *(["--enable-prefix-caching"] if self.prefix_cached else [])]
 
 
 SEED_DEPTHS = (0, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
@@ -43,4 +46,5 @@ PROFILES = {
     "seed": Profile("seed", 512, 256, SEED_DEPTHS, runs=2),
     "sampled": Profile("sampled", 512, 256, SEED_DEPTHS, runs=2, temperature=1.0),
     "concurrency": Profile("concurrency", 512, 128, (0,), runs=1, concurrency=(1, 4, 16, 32, 64)),
+    "cached": Profile("cached", 512, 128, (4096, 16384, 65536), runs=2, prefix_cached=True),
 }

@@ -41,13 +41,14 @@ class Row:
     concurrency: int
     pp_tps: float  # prefill tokens/s
     tg_tps: float  # decode tokens/s (summed over concurrent requests)
-    ttft_ms: float  # time to first token, end to end
+    ttft_ms: float  # time to first token, end to end (with a prefix-cached profile: the context's own, cold)
     failed: bool = False  # a request of this test failed (an engine that crashed under load)
     acceptance: float | None = None
     acceptance_length: float | None = None
     per_position: tuple[float, ...] = ()
     committed_per_step: float | None = None
     temperature: float | None = None  # the sampling temperature the requests asked for (None: the engine's)
+    cached_ttft_ms: float | None = None  # a prompt after a context the prefix cache holds (a `cached` profile)
 
 
 @dataclass(frozen=True)
@@ -172,18 +173,23 @@ def _rows(result: dict, profile: Profile, readings: list[dict[str, float] | None
           errored: set[tuple[int, int]]) -> list[Row]:
     """One row per (depth, concurrency); counters from the readings around its measured runs. A
     test failed when one of its requests did or the engine stopped answering after it; a decode
-    rate llama-benchy could not time (every token in one network read) is 0, not a failure."""
+    rate llama-benchy could not time (every token in one network read) is 0, not a failure. In
+    prefix mode a test's context is sent first (its TTFT is the cold one) and its prompt after it
+    (the cached TTFT, and the decode)."""
     rows = []
     per_test = profile.runs + 1  # llama-benchy warms up once per test; the post-run command runs each time
     measured = [b for b in result["benchmarks"] if not b.get("is_context_prefill_phase")]
+    cold = {(b["context_size"], b["concurrency"]): _mean(b, "e2e_ttft") for b in result["benchmarks"]
+            if b.get("is_context_prefill_phase")}
     for index, bench in enumerate(measured):
         start, end = index * per_test + 1, (index + 1) * per_test  # after the warm-up, after the last run
         before, after = (readings[i] if i < len(readings) else None for i in (start, end))
         stats = metrics.between(before, after) if before and after else metrics.EngineStats()
-        tg = _mean(bench, "tg_throughput")
+        tg, ttft, test = _mean(bench, "tg_throughput"), _mean(bench, "e2e_ttft"), (bench["context_size"],
+                                                                                  bench["concurrency"])
         rows.append(Row(depth=bench["context_size"], concurrency=bench["concurrency"],
                         pp_tps=round(_mean(bench, "pp_throughput"), 2), tg_tps=round(tg, 3),
-                        ttft_ms=round(_mean(bench, "e2e_ttft"), 2),
+                        ttft_ms=round(cold.get(test, ttft), 2), cached_ttft_ms=round(ttft, 2) if test in cold else None,
                         failed=(bench["context_size"], bench["concurrency"]) in errored
                         or (bool(readings) and after is None), **asdict(stats), temperature=profile.temperature))
     return rows

@@ -43,6 +43,10 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
     if deployment is None or deployment.phase is not Phase.RUNNING:
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
     profile = profile or PROFILES[stack.bench_profile]
+    if profile.prefix_cached and stack.vllm and stack.vllm.enable_prefix_caching is False:
+        raise SparkctlError(f"{stack.name} runs with prefix caching off (vllm.enable_prefix_caching: false), so "
+                            f"profile {profile.name} would measure no cache: run it on a stack that caches "
+                            "(vLLM's default; seed 000 kept it off, as it hung with the DSpark draft)")
     engine = stack.url
     gateway = settings.gateway_url
     keys = [k.get_secret_value() for k in settings.gateway_api_keys]

@@ -29,8 +29,8 @@ from sparkctl.state.store import Store
 
 REPORT = "comparison.md"
 COLUMNS = ("config", "run", "depth", "concurrency", "temperature", "prefill_tps", "decode_tps", "ttft_ms",
-           "acceptance", "acceptance_length", "committed_per_step", "speedup_vs_twin", "twin", "efficiency", "failed",
-           "image", "model_commit", "draft_commit", "patches")
+           "cached_ttft_ms", "acceptance", "acceptance_length", "committed_per_step", "speedup_vs_twin", "twin",
+           "efficiency", "failed", "image", "model_commit", "draft_commit", "patches")
 
 
 def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, store: Store, *, label: str = "",
@@ -130,6 +130,7 @@ def _dataset(configs: list[Config], runs: dict[str, BenchRun], *, bandwidth_gbs:
                 "config": config.name, "run": run.id, "depth": r["depth"], "concurrency": r["concurrency"],
                 "temperature": r.get("temperature"),  # None: the run set none, so the engine's default
                 "prefill_tps": r["pp_tps"], "decode_tps": r["tg_tps"], "ttft_ms": r["ttft_ms"],
+                "cached_ttft_ms": r.get("cached_ttft_ms"),
                 "acceptance": r.get("acceptance"), "acceptance_length": r.get("acceptance_length"),
                 "committed_per_step": r.get("committed_per_step"),
                 "speedup_vs_twin": _round(gain.get(r["depth"])) if single else None,

@@ -31,6 +31,7 @@ def render(entries: list[Entry], data: list[dict], configs: list[Config], *, tit
             *_grid(single, names, depths, "decode_tps", "{:.1f}"), ""]
     out += ["## Prefill tok/s by context depth", "", *_grid(single, names, depths, "prefill_tps", "{:.0f}"), ""]
     out += ["## Time to first token (ms)", "", *_grid(single, names, depths, "ttft_ms", "{:.0f}"), ""]
+    out += _cached(data)
     out += _aggregate(data, names)
     out += _startup(entries)
     out += ["## Caveats", "", *[f"- {line}" for line in caveats(entries)], ""]
@@ -54,6 +55,22 @@ def _aggregate(data: list[dict], names: list[str]) -> list[str]:
         cells = {r["concurrency"]: f"{r['decode_tps']:.1f}" + (" (failed)" if r["failed"] else "")
                  for r in loaded if (r["config"], r["depth"]) == (config, depth)}
         out.append(f"| {config} | {depth} | " + " | ".join(cells.get(n, "-") for n in levels) + " |")
+    return [*out, ""]
+
+
+def _cached(data: list[dict]) -> list[str]:
+    """The time to first token with the context in the engine's prefix cache, beside the context's own
+    (runs of a prefix-cached profile; seed 000 has none: prefix caching hung with its draft)."""
+    cached = [r for r in data if r.get("cached_ttft_ms") is not None]
+    if not cached:
+        return []
+    out = ["## Time to first token with the context cached (ms)", "",
+           "| config | depth | streams | the context, cold | the prompt after it, cached | cached / cold |",
+           "|---|---|---|---|---|---|"]
+    for r in cached:
+        ratio = f"{r['cached_ttft_ms'] / r['ttft_ms']:.2f}" if r["ttft_ms"] else "-"
+        out.append(f"| {r['config']} | {r['depth']} | {r['concurrency']} | {r['ttft_ms']:.0f} | "
+                   f"{r['cached_ttft_ms']:.0f} | {ratio} |")
     return [*out, ""]
 
 
