@@ -1,5 +1,7 @@
 """Seed 000's nine configurations render exactly the command the study ran, flag by flag, plus
-what sparkctl adds, each addition named with the setting that causes it.
+what sparkctl adds, each addition named with the setting that causes it. Seed 003's vLLM stacks,
+whose commands the seed does not print, render what it states and, beyond it, only the values
+docs/engines.md lists as not from the seed.
 
 The seed's command is rebuilt here from its text, not from the stack files: the fixed serving
 parameters (seed 000:17), the NVFP4 checkpoints' compressed-tensors format (000:9), and the
@@ -10,6 +12,7 @@ leaving the seed's command exactly."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -84,8 +87,58 @@ def test_a_seed_000_config_renders_the_seeds_command_and_only_the_listed_additio
         assert all(cause.startswith("switch.park: auto") for _, cause in added)
 
 
+def speculative(n: int, **extra: str) -> dict[str, str]:
+    config = {"method": "dflash", "model": "/draft", "num_speculative_tokens": n, **extra}
+    return {"--speculative-config": json.dumps(config, separators=(",", ":"))}
+
+
+# stack -> (image, what the seed states, what docs/engines.md lists as not from the seed)
+SEED_003 = {
+    "qwen36-dflash-v4": (
+        "ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4",  # seed 003:25
+        {"--max-model-len": "262144"} | speculative(7),  # 003:26 (256K), 003:19 (DFlash at 7 tokens)
+        {"--gpu-memory-utilization": "0.8", "--attention-backend": "flash_attn"}),  # ours; from seed 000:17
+    "aeon-gemma4-v2": (
+        "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2",  # seed 003:37
+        {"--max-model-len": "32768", "--max-num-seqs": "64"},  # 003:68, 32K x 64
+        {"--gpu-memory-utilization": "0.8"} | speculative(10, attention_backend="flash_attn")),  # AEON's recipe
+    "aeon-gemma4-v2-262k": (
+        "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2",  # seed 003:37
+        {"--max-model-len": "262144"},  # 003:38
+        {"--gpu-memory-utilization": "0.8", "--max-num-seqs": "2"} | speculative(10, attention_backend="flash_attn")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEED_003))
+def test_a_seed_003_stack_renders_what_the_seed_states_and_only_what_is_listed_beyond_it(name: str) -> None:
+    image, stated, ours = SEED_003[name]
+    stack = CATALOG.stack(name)
+    stack = stack.model_copy(update={"switch": stack.switch.model_copy(update={"park": Park.STOP})})
+    plan = render(stack, SOURCES)
+    placed = {"--served-model-name": stack.served_name, "--host": "127.0.0.1", "--port": str(stack.port)}
+    assert (plan.image, plan.command[:2], plan.env) == (image, ("serve", "/model"), {"HF_HUB_OFFLINE": "1"})
+    assert flags(plan.command[2:]) == placed | stated | ours
+
+
 def test_stacks_render_says_what_sparkctl_added_and_why(workspace: Path, cli) -> None:
     code, out, err = cli("stacks", "render", "qwen36-dflash")
     assert code == 0 and "--enable-sleep-mode" in out
     assert "added by sparkctl: --enable-sleep-mode  (switch.park: auto: parks by sleeping" in err
     assert "added by sparkctl: VLLM_SERVER_DEV_MODE=1" in err
+
+
+def test_diffusiongemmas_compose_command_has_the_seeds_values_and_says_where_each_flag_comes_from() -> None:
+    """Seed 003 deployed the upstream compose project: its command is that project's, each flag
+    marked seed (with its line), upstream or ours, on its line or the comment just above it."""
+    lines = (ROOT / "compose" / "diffusiongemma" / "compose.yml").read_text().splitlines()
+    command: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        if (arg := line.strip()).startswith("- --"):
+            flag = arg[2:].split("#")[0].strip()
+            said = line.split("#", 1)[1] if "#" in line else lines[i - 1]
+            assert re.search(r"seed 003:\d+|upstream|ours", said), f"{flag}: no source"
+            name, _, value = flag.partition("=")
+            command[name] = value
+    assert command["--max-model-len"] == "${MAX_MODEL_LEN:-262144}"  # seed 003:50
+    assert command["--max-num-seqs"] == "${MAX_NUM_SEQS:-4}"  # seed 003:66, the stock config
+    assert command["--kv-cache-dtype"] == "${KV_CACHE_DTYPE:-fp8_e4m3}"  # seed 003:72
