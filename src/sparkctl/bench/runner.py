@@ -185,13 +185,13 @@ def _rows(result: dict, profile: Profile, readings: list[dict[str, float] | None
         start, end = index * per_test + 1, (index + 1) * per_test  # after the warm-up, after the last run
         before, after = (readings[i] if i < len(readings) else None for i in (start, end))
         stats = metrics.between(before, after) if before and after else metrics.EngineStats()
-        tg, ttft, test = _mean(bench, "tg_throughput"), _mean(bench, "e2e_ttft"), (bench["context_size"],
-                                                                                  bench["concurrency"])
+        test = (bench["context_size"], bench["concurrency"])
+        tg, ttft = _mean(bench, "tg_throughput"), _mean(bench, "e2e_ttft")
         rows.append(Row(depth=bench["context_size"], concurrency=bench["concurrency"],
                         pp_tps=round(_mean(bench, "pp_throughput"), 2), tg_tps=round(tg, 3),
                         ttft_ms=round(cold.get(test, ttft), 2), cached_ttft_ms=round(ttft, 2) if test in cold else None,
-                        failed=(bench["context_size"], bench["concurrency"]) in errored
-                        or (bool(readings) and after is None), **asdict(stats), temperature=profile.temperature))
+                        failed=test in errored or (bool(readings) and after is None), **asdict(stats),
+                        temperature=profile.temperature))
     return rows
 
 

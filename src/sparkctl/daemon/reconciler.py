@@ -20,7 +20,7 @@ import structlog
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Prefetch, Realias, Remove, Restart, Wait
-from sparkctl.deploy.launch import Staged, UpResult
+from sparkctl.deploy.launch import Prepared, Staged, UpResult
 from sparkctl.errors import SparkctlError
 from sparkctl.results import WakeDone
 from sparkctl.state.desired import Desired
@@ -39,7 +39,7 @@ class Machine(Protocol):
 
     def deploy_absent(self, stack: str) -> UpResult | None: ...
 
-    def fetch(self, stack: str) -> object: ...
+    def fetch(self, stack: str) -> Prepared: ...
 
     def fetched(self, stack: str) -> bool: ...
 
