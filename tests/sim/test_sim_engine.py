@@ -69,6 +69,22 @@ def test_diffusiongemma_starts_as_seed_003_says_and_faster_with_its_compile_cach
     assert seconds == [pytest.approx(120 - 5 + 31.5), pytest.approx(120)]  # cold, then seed 003's 2 min
 
 
+def test_a_calibrated_profile_file_replaces_the_named_one(sim, tmp_path) -> None:
+    from sparkctl.sim import calibrate
+
+    mine = calibrate.fit([{"benchmarks": [{"context_size": 0, "prompt_size": 512, "response_size": 256,
+                                           "concurrency": 1, "tg_throughput": {"mean": 33.0}}]}],
+                         PROFILES["aeon-gemma4-v2"], "my-spark")
+    (tmp_path / "mine.json").write_text(calibrate.dumps(mine))
+    chosen = {"SPARKCTL_SIM_PROFILE_FILE": str(tmp_path / "mine.json")}
+    engine = sim("--sim-profile", "qwen36-nvfp4", scale=0.001, env=chosen)
+    engine.wait_ready()
+    assert "sim profile my-spark)" in engine.logs()
+    (tmp_path / "mine.json").write_text("{}")
+    broken = sim(scale=0.001, env=chosen)
+    assert broken.proc.wait(30) == 1 and "mine.json: not a sim profile" in broken.logs()
+
+
 def test_chat_stream_shapes_and_usage(sim) -> None:
     engine = sim("--sim-profile", "aeon-gemma4-v2", scale=0.001)
     engine.wait_ready()

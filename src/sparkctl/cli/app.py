@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 # Command groups by name -> the module whose `app` they are, imported only when the group is
 # called or help lists it: `sparkctl status` does not pay for Ray's fleet or the benchmark tool.
 GROUPS = {"stacks": "sparkctl.cli.stacks", "image": "sparkctl.cli.images", "config": "sparkctl.cli.config",
-          "bench": "sparkctl.cli.bench", "fleet": "sparkctl.cli.fleet", "route": "sparkctl.cli.route"}
+          "bench": "sparkctl.cli.bench", "fleet": "sparkctl.cli.fleet", "route": "sparkctl.cli.route",
+          "sim": "sparkctl.cli.sim"}
 
 
 class Root(TyperGroup):

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from sparkctl.sim import calibrate
 from sparkctl.sim.engine import VERSION, Engine, Faults, Memory, Vocabulary
 from sparkctl.sim.engine import die as _die
 from sparkctl.sim.engine import log as _log
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     faults.garbage |= args.sim_garbage
     faults.empty |= args.sim_empty
     speculative = _speculative(args)
-    profile = PROFILES[args.sim_profile or auto_profile(_model_name(model_dir), speculative)]
+    profile = _profile(args.sim_profile or auto_profile(_model_name(model_dir), speculative))
     _preflight(args, model_dir, profile, speculative)
     memory = _memory(args, model_dir, speculative, float(os.environ.get("SPARKCTL_SIM_MEMORY_SCALE", "0")))
     scale = float(os.environ.get("SPARKCTL_SIM_TIME_SCALE", "1"))
@@ -64,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))  # vLLM's own parse
     asyncio.run(_serve(engine, args, dev_mode=dev_mode))
     return 0
+
+
+def _profile(name: str) -> Profile:
+    """The profile SPARKCTL_SIM_PROFILE_FILE holds (`sparkctl sim calibrate` writes one), else `name`."""
+    path = os.environ.get("SPARKCTL_SIM_PROFILE_FILE")
+    if not path:
+        return PROFILES[name]
+    try:
+        return calibrate.loads(Path(path).read_text(), path)
+    except (OSError, ValueError) as e:
+        _die(f"SPARKCTL_SIM_PROFILE_FILE: {e}")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -60,9 +60,8 @@ class Profile:
         return at(self.prefill, depth)
 
     def benchmarked_tps(self, depth: int, *, pp: int = 512, tg: int = 256) -> float:
-        """What llama-benchy measures at `depth` (`--pp pp --tg tg`, seed 000's by default): the
-        decode at the middle of the contexts it decodes over."""
-        return self.decode_tps(depth + pp + tg // 2)
+        """What llama-benchy measures at `depth` (`--pp pp --tg tg`, seed 000's by default)."""
+        return self.decode_tps(measured_at(depth, pp=pp, tg=tg))
 
     @property
     def cached_compile_s(self) -> float:
@@ -100,9 +99,15 @@ _MOE_PREFILL: Curve = ((0, 5200.0), (16384, 4400.0), (65536, 3000.0))  # estimat
 # Seed 000 measured with llama-benchy --pp 512 --tg 256 (seed 000:18): its figure "at depth d" is
 # the decode over contexts d + 512 to d + 768, so each of its points sits at the middle, d + 640,
 # and llama-benchy run the seed's way measures the seed's figure at d (`Profile.benchmarked_tps`).
+def measured_at(depth: int, *, pp: int, tg: int) -> int:
+    """The context a llama-benchy figure at `depth` (`--pp pp --tg tg`) stands for: the middle of
+    the contexts its test decoded over."""
+    return depth + pp + tg // 2
+
+
 def _seed_000(*points: tuple[int, float]) -> Curve:
     """Seed 000's (depth, tok/s) points, each at the context its figure was decoded at."""
-    return tuple((depth + 512 + 256 // 2, tps) for depth, tps in points)
+    return tuple((measured_at(depth, pp=512, tg=256), tps) for depth, tps in points)
 
 
 # Seed 000: decode is bandwidth-bound and equal across engines; NVFP4 8.9 tok/s, BF16 4.5 at
