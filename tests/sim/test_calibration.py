@@ -1,7 +1,8 @@
 """The sim measured the way the seeds measured: llama-benchy (the seeds' tool, through sparkctl's
 bench runner) against the simulated engine of each seed stack gives each seed figure within 3 %:
 seed 000's decode at the depths it states (pp 512, tg 256, its method), its DFlash speedup and the
-cliff past 8k; seed 003's single-stream decode; and the KV cache each seed 003 stack reports.
+cliff past 8k; seed 003's single-stream decode, its 2.6x headline (what the demo's report states)
+and the KV cache each seed 003 stack reports.
 
 Each depth runs on an engine of its own, time-scaled so that its decode takes ~2 s of wall clock:
 a figure read off the sim is then the wall-clock figure times the scale, and a few ms of lateness
@@ -82,12 +83,16 @@ def test_seed_000_measured_through_llama_benchy(sim, tiny_model, tmp_path) -> No
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("name", "seed"), SEED_003, ids=[name for name, _ in SEED_003])
-def test_seed_003_single_stream_and_kv_cache_measured(sim, tiny_model, tmp_path, name, seed) -> None:
-    [(depth, want)] = seed.items()
-    got, kv = measured(sim, tiny_model, tmp_path, name, depth, pp=512, tg=512)
-    assert not within_3_percent({depth: got}, seed), within_3_percent({depth: got}, seed)
-    assert kv == pytest.approx(KV_003[name], rel=0.03)  # at the stack's own memory fraction
+def test_seed_003_single_stream_its_headline_and_kv_cache_measured(sim, tiny_model, tmp_path) -> None:
+    got, kv = {}, {}
+    for name, seed in SEED_003:
+        [(depth, _)] = seed.items()
+        got[name], kv[name] = measured(sim, tiny_model, tmp_path, name, depth, pp=512, tg=512)
+    off = {name: bad for name, seed in SEED_003 if (bad := within_3_percent({0: got[name]}, seed))}
+    assert not off, off
+    # "wins single-stream by 2.6x" (seed 003:80): 210 against Gemma-4's 81
+    assert got["diffusiongemma"] / got["aeon-gemma4-v2"] == pytest.approx(210 / 81, rel=0.03)
+    assert kv == pytest.approx(KV_003, rel=0.03)  # each at the stack's own memory fraction
 
 
 def test_cached_ttft_is_measured_where_the_engine_caches_the_context(sim, tiny_model, tmp_path) -> None:
