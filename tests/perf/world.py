@@ -116,4 +116,9 @@ def daemon(env: dict[str, str]) -> Iterator[subprocess.Popen]:
 
 
 def sparkctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SPARKCTL, *args], env=env, capture_output=True, text=True, check=True)
+    """`sparkctl ARGS`; one that fails raises with what it printed, which says why."""
+    done = subprocess.run([SPARKCTL, *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"sparkctl {' '.join(args)} exited {done.returncode}:\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-4000:]}")
+    return done
