@@ -1,13 +1,50 @@
-"""A loopback TCP proxy whose answers flow at a set rate: a registry or a Hub behind a link of a
-given bandwidth, for benchmarks that must not measure loopback's speed. Several proxies may share
-one `Bucket` (one link for both servers). Only the server-to-client direction is limited: what a
-first `up` waits for is what it downloads."""
+"""A link of a set bandwidth on loopback: a process of TCP proxies, one per server behind it, whose
+answers all flow through one token bucket. A registry or a Hub behind a `Link` is a server behind a
+link of that rate, for benchmarks that must not measure loopback's speed; a registry and a Hub
+behind one `Link` share it. Only the server-to-client direction is limited: what a first `up` waits
+for is what it downloads.
+
+A process of its own, as a link is a machine of its own: proxies run inside a test's or a
+benchmark's process would take their turns at its interpreter lock with whatever else it serves
+(the sim Hub), and one server's link would slow another's.
+
+Run as `python tests/fakes/throttle.py RATE TARGET...`: it prints the `host:port` of each target's
+proxy on one line, then serves until SIGTERM.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.teardown import stop  # noqa: E402
+
+
+class Link:
+    """`hosts[i]` ("127.0.0.1:port") forwards to `targets[i]` ("host:port"); all answer through one
+    bucket of `rate` bytes/s."""
+
+    def __init__(self, rate: float, *targets: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, str(rate), *targets], stdout=subprocess.PIPE,
+                                     text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            stop(self.proc)
+            raise RuntimeError(f"the link to {', '.join(targets)} did not start (exit {self.proc.returncode})")
+        self.hosts = line.split()
+
+    @property
+    def host(self) -> str:
+        """The proxy of a link with one server behind it."""
+        (host,) = self.hosts
+        return host
+
+    def stop(self) -> None:
+        stop(self.proc)
 
 
 class Bucket:
@@ -16,71 +53,46 @@ class Bucket:
     def __init__(self, rate: float, *, burst: float = 256 * 1024) -> None:
         self.rate, self.burst = rate, burst
         self.tokens, self.at = burst, time.monotonic()
-        self.lock = threading.Lock()
 
     def delay(self, n: int) -> float:
         """Take `n` bytes; how long the taker must wait before sending them."""
-        with self.lock:
-            now = time.monotonic()
-            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate) - n
-            self.at = now
-            return max(0.0, -self.tokens / self.rate)
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate) - n
+        self.at = now
+        return max(0.0, -self.tokens / self.rate)
 
 
-class Throttle:
-    """`127.0.0.1:port` forwards to `target` ("host:port"), answers through `bucket`."""
+async def _serve(rate: float, targets: list[str]) -> None:
+    bucket = Bucket(rate)
 
-    def __init__(self, target: str, bucket: Bucket) -> None:
-        self.target, self.bucket = target, bucket
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
-        self.thread.start()
-        ready.wait(10)
-        self.host = f"127.0.0.1:{self.port}"
+    def proxy(target: str):  # noqa: ANN202
+        async def forward(client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+            host, port = target.rsplit(":", 1)
+            try:
+                server_in, server_out = await asyncio.open_connection(host, int(port))
+            except OSError:
+                client_out.close()
+                return
+            await asyncio.gather(_pipe(client_in, server_out, None), _pipe(server_in, client_out, bucket))
+        return forward
 
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.port = self.server.sockets[0].getsockname()[1]
-        ready.set()
-        self.loop.run_forever()
+    servers = [await asyncio.start_server(proxy(t), "127.0.0.1", 0) for t in targets]
+    print(" ".join(f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers), flush=True)
+    await asyncio.Event().wait()  # until SIGTERM ends the process
 
-    async def _serve(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
-        host, port = self.target.rsplit(":", 1)
-        try:
-            server_in, server_out = await asyncio.open_connection(host, int(port))
-        except OSError:
-            client_out.close()
-            return
-        try:
-            await asyncio.gather(self._pipe(client_in, server_out, limited=False),
-                                 self._pipe(server_in, client_out, limited=True), return_exceptions=True)
-        except asyncio.CancelledError:  # the proxy stops
-            client_out.close()
-            server_out.close()
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, limited: bool) -> None:
-        try:
-            while data := await source.read(64 * 1024):
-                if limited and (wait := self.bucket.delay(len(data))):
-                    await asyncio.sleep(wait)
-                sink.write(data)
-                await sink.drain()
-        except OSError:
-            pass
-        finally:
-            sink.close()
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, bucket: Bucket | None) -> None:
+    try:
+        while data := await source.read(64 * 1024):
+            if bucket and (wait := bucket.delay(len(data))):
+                await asyncio.sleep(wait)
+            sink.write(data)
+            await sink.drain()
+    except OSError:
+        pass
+    finally:
+        sink.close()
 
-    def stop(self) -> None:
-        """Close the listener and every connection through it, then the loop."""
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
-    async def _shutdown(self) -> None:
-        self.server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+if __name__ == "__main__":
+    asyncio.run(_serve(float(sys.argv[1]), sys.argv[2:]))

@@ -17,7 +17,7 @@ import pytest
 from sparkctl.cli.client import DaemonClient
 from tests.conftest import wait_for  # noqa: F401  (re-exported for the integration tests)
 from tests.fakes.repos import QWEN_NVFP4
-from tests.fakes.throttle import Bucket, Throttle
+from tests.fakes.throttle import Link
 from tests.integration.agents import FAST_LOAD, A, B, amend, routed
 from tests.teardown import stop
 
@@ -100,7 +100,7 @@ def containers(engine, stack: str | None = None) -> list[dict]:
 def slow_hub(world, hub, monkeypatch):
     """The Hub behind a 2 MB/s link, the model 40 MB larger: its download takes ~20 s."""
     hub.hub.repos[QWEN_NVFP4].files["model-slow.safetensors"] = bytes(40 * MB)
-    link = Throttle(hub.endpoint.removeprefix("http://"), Bucket(2 * MB))
+    link = Link(2 * MB, hub.endpoint.removeprefix("http://"))
     monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", f"http://{link.host}")
     yield link
     link.stop()

@@ -39,7 +39,7 @@ from sparkctl.phase import Phase  # noqa: E402
 from sparkctl.state.store import Store  # noqa: E402
 from tests.fakes.registry import SIM_IMAGE, Registry  # noqa: E402
 from tests.fakes.repos import DSPARK_DRAFT, QWEN_NVFP4  # noqa: E402
-from tests.fakes.throttle import Bucket, Throttle  # noqa: E402
+from tests.fakes.throttle import Link  # noqa: E402
 
 STACK, TAG = "qwen36-dflash", "aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix"
 MB = 10**6
@@ -78,13 +78,13 @@ def publish(docker: DockerEngine, registry: Registry) -> str:
 
 
 def measure(docker: DockerEngine, env: dict[str, str], registry: str, hub: str, digest: str, *, shared: bool) -> None:
-    own = Bucket(RATE)
-    links = [Throttle(registry, own), Throttle(hub.removeprefix("http://"), own if shared else Bucket(RATE))]
+    hub = hub.removeprefix("http://")
+    links = [Link(RATE, registry, hub)] if shared else [Link(RATE, registry), Link(RATE, hub)]
+    via_registry, via_hub = (host for link in links for host in link.hosts)
     name = "one shared link" if shared else "links of their own"
     try:
-        via = {**env, "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={links[0].host}",
-               "SPARKCTL_HF_ENDPOINT": f"http://{links[1].host}"}
-        ref = f"{links[0].host}/{TAG.rsplit(':', 1)[0]}"
+        via = {**env, "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={via_registry}", "SPARKCTL_HF_ENDPOINT": f"http://{via_hub}"}
+        ref = f"{via_registry}/{TAG.rsplit(':', 1)[0]}"
         alone = {"pull": timed(lambda: docker.pull(ref, digest)),
                  "model": timed(lambda: download(via, QWEN_NVFP4)), "draft": timed(lambda: download(via, DSPARK_DRAFT))}
         with ThreadPoolExecutor(2) as both:  # the Hub's link: the model and the draft at once, as `up` fetches them

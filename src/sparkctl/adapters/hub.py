@@ -97,6 +97,12 @@ class HubClient:
         return Path(path)
 
 
+def load() -> None:
+    """Import huggingface_hub's client now (~0.3 s of one core), so that a first fetch does not wait
+    for it: the daemon calls it in the background once it serves."""
+    from huggingface_hub import HfApi, snapshot_download  # noqa: F401
+
+
 def _no_telemetry() -> None:
     """huggingface_hub adds an AI-agent field to its user agent from a registry it fetches from
     its default endpoint (huggingface.co), whatever endpoint a call names; its telemetry switch

@@ -209,6 +209,7 @@ class Daemon:
         log.info("daemon_listening", socket=str(path), pid=os.getpid())
         tcp = await self._serve_tcp()
         process.notify_ready()
+        loop.run_in_executor(None, hub.load)  # the Hub client, loaded before a first `up` needs it
         self.loops.start()
         sampling = asyncio.create_task(self.recorder.run())
         if self.fleet_watch is not None:
