@@ -11,11 +11,13 @@ draft come from one server, through one link), then `sparkctl up` runs on an emp
 an engine without the layer, and its phases are read from its deployment's record:
 - the goal: up <= max(pull, the Hub's) + patching + the engine's start + 0.5 s, where the Hub's is
   the model and the draft at once through its link: the issue's max(pull, model, draft) would need
-  a link per repo, but the model and the draft share the Hub's (on one shared link: every byte at
-  the link's rate, instead of the slowest stream);
+  a link per repo, but the model and the draft share the Hub's;
 - the reference: the sequential order's time, pull + model + draft + patching + start.
 Twice: the registry and the Hub on links of their own, then both on one shared link (one token
-bucket), where fetching at once can only save the time a pull spends extracting.
+bucket). There no order can beat every byte at the link's rate (the floor printed instead of the
+goal), and fetching at once can save only the time a pull spends extracting layers whose bytes are
+not the last to arrive: the image here is one layer, so at once and the sequential order come out
+alike.
 
 Run with `make perf` (or `.venv/bin/python tests/perf/bench_first_up.py`)."""
 
@@ -101,20 +103,22 @@ def measure(docker: DockerEngine, env: dict[str, str], registry: str, hub: str, 
         for link in links:
             link.stop()
     rest = phases[Phase.RUNNING] - phases[Phase.PATCHING]  # patching, then the engine's start to serving
-    # On links of their own the streams can all run at full rate; on one link they share its rate,
-    # so the bound is every byte through it (what a pull spends extracting may still overlap).
-    bound = (LAYER + MODEL + DRAFT) * MB / RATE if shared else max(alone["pull"], hub_alone)
-    goal, sequential = bound + rest + 0.5, sum(alone.values()) + rest
-    bounded = "max(pull, model and draft at once)"
+    sequential = sum(alone.values()) + rest
+    key = "shared" if shared else "own"
+    if shared:  # every byte through one link: no order beats the link's rate, and at once can save
+        # only the time a pull spends extracting, where its layers' bytes are not the last to arrive
+        against, bound = "floor (every byte at the link's rate)", (LAYER + MODEL + DRAFT) * MB / RATE
+    else:
+        against, bound = "goal max(pull, model and draft at once)", max(alone["pull"], hub_alone)
+    limit = bound + rest + 0.5
+    verdict = "(no order beats it)" if shared else f"({'met' if took <= limit else 'missed'})"
     print(f"first up, {name} at {RATE / MB:g} MB/s: {took:.2f} s; alone: pull {alone['pull']:.2f} s "
           f"({LAYER} MB), model {alone['model']:.2f} s ({MODEL} MB), draft {alone['draft']:.2f} s ({DRAFT} MB), "
-          f"model and draft at once through the Hub's link {hub_alone:.2f} s; "
-          f"patching + start {rest:.2f} s\n  goal {'all bytes at the link rate' if shared else bounded} "
-          f"+ patching + start + 0.5 = {goal:.2f} s: "
-          f"ratio {took / goal:.2f} ({'met' if took <= goal else 'missed'}); the sequential order "
-          f"{sequential:.2f} s: ratio {took / sequential:.2f}\n  up's phases: {durations(phases)}")
-    key = "shared" if shared else "own"
-    figure(f"first_up_{key}_vs_goal", took / goal, "ratio", sane=(0.2, 3.0), control=f"first_up_{key}_sequential")
+          f"model and draft at once through the Hub's link {hub_alone:.2f} s; patching + start {rest:.2f} s\n"
+          f"  {against} + patching + start + 0.5 = {limit:.2f} s: ratio {took / limit:.2f} {verdict}; "
+          f"the sequential order {sequential:.2f} s: ratio {took / sequential:.2f}\n  up's phases: {durations(phases)}")
+    figure(f"first_up_{key}_vs_{'floor' if shared else 'goal'}", took / limit, "ratio", sane=(0.2, 3.0),
+           control=f"first_up_{key}_sequential")
     figure(f"first_up_{key}_sequential", sequential, "s", sane=(0.05, 600.0))
     figure(f"first_up_{key}_vs_sequential", took / sequential, "ratio", sane=(0.1, 3.0),
            control=f"first_up_{key}_sequential")
