@@ -45,21 +45,25 @@ def test_a_down_while_fetching_stops_every_stream_and_the_next_up_keeps_what_arr
         latest = store.deployments.latest("qwen36-dflash") if (world / "state" / "sparkctl.db").exists() else None
         return latest is not None and latest.phase in (Phase.PULLING, Phase.FETCHING)
 
+    def whole() -> set[str]:  # the files that arrived whole, as "/repo/file"
+        return {f"/{f.parents[2].name.removeprefix('models--').replace('--', '/')}/{f.name}"
+                for f in (world / "hf").rglob("snapshots/*/*") if f.is_file()}
+
     wait_for(fetching, timeout=60, what="the up fetching")
-    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=30, what="the model's download under way")
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")) and whole(), timeout=30,
+             what="the model's download under way, and a small file arrived whole")
     code, out, err = cli("down", "qwen36-dflash")
     assert code == 0, err
     out, err = up.communicate(timeout=60)
     assert up.returncode == 1 and "stopped" in err, err
     assert not arrived(world) and not ours(engine)  # the download stopped part way
-    whole = {f"/{f.parents[2].name.removeprefix('models--').replace('--', '/')}/{f.name}"  # arrived whole
-             for f in (world / "hf").rglob("snapshots/*/*") if f.is_file()}
+    kept = whole()
     asked = len(hub.hub.requests)
     code, out, err = cli("up", "qwen36-dflash")
     assert code == 0, err
     fetched = [r for r in hub.hub.requests[asked:] if r.startswith("GET") and "/resolve/" in r]
-    again = [r for r in fetched if r.split()[1].split("/resolve/")[0] + "/" + r.split()[1].rsplit("/", 1)[-1] in whole]
-    assert whole and not again, (whole, again)
+    again = [r for r in fetched if r.split()[1].split("/resolve/")[0] + "/" + r.split()[1].rsplit("/", 1)[-1] in kept]
+    assert kept and not again, (kept, again)
     assert any("model-slow.safetensors" in r for r in fetched)  # cut part way: fetched again, whole
 
 
