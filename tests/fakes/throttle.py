@@ -8,20 +8,22 @@ A process of its own, as a link is a machine of its own: proxies run inside a te
 benchmark's process would take their turns at its interpreter lock with whatever else it serves
 (the sim Hub), and one server's link would slow another's.
 
-Run as `python tests/fakes/throttle.py RATE TARGET...`: it prints the `host:port` of each target's
-proxy on one line, then serves until SIGTERM.
+Run as `python -m tests.fakes.throttle RATE TARGET...` from the repository's root: it prints the
+`host:port` of each target's proxy on one line, then serves until SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.teardown import stop  # noqa: E402
+from tests.teardown import stop
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Link:
@@ -29,8 +31,8 @@ class Link:
     bucket of `rate` bytes/s."""
 
     def __init__(self, rate: float, *targets: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, str(rate), *targets], stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.throttle", str(rate), *targets], cwd=ROOT,
+                                     stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line:
             stop(self.proc)
@@ -64,21 +66,20 @@ class Bucket:
 
 async def _serve(rate: float, targets: list[str]) -> None:
     bucket = Bucket(rate)
-
-    def proxy(target: str):  # noqa: ANN202
-        async def forward(client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
-            host, port = target.rsplit(":", 1)
-            try:
-                server_in, server_out = await asyncio.open_connection(host, int(port))
-            except OSError:
-                client_out.close()
-                return
-            await asyncio.gather(_pipe(client_in, server_out, None), _pipe(server_in, client_out, bucket))
-        return forward
-
-    servers = [await asyncio.start_server(proxy(t), "127.0.0.1", 0) for t in targets]
+    servers = [await asyncio.start_server(functools.partial(_forward, t, bucket), "127.0.0.1", 0) for t in targets]
     print(" ".join(f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers), flush=True)
     await asyncio.Event().wait()  # until SIGTERM ends the process
+
+
+async def _forward(target: str, bucket: Bucket, client_in: asyncio.StreamReader,
+                   client_out: asyncio.StreamWriter) -> None:
+    host, port = target.rsplit(":", 1)
+    try:
+        server_in, server_out = await asyncio.open_connection(host, int(port))
+    except OSError:
+        client_out.close()
+        return
+    await asyncio.gather(_pipe(client_in, server_out, None), _pipe(server_in, client_out, bucket))
 
 
 async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, bucket: Bucket | None) -> None:
