@@ -57,22 +57,27 @@ def read_commented(path: Path, yaml: Any) -> Any:
 def line_of(path: Path, keys: Sequence[str]) -> int | None:
     """The line where `path` writes the dotted key `keys` (list items by index), or the deepest
     part of it the file writes; None when it does not write the first (a key from a base stack,
-    or the top level). Parses again, keeping positions: only when an error needs placing, and only
-    a file `read` took, so its size and aliases are bounded."""
+    or the top level). Parses again, keeping positions and building no value (a value the file
+    cannot hold must not hide where it is): only when an error needs placing, and only a file
+    `read` took, so its size is bounded."""
     from ruamel.yaml import YAML
+    from ruamel.yaml.nodes import MappingNode, SequenceNode
 
     try:
-        node = YAML(typ="rt", pure=True).load(path.read_text(encoding="utf-8"))
+        node = YAML(typ="safe", pure=True).compose(path.read_text(encoding="utf-8"))
     except Exception:  # noqa: BLE001 - the error is reported without a line
         return None
     line = None
     for key in keys:
-        if isinstance(node, Mapping) and key in node:
-            line, node = node.lc.key(key)[0] + 1, node[key]
-        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
-            line, node = node.lc.item(int(key))[0] + 1, node[int(key)]
+        if isinstance(node, MappingNode):
+            found = next(((k, v) for k, v in node.value if k.value == key), None)
+        elif isinstance(node, SequenceNode) and key.isdigit() and int(key) < len(node.value):
+            found = node.value[int(key)], node.value[int(key)]
         else:
+            found = None
+        if found is None:
             break
+        line, node = found[0].start_mark.line + 1, found[1]
     return line
 
 
