@@ -35,7 +35,7 @@ def test_hostile_stack_files_leave_every_daemon_command_working(start_daemon, wo
     assert listed["qwen36-dflash"] is None
     assert listed["bad-date"].startswith("bad-date.yaml: line 4: vllm.max_model_len: Input should be a valid integer")
     assert listed["huge-int"].startswith("huge-int.yaml: line 4: invalid YAML: '999999999999999999999999…': a "
-                                         "number of 4301 characters")
+                                         "number of 4,301 characters")
     assert listed["itself"] == "itself.yaml: holds itself through a YAML alias; write the values out instead"
     assert listed["laughs"].startswith("laughs.yaml: expands to over 1 MiB of text through YAML aliases")
     code, out, err = cli("status")

@@ -3,18 +3,17 @@
 ruamel's C parser recurses without a bound: ~30,000 nested `[` crash the process. So files are
 parsed by its pure-Python parser, where deep nesting is a RecursionError, and files over 1 MiB
 are refused. The reader builds only what a sparkctl file holds: mappings, lists, text, booleans,
-null, floats and integers that fit in 64 bits. A date stays the text it is written as (the
-models parse the dates they take); any other tag is refused, and so is a value its constructor
-cannot build (`2026-13-45` as `!!timestamp`, `!!int abc`, 5,000 digits), text with a NUL or a
-lone surrogate, which no path, command line or label can carry, and a number written with over
-`MAX_NUMBER` characters (YAML 1.1's base-60 integers cost quadratic time to build). Aliases are
-cheap to write and expensive to expand (a 600-byte "billion laughs" took minutes to render; a
-0.21 MB file of aliases to one long string hashed as 829 MB): a document that would expand to
-more than `MAX_VALUES` values, or to more text than a file may hold, is refused, and so is one
-that holds itself. Every refusal is a `SpecError` naming the file, with its line when known:
-the caller's per-file isolation holds whatever the file says. `line_of` places a key's error on
-its line. Used by the stack loader, the image policy file (`read_commented` for its edits),
-fleet.yaml and desired.yaml.
+null, floats and integers Python can write back in decimal (4,300 digits: JSON, a hash, an error
+message all do). A date stays the text it is written as (Docker is given text; the models parse
+the dates they take); any other tag is refused, and so is a value its constructor cannot build
+(`!!int abc`, 5,000 digits) and a number written with over `MAX_DIGITS` characters (YAML 1.1's
+base-60 integers cost quadratic time to build). Aliases are cheap to write and expensive to
+expand (a 600-byte "billion laughs" took minutes to render; a 0.21 MB file of aliases to one long
+string hashed as 829 MB): a document that would expand to more than `MAX_VALUES` values, or to
+more text than a file may hold, is refused, and so is one that holds itself. Every refusal is a
+`SpecError` naming the file, with its line when known: a caller's per-file isolation holds
+whatever the file says. `line_of` places a key's error on its line. Used by the stack loader,
+the image policy file (`read_commented` for its edits), fleet.yaml and desired.yaml.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from sparkctl.errors import SpecError
 
 MAX_BYTES = 1 << 20
 MAX_VALUES = 100_000
-MAX_NUMBER = 100  # characters: a 64-bit integer in binary with underscores fits
-INT_RANGE = range(-(1 << 63), 1 << 63)
+MAX_DIGITS = 4_300  # Python's own bound on converting between an int and its decimal text
+_DECIMAL_BOUND = 10**MAX_DIGITS
 
 
 def read(path: Path) -> Any:
@@ -184,35 +183,24 @@ def _values() -> type:
 
         def construct_yaml_int(self, node: Any) -> int:
             value = super().construct_yaml_int(self._short(node))
-            if value not in INT_RANGE:
-                raise ConstructorError(None, None, f"{_shown(node)}: an integer beyond 64 bits; no sparkctl "
-                                                   "setting takes one (quote it if it is text)", node.start_mark)
+            if abs(value) >= _DECIMAL_BOUND:  # 0x with 4,000 digits: fine to read, not to write in decimal
+                raise ConstructorError(None, None, f"{_shown(node)}: an integer of over {MAX_DIGITS:,} digits; no "
+                                                   "sparkctl setting takes one (quote it if it is text)",
+                                       node.start_mark)
             return value
 
         def construct_yaml_float(self, node: Any) -> float:
             return super().construct_yaml_float(self._short(node))
-
-        def construct_yaml_str(self, node: Any) -> str:
-            value = super().construct_yaml_str(node)
-            if "\0" in value:
-                raise ConstructorError(None, None, f"{_shown(node)}: text with a NUL character, which no path, "
-                                                   "command line or label can carry", node.start_mark)
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ConstructorError(None, None, f"{_shown(node)}: not Unicode text (a lone surrogate like "
-                                                   "\\ud800)", node.start_mark) from None
-            return value
 
         def construct_undefined(self, node: Any) -> Any:
             raise ConstructorError(None, None, f"the tag {_tag(node.tag)}: a sparkctl file holds mappings, lists, "
                                                "text, numbers, booleans and null; drop the tag", node.start_mark)
 
         def _short(self, node: Any) -> Any:
-            if len(node.value) > MAX_NUMBER:
-                raise ConstructorError(None, None, f"{_shown(node)}: a number of {len(node.value)} characters; "
-                                                   f"sparkctl takes numbers of up to {MAX_NUMBER} (quote it if "
-                                                   "it is text)", node.start_mark)
+            if len(node.value) > MAX_DIGITS:
+                raise ConstructorError(None, None, f"{_shown(node)}: a number of {len(node.value):,} characters, "
+                                                   f"over the {MAX_DIGITS:,} sparkctl reads (quote it if it is "
+                                                   "text)", node.start_mark)
             return node
 
     for tag, build in (("null", Values.construct_yaml_null), ("bool", Values.construct_yaml_bool),
