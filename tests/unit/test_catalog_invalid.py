@@ -177,3 +177,24 @@ def test_other_stacks_work_with_a_warning_and_the_invalid_one_fails(workspace: P
     assert code == 1 and err.strip().splitlines() == [
         f"error: {bad}: line 4: vllm.max_model_len: Input should be a valid integer, unable to parse string as an "
         "integer (got 'lots') (and 1 more invalid files: on-mine.yaml)"], err
+
+
+def test_a_check_that_breaks_on_one_file_leaves_that_file_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A validator raising what pydantic does not wrap (an OSError resolving a path on the host, a
+    TypeError) escaped the loader, and every daemon command answered 500: it is that file's error."""
+    from sparkctl.spec.models import Stack
+
+    risks = Stack.risks
+
+    def breaking(self: Stack) -> list[tuple[str, str]]:
+        if self.name == "odd":
+            raise OSError(40, "Too many levels of symbolic links")
+        return risks(self)
+
+    monkeypatch.setattr(Stack, "risks", breaking)
+    stacks = catalog_dir(tmp_path, {"good.yaml": GOOD, "odd.yaml": "name: odd\nextends: good\n"})
+    catalog = load_catalog(stacks)
+    assert [s.name for s in catalog.deployable()] == ["good"]
+    with pytest.raises(SpecError, match=r"odd\.yaml: could not be checked \(OSError: \[Errno 40\] Too many levels of "
+                                        r"symbolic links\); a sparkctl bug: report it with the file"):
+        catalog.stack("odd")
