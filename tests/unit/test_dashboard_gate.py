@@ -7,21 +7,26 @@ action's event stream pass through as they come."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sparkctl import results, wire
+from sparkctl.daemon.api import queries
+from sparkctl.daemon.api.service import MAX_FOLLOWS
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
 from sparkctl.gateway.login import Logins, login_code
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable
-from sparkctl.gateway.ui import Dashboard
+from sparkctl.gateway.ui import FOLLOWS_PER_CLIENT, Dashboard
 from tests.conftest import Running, ServedApi
 
 KEY = "sk-test"
@@ -42,6 +47,13 @@ class Service:
         from sparkctl.state.desired import Desired
 
         return Desired(stacks=("a",), aliases={"primary": "a"})
+
+    async def _log(self, tail: int):
+        yield f"{tail} lines\n".encode()
+        await asyncio.Event().wait()  # no new line, ever: a follow must find its client gone without one
+
+    def logs(self, stack: str, tail: int):
+        return self._log(tail)
 
     def status(self) -> dict:
         return {"stacks": [], "aliases": {"primary": "a"}}
@@ -193,3 +205,70 @@ def test_events_reach_the_page_as_server_sent_events(served) -> None:
     event = got.decode()
     assert event.startswith("id: 1\ndata: ") and json.loads(event.split("data: ", 1)[1])["text"] == "hello"
     conn.close()
+
+
+def follow(host: str, path: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, int, bytes]:
+    """A log follow opened; its connection, status and first line (or error body)."""
+    conn = http.client.HTTPConnection(host, timeout=10)
+    conn.request("GET", path, headers={"Host": host, **headers})
+    reply = conn.getresponse()
+    if reply.status != 200:
+        return conn, reply.status, reply.read()
+    got = b""
+    while b"\n\n" not in got:
+        got += reply.read1(4096)
+    return conn, reply.status, got
+
+
+def test_a_client_holds_a_few_log_follows_and_a_follow_ends_when_its_client_leaves(served, monkeypatch) -> None:
+    """Log follows pass through as they come; one client address may hold FOLLOWS_PER_CLIENT open
+    (the next gets 429), and a follow whose client left is let go at once by the gateway and
+    within a keep-alive by the daemon, with no new log line."""
+    monkeypatch.setattr(queries, "KEEPALIVE", 0.2)
+    running, _ = served
+    host = running.url.removeprefix("http://")
+    headers = {"Authorization": basic(), "Accept": "text/event-stream"}
+    opened = [follow(host, "/ui/api/v1/logs?stack=a&tail=7", headers) for _ in range(FOLLOWS_PER_CLIENT)]
+    assert [(status, line) for _, status, line in opened] == [(200, b'data: {"line": "7 lines"}\n\n')] * len(opened)
+    _, status, body = follow(host, "/ui/api/v1/logs?stack=a", headers)
+    assert status == 429 and json.loads(body)["error"]["code"] == "too_many_follows"
+    for conn, _, _ in opened:
+        conn.close()
+    deadline = time.monotonic() + 5
+    while running.gateway.ui.following and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not running.gateway.ui.following
+    conn, status, _ = follow(host, "/ui/api/v1/logs?stack=a", headers)
+    assert status == 200
+    conn.close()
+
+
+def test_the_daemon_caps_log_follows_in_all(tmp_path: Path, monkeypatch) -> None:
+    """Every listener of the API counts against one cap (the gateway's clients and the CLI's
+    alike); beyond it, 503; a follow whose client left frees its place without a new line."""
+    monkeypatch.setattr(queries, "KEEPALIVE", 0.2)
+    with ServedApi(Service(), tmp_path / "api.sock") as sock:
+        def open_one() -> tuple[socket.socket, bytes]:
+            client = socket.socket(socket.AF_UNIX)
+            client.connect(str(sock))
+            client.sendall(b"GET /v1/logs?stack=a HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += client.recv(4096)
+            return client, got
+
+        opened = [open_one() for _ in range(MAX_FOLLOWS)]
+        assert all(head.startswith(b"HTTP/1.1 200") for _, head in opened)
+        extra, head = open_one()
+        assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 5" in head
+        extra.close()
+        for client, _ in opened:
+            client.close()
+        deadline = time.monotonic() + 5
+        while True:
+            client, head = open_one()
+            client.close()
+            if not head.startswith(b"HTTP/1.1 503") or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert head.startswith(b"HTTP/1.1 200")
