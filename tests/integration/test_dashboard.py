@@ -372,6 +372,13 @@ def test_log_follows_hold_no_worker_thread_and_end_when_their_clients_leave(daem
         assert reply.status == 503, reply.read()
     answered_at_once()
     assert threads(daemon.proc.pid) <= baseline + 2
+    cli_follow = subprocess.Popen([sys.executable, "-m", "sparkctl", "logs", "-f", A, "-n", "3"], text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # Docker's, not the daemon's
+    try:
+        assert cli_follow.stdout.readline().strip(), cli_follow.stderr.read()
+    finally:
+        cli_follow.terminate()
+        cli_follow.wait(30)
     for held in opened:
         (held.close if isinstance(held, http.client.HTTPConnection) else held.sock.close)()
     # each follow holds the client's socket and one to Docker: they close without a new log line
