@@ -340,6 +340,7 @@ def test_log_follows_hold_no_worker_thread_and_end_when_their_clients_leave(daem
     daemon's cap (then 503). Meanwhile and after, status and an action answer at once; once the
     clients leave, though the engine logs nothing new, the follows end and the daemon's threads
     are as many as before."""
+    from sparkctl.daemon.api.queries import KEEPALIVE
     from sparkctl.daemon.api.service import MAX_FOLLOWS
     from sparkctl.gateway.ui import FOLLOWS_PER_CLIENT
     from sparkctl.unixhttp import UnixHTTP
@@ -386,6 +387,11 @@ def test_log_follows_hold_no_worker_thread_and_end_when_their_clients_leave(daem
              what=f"the follows ended after their clients left ({open_files(daemon.proc.pid)} files, {files} before)")
     answered_at_once()
     assert threads(daemon.proc.pid) <= baseline + 2
+    time.sleep(KEEPALIVE + 1)  # no event says the daemon let go of a follow: by then, each has
+    again = [UnixHTTP(sock, 30).request("GET", f"/v1/logs?stack={A}&tail=1") for _ in range(MAX_FOLLOWS)]
+    for reply in again:
+        reply.sock.close()
+    assert [reply.status for reply in again] == [200] * MAX_FOLLOWS  # every place was given back
 
 
 def threads(pid: int) -> int:

@@ -7,7 +7,7 @@ owner's, the CLI's `logs -f`): the dashboard keeps 4 per client address (429 bey
 32 in all (503 beyond). Before, during each round and after the clients left (the engine logging
 nothing new meanwhile): the daemon's resident memory, threads and open files, and throughout, the
 worst `GET /v1/status` latency on the API's socket (what `sparkctl status` waits for), probed
-every 0.2 s.
+every 0.2 s. Between rounds, the follows get the daemon's keep-alive interval (5 s) to end.
 
 Goals (issue 45): status within 1 s throughout; memory back within 10 % of its start after the
 clients leave; threads back to their start. Run with `make perf` (or
@@ -27,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import SMOKE, daemon, figure, load, sparkctl, spread, world  # noqa: E402
+
+from sparkctl.daemon.api.queries import KEEPALIVE  # noqa: E402
 
 STACK = "qwen36-dflash"
 ROUNDS = (40,) if SMOKE else (40, 100)
@@ -128,12 +130,7 @@ def main() -> None:
                 figure(f"follows served of {clients}", served, "follows", sane=(1, 2 * clients))
                 for conn, _ in opened:
                     conn.close()
-                began = time.monotonic()
-                while footprint(proc.pid)[2] > start[2] + 2 and time.monotonic() - began < 30:
-                    time.sleep(0.1)
-                print(f"  the follows ended {time.monotonic() - began:.2f} s after their clients left")
-                figure(f"follows of {clients} ended after their clients left", time.monotonic() - began, "s",
-                       sane=(0, 30))
+                time.sleep(KEEPALIVE + 1)  # a follow whose client left ends at its next line or keep-alive
             time.sleep(1)
             prober.stopped.set()
             prober.join(35)
