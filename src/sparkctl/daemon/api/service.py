@@ -1,5 +1,6 @@
 """The API's two faces, as its handlers see them: `Commands` (the actions, `daemon/actions/`) and
-`Queries` (the read model, `daemon/reads.py`), held by the app under COMMANDS and QUERIES."""
+`Queries` (the read model, `daemon/reads.py`), held by the app under COMMANDS and QUERIES; and
+the count of log follows open (`Gauge`, under FOLLOWS), one for every listener of the API."""
 
 from __future__ import annotations
 
