@@ -23,6 +23,7 @@ from sparkctl.daemon.api import queries
 from sparkctl.daemon.api.service import MAX_FOLLOWS
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
+from sparkctl.errors import SparkctlError
 from sparkctl.gateway.login import Logins, login_code
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable
@@ -48,12 +49,15 @@ class Service:
 
         return Desired(stacks=("a",), aliases={"primary": "a"})
 
-    async def _log(self, tail: int):
+    async def _log(self, stack: str, tail: int):
+        if stack == "gone":  # its container went between the check and the follow
+            raise SparkctlError("follow the logs of gone: Docker said 404: no such container")
+        yield b""  # Docker accepted the follow
         yield f"{tail} lines\n".encode()
         await asyncio.Event().wait()  # no new line, ever: a follow must find its client gone without one
 
     def logs(self, stack: str, tail: int):
-        return self._log(tail)
+        return self._log(stack, tail)
 
     def status(self) -> dict:
         return {"stacks": [], "aliases": {"primary": "a"}}
@@ -228,6 +232,8 @@ def test_a_client_holds_a_few_log_follows_and_a_follow_ends_when_its_client_leav
     running, _ = served
     host = running.url.removeprefix("http://")
     headers = {"Authorization": basic(), "Accept": "text/event-stream"}
+    _, status, body = follow(host, "/ui/api/v1/logs?stack=gone", headers)  # Docker's refusal, as an answer
+    assert status == 400 and "no such container" in json.loads(body)["error"]["message"]
     opened = [follow(host, "/ui/api/v1/logs?stack=a&tail=7", headers) for _ in range(FOLLOWS_PER_CLIENT)]
     assert [(status, line) for _, status, line in opened] == [(200, b'data: {"line": "7 lines"}\n\n')] * len(opened)
     _, status, body = follow(host, "/ui/api/v1/logs?stack=a", headers)

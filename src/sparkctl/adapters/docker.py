@@ -194,7 +194,9 @@ class DockerEngine:
     async def follow_logs(self, name_or_id: str, *, tail: int = 30) -> AsyncIterator[bytes]:
         """The container's log (its last `tail` lines, then following) as byte chunks, read on the
         event loop: a follow holds no thread however long it lasts (the SDK's stream blocks one
-        until the next line). Closing the iterator (`aclose()`) closes its connection to Docker."""
+        until the next line). The first chunk is empty, once Docker has accepted the follow, so a
+        caller can answer Docker's refusal before it starts a stream of its own. Closing the
+        iterator (`aclose()`) closes its connection to Docker."""
         import aiohttp  # here: a CLI command that does not follow starts 0.1 s faster
 
         call = f"follow the logs of {name_or_id}"
@@ -207,6 +209,7 @@ class DockerEngine:
                 query = {"follow": "1", "stdout": "1", "stderr": "1", "tail": str(tail)}
                 async with session.get(f"{base}/containers/{name_or_id}/logs", params=query) as answer:
                     await _docker_json(answer, call, body=False)
+                    yield b""
                     if tty:  # a terminal's output comes raw
                         async for chunk in answer.content.iter_any():
                             yield chunk

@@ -77,6 +77,7 @@ async def logs(request: web.Request) -> web.StreamResponse:
     with request.app[FOLLOWS].held():
         stream = await asyncio.to_thread(request.app[QUERIES].logs, request.query.get("stack", ""), tail)
         async with contextlib.aclosing(stream):
+            await anext(stream)  # Docker accepted the follow: a refusal is answered as an error, not a cut stream
             response, write = await http.lines(request)
             next_chunk = asyncio.ensure_future(anext(stream, None))
             try:
