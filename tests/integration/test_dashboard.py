@@ -400,3 +400,24 @@ def threads(pid: int) -> int:
 
 def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_used_login_url_is_refused_after_the_daemon_restarts(start_daemon, cli) -> None:
+    """A restarted daemon has forgotten which codes were used: it refuses every code made before
+    it started, so a used login URL does not open a session again within its 5 minutes."""
+    gateway = f"127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+
+    def log_in(path: str) -> int:
+        conn = http.client.HTTPConnection(gateway, timeout=30)
+        conn.request("GET", path)
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    first = start_daemon()
+    used = login_path(cli)
+    assert log_in(used) == 303 and log_in(used) == 403
+    first.stop()
+    start_daemon()
+    assert log_in(used) == 403
+    assert log_in(login_path(cli)) == 303  # a URL made now works
