@@ -93,6 +93,8 @@ def render_(
     from ruamel.yaml import YAML
 
     from sparkctl.agent import placeable
+    from sparkctl.deploy.memory import GIB, folder_bytes, kv_plan, usable_memory
+    from sparkctl.policy.parking import sleep_refusal
     from sparkctl.spec.models import Kind
     from sparkctl.spec.render import Sources, additions, render
 
@@ -110,9 +112,21 @@ def render_(
     chosen = _rank(rt, stack, rank)
     if chosen is not None:  # as the host's agent runs it: on loopback, relayed on the host's serving address
         stack = placeable(stack)
-    plan = render(stack, sources, instance=rt.settings.instance, rank=chosen, placed=chosen is not None)
-    for what, cause in additions(stack):
+    on_disk = [Path(d) for d in (sources.model_dir, sources.draft_dir) if d and Path(d).is_dir()]
+    kv = kv_plan(stack, rt.settings, weights=sum(map(folder_bytes, on_disk)),
+                 usable=usable_memory(rt.settings, engines_running=True))
+    refusal = sleep_refusal(stack.name, kv_bytes=kv, kv_limit=int(rt.settings.wake_kv_max_gib * GIB))
+    sleep = stack.sleeps and refusal is None
+    plan = render(stack, sources, instance=rt.settings.instance, rank=chosen, placed=chosen is not None,
+                  sleep=sleep, kv_cache_bytes=kv)
+    for what, cause in additions(stack, sleep, kv):
         typer.echo(f"added by sparkctl: {what}  ({cause})", err=True)
+    if kv is not None and len(on_disk) < (2 if stack.draft else 1):
+        typer.echo("note: the KV size counts the weights that are on disk; the deploy plans it with all of them",
+                   err=True)
+    if stack.sleeps and refusal:
+        typer.echo(f"not added: sleep mode, so {stack.name} parks by stopping ({refusal.removeprefix('stop: ')})",
+                   err=True)
     if any("<" in m.source or "<" in m.target for m in plan.mounts):
         typer.echo(f"note: the paths in <...> are known once the image is: `sparkctl patch check {name}` "
                    "shows them", err=True)

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon import planner
 from sparkctl.daemon.actions.context import Context
+from sparkctl.deploy.memory import GIB
 from sparkctl.errors import SparkctlError
-from sparkctl.policy.parking import Park, choose
+from sparkctl.policy.parking import Park, choose, sleep_refusal
 from sparkctl.results import ParkDone, WakeDone
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Kind, Stack
@@ -135,6 +136,13 @@ class Parking:
         refused = imagefile.policy_for(self.ctx.settings).wake_refused(latest.parts.get("image") if latest else None)
         if refused:
             return f"stop: {refused}"
+        settings, desired = self.ctx.settings, self.ctx.machine.desired()
+        kv = self.ctx.memory().kv_bytes(stack) if stack.resources.kv_cache == "planned" else None
+        sleeping = tuple(s for s, level in desired.parked.items() if level) if settings.sleep_one_at_a_time else ()
+        refused = sleep_refusal(stack.name, kv_bytes=kv, kv_limit=int(settings.wake_kv_max_gib * GIB),
+                                sleeping=sleeping)
+        if refused:
+            return refused
         try:
             available = SleepMode(stack.url).available()
         except SparkctlError as e:
