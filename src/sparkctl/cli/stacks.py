@@ -51,7 +51,7 @@ def show(ctx: typer.Context, name: str) -> None:
     data = stack.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     rt.console.print(f"# {rt.catalog.files[name]}  spec-hash {spec_hash(stack)}")
     YAML().dump(data, rt.console.file)
-    for line in _gateway_lines(stack):
+    for line in [*_gateway_lines(stack), _memory_line(stack)]:
         rt.console.print(f"# {line}", markup=False)
 
 
@@ -136,6 +136,18 @@ def render_(
         YAML().dump(json.loads(json.dumps(plan.compose_service())), rt.console.file)
     else:
         print(plan.docker_run())
+
+
+def _memory_line(stack: Stack) -> str:
+    """How the engine's memory is bounded (issue 46): its KV cache in bytes, or by vLLM."""
+    if stack.compose is not None:
+        return ("memory: the compose project's engine sizes its KV cache from GPU_MEMORY_UTILIZATION, which "
+                "sparkctl sets; its start-up profiling is not bounded by sparkctl (vLLM #46307)")
+    if stack.resources.kv_cache == "engine":
+        return ("memory: resources.kv_cache: engine: vLLM sizes the KV cache from the fraction, so its start-up "
+                "profiling is not bounded (vLLM #46307) and the stack parks by stopping")
+    return ("memory: the engine's KV cache is given in bytes at deploy (--kv-cache-memory-bytes: the fraction of "
+            "the usable memory less the weights and SPARKCTL_ENGINE_OVERHEAD_GIB); `stacks render` shows it")
 
 
 def _gateway_lines(stack: Stack) -> list[str]:
