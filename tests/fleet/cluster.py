@@ -135,5 +135,6 @@ def deployable(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path,
         yield {"SPARKCTL_STACKS_DIR": str(stacks_dir), "SPARKCTL_PATCHES_DIR": str(stacks_dir / "none"),
                "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={hosts.registry.bridge_host}",
                "SPARKCTL_HF_ENDPOINT": hub.endpoint, "SPARKCTL_GPUS": "none",
-               "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=0.01", "SPARKCTL_MEMORY_TOTAL_GIB": "2", "SPARKCTL_ENGINE_OVERHEAD_GIB": "0",
+               "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=0.01", "SPARKCTL_MEMORY_TOTAL_GIB": "2",
+               "SPARKCTL_ENGINE_OVERHEAD_GIB": "0",  # the KV cache is the fraction less the (tiny) weights
                "SPARKCTL_MEMORY_CEILING": "1.0"}  # the inventory's ceilings are the ones that count here
