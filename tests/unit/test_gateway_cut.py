@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from sparkctl.gateway.exchange import Bounds
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running
@@ -26,7 +27,7 @@ CLIENT_TIMEOUT = 20.0  # far past STALL: a stream the gateway fails to end shows
 @pytest.fixture
 def world() -> Iterator[tuple[Running, Engines, dict[str, RouteTable]]]:
     tables: dict[str, RouteTable] = {"now": RouteTable()}
-    running = Running(Gateway(lambda: tables["now"], hold_timeout=5.0, stall=STALL))
+    running = Running(Gateway(lambda: tables["now"], hold_timeout=5.0, bounds=Bounds(stall=STALL)))
     engines = Engines(running)
     yield running, engines, tables
     engines.stop()
@@ -133,7 +134,7 @@ def test_ejecting_a_host_or_engine_ends_its_streams_under_way_at_once(world, eje
     """Its host is dead (or its group is to be recreated): nothing more of the stream will come.
     The stall bound is far off here, so only the ejection can end the stream in time."""
     running, engines, tables = world
-    on_loop(running, lambda: setattr(running.gateway, "stall", 600.0))
+    on_loop(running, lambda: setattr(running.gateway, "bounds", Bounds(stall=600.0)))
     url = engines.start("silent")
     tables["now"] = RouteTable({"gemma": Upstream("gemma", url, "tiny", placed=True)})
     stream = Stream(running)
