@@ -43,6 +43,7 @@ class Faults:
     empty: bool = False  # completions are empty
     wake_keeps_backup: bool = False  # a level-1 wake frees the host copy last (vLLM #50011)
     queue_while_asleep: bool = False  # requests wait for /wake_up, as real vLLM's do, instead of a 503
+    hang_requests: bool = False  # completions are read and never answered (a wedged engine core)
 
     @classmethod
     def parse(cls, text: str) -> Faults:
