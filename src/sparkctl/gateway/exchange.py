@@ -38,7 +38,7 @@ log = structlog.get_logger()
 
 @dataclass(frozen=True)
 class Bounds:
-    """How long one proxied request may take, in seconds (the daemon's `SPARKCTL_GATEWAY_*` settings)."""
+    """How long one proxied request may take, in seconds (the daemon passes its gateway settings)."""
 
     deadline: float = 1800.0  # from its arrival to its answer's end, whatever it waits for on the way
     client_pause: float = 60.0  # its client reading nothing (its socket full), at a stretch
