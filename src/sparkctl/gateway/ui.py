@@ -25,8 +25,9 @@ from __future__ import annotations
 import hmac
 from http.cookies import CookieError, SimpleCookie
 from importlib import resources
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
+from sparkctl.gateway.access import same_origin
 from sparkctl.gateway.login import SESSION_TTL, Logins
 from sparkctl.gateway.passthrough import Passed
 from sparkctl.gateway.pool import EnginePool
@@ -100,7 +101,7 @@ class Dashboard:
         """Why a state-changing request is refused: not from the page's origin, without the owner's
         session, or without its page's token."""
         origin, host = request.headers.get("origin", ""), request.headers.get("host", "")
-        if not origin or _netloc(origin) != host.lower():
+        if not same_origin(origin, host):
             return f"cross-origin request refused (Origin {origin[:80]!r}, Host {host[:80]!r})"
         session = self._session(request)
         if session is None:
@@ -124,14 +125,6 @@ class Dashboard:
         headers += [("Accept", a)] if (a := request.headers.get("accept")) else []
         query = f"?{request.query}" if request.query else ""
         passed.call = self.pool.send(self.api, request.method, target + query, request.body, passed, headers)
-
-
-def _netloc(origin: str) -> str | None:
-    """An Origin's host and port, lower case; None when it is not a URL (`http://[::1`)."""
-    try:
-        return urlsplit(origin).netloc.lower()
-    except ValueError:
-        return None
 
 
 def _unanswered(conn: Connection, e: UpstreamError) -> None:
