@@ -2,7 +2,8 @@
 gateway's `stall` bound, and the streams on a host or engine the gateway ejects, end at once for
 the client, who sees an incomplete response it can retry (an SSE stream gets an error event in
 sparkctl's envelope first), and the silent engine leaves routing. A whole (non-streamed) answer
-has no such bound: it may take any time. Against scripted engines on real loopback sockets."""
+is not bound by the stall: it comes at once when done, and only its first-byte bound (far off
+here) applies. Against scripted engines on real loopback sockets."""
 
 from __future__ import annotations
 
