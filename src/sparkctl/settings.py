@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     gateway_stream_stall: float = Field(default=120.0, gt=0)
     gateway_first_byte_timeout: float = Field(default=600.0, gt=0)
     # Every proxied request ends by its deadline (504, or its answer broken off), and one whose client
-    # reads nothing for `client_pause` at a stretch is ended and its connection reset.
+    # reads nothing for `client_pause` at a stretch is ended and its connection dropped.
     gateway_request_deadline: float = Field(default=1800.0, gt=0)
     gateway_client_pause: float = Field(default=60.0, gt=0)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)

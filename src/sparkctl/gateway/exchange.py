@@ -12,7 +12,7 @@ sparkctl's envelope.
 
 Nothing proxied lasts for good (`Bounds`): a request still going at its deadline is ended where it
 is (a 504 while nothing of its answer went out, else its answer broken off), and one whose client
-reads nothing for `client_pause` at a stretch is ended and its connection reset, so a client that
+reads nothing for `client_pause` at a stretch is ended and its connection dropped, so a client that
 stops reading cannot hold its engine's slot. Either way its engine's call is closed, which frees
 its slot under the stack's cap, and the end is logged.
 """
@@ -149,8 +149,8 @@ class Proxied(Relay):
         error(self.conn, 504, why, "deadline_exceeded")
 
     def _drop_client(self) -> None:
-        """Its client read nothing for `client_pause`: ended, and its connection reset at once (a
-        close would wait, with the connection open, for the client to read what is queued to it)."""
+        """Its client read nothing for `client_pause`: ended, and its connection dropped at once with
+        what is queued to it (a close would keep it open until the client read all of that)."""
         self.pausing = None
         self._end("client_pause")
         self.conn.abort()
