@@ -60,8 +60,14 @@ class Settings(BaseSettings):
     # Names the gateway answers to in `Host` (besides its host, localhost, 127.0.0.1 and [::1]).
     gateway_hostnames: Annotated[list[str], NoDecode] = Field(default_factory=list)
     gateway_max_connections: int = Field(default=4096, ge=16)
-    # A streamed answer whose engine sends nothing for this long is ended (retryable) and the engine ejected.
+    # A streamed answer whose engine sends nothing for this long is ended (retryable) and the engine ejected;
+    # a whole (non-streamed) answer's engine has `first_byte_timeout` to send it (then 504, ejected the same way).
     gateway_stream_stall: float = Field(default=120.0, gt=0)
+    gateway_first_byte_timeout: float = Field(default=600.0, gt=0)
+    # Every proxied request ends by its deadline (504, or its answer broken off), and one whose client
+    # reads nothing for `client_pause` at a stretch is ended and its connection dropped.
+    gateway_request_deadline: float = Field(default=1800.0, gt=0)
+    gateway_client_pause: float = Field(default=60.0, gt=0)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)
     # The memory the fractions above are of. Unset: what CUDA reports free when the daemon starts with
     # none of its engines running (a GB10 reports ~102 of its 121.7 GiB), kept in the state dir for

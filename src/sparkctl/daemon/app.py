@@ -37,6 +37,7 @@ from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
+from sparkctl.gateway.exchange import Bounds
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.login import Logins, ensure_key
 from sparkctl.gateway.pool import EnginePool
@@ -84,7 +85,8 @@ class Daemon:
             lambda: self.routes.table, api_keys=[k.get_secret_value() for k in s.gateway_api_keys],
             hosts=s.gateway_names, metrics_key=s.gateway_metrics_key, limits=self.limits,
             hold_queue=s.switch_hold_queue, hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout,
-            stall=s.gateway_stream_stall,
+            bounds=Bounds(deadline=s.gateway_request_deadline, client_pause=s.gateway_client_pause,
+                          stall=s.gateway_stream_stall, first_byte=s.gateway_first_byte_timeout),
             upstreams=upstreams,
             waker=Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout),
             counters=Counters(self._model_dir),

@@ -30,8 +30,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from importlib import resources
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
+from sparkctl.gateway.access import same_origin
 from sparkctl.gateway.login import Logins
 from sparkctl.gateway.passthrough import Passed
 from sparkctl.gateway.pool import EnginePool
@@ -107,7 +108,7 @@ class Dashboard:
         owner's session."""
         origin, host = request.headers.get("origin", ""), request.headers.get("host", "")
         site = request.headers.get("sec-fetch-site", "same-origin")
-        if not origin or _netloc(origin) != host.lower() or site != "same-origin":
+        if not same_origin(origin, host) or site != "same-origin":
             return f"cross-origin request refused (Origin {origin[:80]!r}, Host {host[:80]!r}, Sec-Fetch-Site " \
                    f"{site[:20]!r})"
         if not self.logins.valid(request.headers.get("x-sparkctl-token", "")):
@@ -164,14 +165,6 @@ class Counted(Passed):
         release, self.release = self.release, None
         if release is not None:
             release()
-
-
-def _netloc(origin: str) -> str | None:
-    """An Origin's host and port, lower case; None when it is not a URL (`http://[::1`)."""
-    try:
-        return urlsplit(origin).netloc.lower()
-    except ValueError:
-        return None
 
 
 def _unanswered(conn: Connection, e: UpstreamError) -> None:

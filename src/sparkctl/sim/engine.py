@@ -43,6 +43,7 @@ class Faults:
     empty: bool = False  # completions are empty
     wake_keeps_backup: bool = False  # a level-1 wake frees the host copy last (vLLM #50011)
     queue_while_asleep: bool = False  # requests wait for /wake_up, as real vLLM's do, instead of a 503
+    hang_requests: bool = False  # completions are read and never answered (a wedged engine core)
     # Start-up profiling on unified memory peaks this fraction of host memory above
     # --gpu-memory-utilization while it sizes the KV cache from it (vLLM #46307: 0.70 reached
     # ~112 of 119 GiB, 0.24 above); an absolute --kv-cache-memory-bytes skips that sizing.
