@@ -39,9 +39,9 @@ class ComposeProject:
         override_file = work_dir / "sparkctl.override.yml"
         override_file.write_text(override(service, engine_env, labels, gpus))
         self.name, self.service = name, service
-        self.client = DockerClient(compose_files=[project_dir / "compose.yml", override_file], compose_project_name=name,
-                                   compose_env_files=[env_file], compose_project_directory=project_dir,
-                                   client_call=clean_call(docker_host))
+        self.client = DockerClient(compose_files=[project_dir / "compose.yml", override_file],
+                                   compose_project_name=name, compose_env_files=[env_file],
+                                   compose_project_directory=project_dir, client_call=clean_call(docker_host))
 
     def up(self) -> None:
         """Build if needed and start in the background."""
