@@ -89,6 +89,9 @@ def test_a_path_that_is_not_a_host_folder_is_refused(source: str, words: str, tm
 
 def test_the_container_is_given_the_resolved_paths(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
+    (tmp_path / "dflash.py").write_text("# patched\n")  # an overlay: one file over the image's
+    assert checked([MountPlan(str(tmp_path / "dflash.py"), "/vllm/dflash.py")], owned=[tmp_path], allow=()) == (
+        MountPlan(str(tmp_path / "dflash.py"), "/vllm/dflash.py"),)
     (tmp_path / "link").symlink_to(tmp_path / "real")
     mounts = checked([MountPlan(str(tmp_path / "link"), "/model"), MountPlan(f"{tmp_path}/./real", "/x", False)],
                      owned=[tmp_path], allow=())

@@ -94,8 +94,9 @@ def _docker_socket(real: str) -> bool:
 def _socket_in(real: str, where: str) -> str | None:
     """The first socket in the tree at `real` (itself, if a file), its links not followed: a link
     inside the mount resolves in the container, not on the host."""
-    if stat.S_ISSOCK(os.stat(real).st_mode):
-        return real
+    mode = os.stat(real).st_mode
+    if not stat.S_ISDIR(mode):  # a file overlaid on one of the image's
+        return real if stat.S_ISSOCK(mode) else None
     folders, seen = [real], 0
     while folders:
         try:
@@ -110,7 +111,7 @@ def _socket_in(real: str, where: str) -> str | None:
                         return entry.path
                     if stat.S_ISDIR(mode):
                         folders.append(entry.path)
-        except PermissionError as e:
+        except OSError as e:  # unreadable, or changed while it was searched
             raise BindError(f"{where}: cannot look inside {e.filename} for sockets ({e.strerror}); mount a folder "
                             "sparkctl can read") from None
     return None
