@@ -1,20 +1,22 @@
 """Whatever a stack file says without an `allow:`, its engine gets no way to the Docker socket,
 on a real dockerd: a field that would mount the host's /run (as the draft, as the root, through
-/proc/self/root or a link), replace sparkctl's compose variables, inject keys into the override
-file, wrap the entrypoint or hand vLLM flags no check reads is refused before anything is
-created; a stack within the rules starts, given the paths as the host resolved them, and its
-engine finds no socket anywhere in its filesystem."""
+/proc/self/root or a link, through a compose project's own variable), replace sparkctl's compose
+variables, inject keys into the override file, wrap the entrypoint or hand vLLM flags no check
+reads is refused before anything is created; a stack within the rules starts, given the paths as
+the host resolved them, and its engine finds no socket anywhere in its filesystem."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
-from tests.conftest import ours
+from tests.conftest import HUB_TOKEN, name, ours
 
 # (what the stack file adds to a shipped stack, words of the one-line refusal)
 REFUSED = [
-    ("extends: qwen36-dflash\npatches: []\ndraft: {repo: null, path: /run}\n", "draft.path: /run is or holds the host's /run"),
+    ("extends: qwen36-dflash\npatches: []\ndraft: {repo: null, path: /run}\n",
+     "draft.path: /run is or holds the host's /run"),
     ("extends: qwen36-nvfp4-stock\nmodel: {repo: null, path: /}\n", "model.path: / is or holds the host's"),
     ("extends: qwen36-nvfp4-stock\ncontainer: {mounts: [{source: /proc/self/root/run, target: /host}]}\n",
      "container.mounts[0].source: /proc/self/root/run is or holds the host's /proc"),
@@ -64,3 +66,23 @@ def test_a_stack_within_the_rules_starts_on_the_paths_the_host_resolved(world, c
     found = engine.client.containers.get(container["Id"]).exec_run(
         ["sh", "-c", "find / \\( -path /proc -o -path /sys \\) -prune -o -type s -print"])
     assert found.exit_code == 0 and found.output.decode().split() == []  # no socket: the Docker one least of all
+
+
+def test_a_compose_projects_binds_are_judged_as_compose_resolves_them(world, cli, engine, monkeypatch) -> None:
+    """A project whose compose file mounts a variable of its own: the stack's `compose.env` may
+    set it (it is not sparkctl's), and the bind it makes is judged after compose has read it."""
+    monkeypatch.setenv("SPARKCTL_HF_TOKEN", HUB_TOKEN)  # the shipped project's weights are gated
+    project = world / "compose" / "extra"
+    shutil.copytree(world / "compose" / "diffusiongemma", project)
+    text = (project / "compose.yml").read_text()
+    cache = "      - ${COMPILE_CACHE:-./models/vllm-cache}:/root/.cache/vllm\n"
+    (project / "compose.yml").write_text(text.replace(cache, cache + "      - ${DATA:-./data}:/data:ro\n"))
+    for i, data in enumerate(["/run", "/proc/self/root/run", "/var/run/.."]):
+        (world / "stacks" / f"extra{i}.yaml").write_text(
+            f"name: extra{i}\nextends: diffusiongemma\ncompose: {{project: extra, env: {{DATA: '{data}'}}}}\n")
+        code, out, err = cli("up", f"extra{i}")
+        flat = " ".join(err.split())
+        assert code == 1 and "compose project extra, service vllm, volume at /data:" in flat, err + out
+        assert "which sparkctl never mounts" in flat, err
+        assert not engine.client.api.containers(all=True, filters={"label": f"com.docker.compose.project="
+                                                                            f"{name(f'extra{i}')}"})

@@ -52,6 +52,14 @@ class ComposeProject:
         with _translated(f"compose down {self.name}"):
             self.client.compose.down(remove_orphans=True, quiet=True)
 
+    def binds(self) -> list[tuple[str, str, str]]:
+        """(service, host path, path inside) of each bind mount the project's services would get,
+        as compose reads its files and variables (`docker compose config`)."""
+        with _translated(f"compose config {self.name}"):
+            config = self.client.compose.config(return_json=True)
+        return [(name, volume["source"], volume["target"]) for name, service in sorted(config["services"].items())
+                for volume in service.get("volumes", []) if volume.get("type") == "bind"]
+
     def container_ids(self) -> list[str]:
         with _translated(f"compose ps {self.name}"):
             return [c.id for c in self.client.compose.ps(all=True)]

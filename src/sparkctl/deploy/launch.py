@@ -1,7 +1,8 @@
 """The engine's start, once a stack is prepared: its container created (gated, for a staged
 switch), started and health-checked, with the stack's previous container set aside meanwhile and
-restarted if the new one fails; or its compose project brought up. `Deployer` (pipeline.py) owns
-the flow around it: checks, admission, preparation, the record."""
+restarted if the new one fails; or its compose project brought up. Every bind either gets is
+judged first as this host resolves it (`binds.py`). `Deployer` (pipeline.py) owns the flow
+around it: checks, admission, preparation, the record."""
 
 from __future__ import annotations
 
@@ -177,6 +178,10 @@ class Launch:
         url = stack.url
         self.reporter.phase(stack.name, Phase.STARTING, f"docker compose up ({stack.compose.project})")
         project = self.project(stack, {**stack.compose.env, **self.variables(stack, prepared)})
+        owned = (*self.owned(stack), self.settings.compose_dir / stack.compose.project)
+        for service, source, target in project.binds():  # as compose will hand them to Docker
+            binds.judge(source, where=f"compose project {stack.compose.project}, service {service}, volume at {target}",
+                        owned=owned, allow=stack.allow)
         project.up()
         containers = project.container_ids()
         if not containers:
