@@ -39,6 +39,12 @@ def test_compose_env_may_not_replace_a_variable_sparkctl_sets(key: str) -> None:
     assert compose_stack(env={"MAX_NUM_SEQS": "8"}).compose.env == {"MAX_NUM_SEQS": "8"}
 
 
+@pytest.mark.parametrize("key", ["COMPOSE_PROFILES", "COMPOSE_FILE", "compose_project_name", "DOCKER_HOST"])
+def test_compose_env_may_not_configure_compose_itself(key: str) -> None:
+    with pytest.raises(ValidationError, match=rf"{key} would configure docker compose itself"):
+        compose_stack(env={key: "download"})
+
+
 def test_sparkctl_sets_exactly_the_variables_compose_env_may_not(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path / "state", hf_cache_dir=tmp_path / "hf")
     launch = Launch(settings, None, None, None, placed=False, rank=None)  # type: ignore[arg-type]

@@ -187,5 +187,8 @@ class ComposeProject(Spec):
         for key, value in env.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or "\n" in value or "\r" in value:
                 raise ValueError(f"{key!r}: names are identifiers and values one line (no newline)")
+            if key.upper().startswith(("COMPOSE_", "DOCKER_")):  # compose reads these from the env file as its own
+                raise ValueError(f"{key} would configure docker compose itself (its files, profiles, endpoint), "
+                                 "not the project: sparkctl sets how compose runs")
         return not_ours(no_secret_names(env), COMPOSE_VARIABLES, "its image, address, folders and weights")
 
