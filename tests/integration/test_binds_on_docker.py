@@ -19,9 +19,9 @@ REFUSED = [
      "draft.path: /run is or holds the host's /run"),
     ("extends: qwen36-nvfp4-stock\nmodel: {repo: null, path: /}\n", "model.path: / is or holds the host's"),
     ("extends: qwen36-nvfp4-stock\ncontainer: {mounts: [{source: /proc/self/root/run, target: /host}]}\n",
-     "container.mounts[0].source: /proc/self/root/run is or holds the host's /proc"),
+     "container.mounts[0].source: /proc/self/root/run (on this host: /run) is or holds the host's /run"),
     ("extends: qwen36-nvfp4-stock\ncontainer: {mounts: [{source: /proc/self/root/var/run, target: /host}]}\n"
-     "allow: [host-path]\n", "is or holds the host's /proc"),
+     "allow: [host-path]\n", "(on this host: /run) is or holds the host's /run"),
     ("extends: diffusiongemma\ncompose: {env: {COMPILE_CACHE: /run}}\n", "COMPILE_CACHE is set by sparkctl itself"),
     ("extends: diffusiongemma\ncompose: {env: {HOST: 0.0.0.0}}\n", "HOST is set by sparkctl itself"),
     ("extends: diffusiongemma\ncompose: {env: {BASE_IMAGE: 'docker:cli'}}\n", "BASE_IMAGE is set by sparkctl itself"),

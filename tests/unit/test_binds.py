@@ -56,6 +56,15 @@ def test_the_docker_socket_itself_is_what_docker_socket_allows(tmp_path: Path) -
             judge(str(sock), where="m", owned=[tmp_path], allow=["host-path"])
 
 
+@pytest.mark.skipif(not os.path.exists("/run/docker.sock"), reason="no Docker socket at /run/docker.sock here")
+def test_the_hosts_docker_socket_is_mounted_only_with_its_opt_in_and_as_resolved() -> None:
+    assert judge("/var/run/docker.sock", where="m", owned=[], allow=["docker-socket"]) == "/run/docker.sock"
+    with pytest.raises(BindError, match="is or holds the host's /run"):
+        judge("/var/run/docker.sock", where="m", owned=[], allow=["host-path"])
+    with pytest.raises(BindError, match="is or holds the host's /run"):  # the opt-in is for the socket, not its folder
+        judge("/var/run", where="m", owned=[], allow=["docker-socket", "host-path"])
+
+
 @pytest.mark.parametrize(("allow", "refused"), [((), True), (("host-path",), False), (("docker-socket",), True)])
 def test_outside_the_owned_folders_a_path_needs_host_path(allow: tuple[str, ...], refused: bool,
                                                           tmp_path: Path) -> None:

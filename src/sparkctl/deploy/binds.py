@@ -48,12 +48,12 @@ def judge(source: str, *, where: str, owned: Sequence[Path | str], allow: Collec
     field) when sparkctl will not mount it, with what to do instead."""
     if not source.startswith("/"):
         raise BindError(f"{where}: {source!r} is not an absolute host path; name the folder as /...")
-    _refuse_system(source, host_path(source), where)  # as spelled, too: Docker may resolve what this process cannot
     try:
         real = os.path.realpath(source, strict=True)
-    except FileNotFoundError:
-        raise BindError(f"{where}: {source} does not exist on this host; create it or fix the path") from None
-    except OSError as e:
+    except OSError as e:  # missing, or not resolvable by this process (another's /proc/<pid>/root)
+        _refuse_system(source, host_path(source), where)  # as spelled, then: a system folder says so
+        if isinstance(e, FileNotFoundError):
+            raise BindError(f"{where}: {source} does not exist on this host; create it or fix the path") from None
         raise BindError(f"{where}: {source} cannot be resolved on this host ({e.strerror}); name the folder by "
                         "its own path") from None
     seen = f"{source}" if real == source else f"{source} (on this host: {real})"
