@@ -110,7 +110,7 @@ def memory() -> None:
         with (model / "model.safetensors").open("wb") as f:
             f.truncate(WEIGHTS)  # sized, not filled: the sim and the planner only measure it
         (Path(env["SPARKCTL_STACKS_DIR"]) / "memo.yaml").write_text(
-            f"name: memo\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\n"
+            f"name: memo\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\nallow: [host-path]\n"
             f"resources: {{gpu_memory_utilization: {AWAKE}}}\n"
             f"container: {{env: {{SPARKCTL_SIM_MEMORY_SCALE: '{UNIFIED / meminfo('MemTotal')!r}'}}}}\n")
         env |= {"SPARKCTL_MEMORY_TOTAL_GIB": repr(UNIFIED / GIB), "SPARKCTL_PARK_RESIDUE_GIB": "0",

@@ -47,7 +47,7 @@ def heavy(world, name: str, *, fraction: float, weights: int, port_: int, env: s
     with (model / "model.safetensors").open("wb") as f:
         f.truncate(weights)  # sized, not filled: the sim and the planner only measure it
     (world / "stacks" / f"{name}.yaml").write_text(
-        f"name: {name}\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\n"
+        f"name: {name}\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\nallow: [host-path]\n"
         f"vllm: {{port: {port_}, served_model_name: {name}}}\n"
         f"resources: {{gpu_memory_utilization: {fraction}}}\nswitch: {{bench: 'off'}}\n"
         f"container: {{env: {{SPARKCTL_SIM_MEMORY_SCALE: '{UNIFIED / meminfo('MemTotal')!r}'{env}}}}}\n")
