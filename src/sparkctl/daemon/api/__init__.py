@@ -23,6 +23,7 @@ def build(commands: Commands, queries: Queries, *, token: str | None = None) -> 
     app = web.Application(client_max_size=http.MAX_BODY, middlewares=middlewares)
     app[COMMANDS], app[QUERIES] = commands, queries
     app[CLOSING] = asyncio.Event()
+    app[on_action.UNDERWAY] = {}
     app.on_shutdown.append(http.closing)
     app.router.add_get("/v1/status", on_query.status)
     app.router.add_get("/v1/stacks", on_query.stacks)
