@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 
+from sparkctl.cli.client import DaemonClient
 from sparkctl.phase import Phase
+from sparkctl.state import desired
 from sparkctl.state.store import Store
 from tests.conftest import name, ours, wait_for
 
@@ -128,3 +130,17 @@ def test_ctrl_c_of_a_queued_pull_cancels_that_pull_alone_and_the_up_before_it_ru
     assert code == 0, err
     history = Store(world / "state" / "sparkctl.db").deployments.history("qwen36-dflash")
     assert sorted(d.phase for d in history) == sorted([Phase.RUNNING, Phase.FETCHED]), history  # A's, then this one
+
+
+def test_the_daemons_stop_ends_an_up_fetching_and_keeps_its_stack_desired_for_the_next(world, slow_hub,
+                                                                                        engine) -> None:
+    """Unlike a cancel, the daemon's stop (SIGTERM) ends an `up` part way without undoing it: the
+    stack stays desired, for the next daemon to deploy."""
+    up = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "qwen36-dflash"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the up's model download under way")
+    assert DaemonClient(world / "state" / "sparkctl.sock").stop() is not None
+    out, err = up.communicate(timeout=60)
+    assert up.returncode == 1, err
+    assert not arrived(world) and not ours(engine)
+    assert "qwen36-dflash" in desired.load(world / "state" / "desired.yaml").stacks
