@@ -1,6 +1,6 @@
-"""The API's actions: each request checked, a ticket for its stack's (or alias's) turn taken as it
-arrives, then the action run on a worker thread while its events stream back as NDJSON, ending
-with its outcome."""
+"""The API's actions: each request checked and named (`Underway`), a ticket for its stack's (or
+alias's) turn taken as it arrives, then the action run on a worker thread while its events stream
+back as NDJSON, ending with its outcome. A cancel names one action under way, never a stack."""
 
 from __future__ import annotations
 
@@ -22,6 +22,20 @@ from sparkctl.daemon.api.service import COMMANDS, QUERIES, Commands
 from sparkctl.errors import SparkctlError
 from sparkctl.log import redact
 from sparkctl.policy.parking import Park
+
+UNDERWAY = web.AppKey("underway", dict)  # name -> the action `Underway`: what a cancel can name
+
+
+@dataclass
+class Underway:
+    """An action the API accepted, from its arrival until its worker ends: what a cancel that
+    names it needs."""
+
+    name: str  # the client's (`wire.Asked.action`), or the daemon's
+    key: str  # the queue it takes its turn in: its stack, `alias:NAME` or `retest:`
+    ticket: int
+    stop: threading.Event | None  # a cancel sets it: its fetch streams end (None: nothing to stop)
+    task: asyncio.Future | None = None  # its worker, once started
 
 
 async def up(request: web.Request) -> web.StreamResponse:
@@ -113,21 +127,6 @@ async def compare(request: web.Request) -> web.Response:
         raise http.bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
     written = await asyncio.to_thread(request.app[COMMANDS].trials.compare, chosen, label)
     return web.json_response(results.encode_done(written))
-
-
-UNDERWAY = web.AppKey("underway", dict)  # name -> the action `Underway`: what a cancel can name
-
-
-@dataclass
-class Underway:
-    """An action the API accepted, from its arrival until its worker ends: what a cancel that
-    names it needs."""
-
-    name: str  # the client's (`wire.Asked.action`), or the daemon's
-    key: str  # the queue it takes its turn in: its stack, `alias:NAME` or `retest:`
-    ticket: int
-    stop: threading.Event | None  # a cancel sets it: its fetch streams end (None: nothing to stop)
-    task: asyncio.Future | None = None  # its worker, once started
 
 
 async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Commands, Any, str, Underway], Any],
