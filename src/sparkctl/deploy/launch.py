@@ -13,12 +13,14 @@ from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
 from sparkctl.deploy import health, image, patches, weights
+from sparkctl.deploy.memory import GIB, folder_bytes, kv_plan, usable_memory
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.record import Phases
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.policy.headroom import Headroom
 from sparkctl.policy.images import ImagePolicy
+from sparkctl.policy.parking import sleep_refusal
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
@@ -105,15 +107,25 @@ class Launch:
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
     def sleeps(self, stack: Stack, prepared: Prepared) -> bool:
-        """Whether the engine starts with sleep mode: the stack may park, and its image wakes."""
-        return stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
+        """Whether the engine starts with sleep mode: the stack may park, its image wakes, and a
+        wake of its KV region is within GB10's bound (otherwise it runs as the seeds ran it)."""
+        return (stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
+                and sleep_refusal(stack.name, kv_bytes=self.kv_bytes(stack, prepared),
+                                  kv_limit=int(self.settings.wake_kv_max_gib * GIB)) is None)
+
+    def kv_bytes(self, stack: Stack, prepared: Prepared) -> int | None:
+        """The KV cache the engine is given (None: vLLM sizes it, `resources.kv_cache: engine`)."""
+        weights = sum(folder_bytes(w.path) for w in (prepared.model, prepared.draft) if w is not None)
+        return kv_plan(stack, self.settings, weights=weights,
+                       usable=usable_memory(self.settings, engines_running=True))
 
     def create(self, stack: Stack, prepared: Prepared, *, sleep: bool, gated: bool = False) -> str:
         """Create (not start) the engine container; its name. `gated`: its engine waits for
         `open_gate` once the container runs."""
         plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
                       fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
-                      instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank)
+                      instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank,
+                      kv_cache_bytes=self.kv_bytes(stack, prepared))
         if gated:
             plan = plan.gated(self.docker.entrypoint(plan.image))
         self.docker.create(plan)

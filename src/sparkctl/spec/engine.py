@@ -117,6 +117,8 @@ class Container(Spec):
     # Some engine images (aeon) have /bin/bash as ENTRYPOINT: always name `vllm` explicitly.
     entrypoint: tuple[str, ...] | None = ("vllm",)
     ipc: Literal["host", "private", "shareable"] = "host"
+    # The engine's own /dev/shm (`ipc: private|shareable`) is carved from unified memory: it counts
+    # in the stack's footprint. Docker ignores it with `ipc: host` (the host's /dev/shm is used).
     shm_size: str = Field(default="16g", pattern=SIZE.pattern)
     gpus: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
     env: dict[str, str] = {}

@@ -34,6 +34,11 @@ Risk = Literal["docker-socket", "all-interfaces", "remote-code", "prefix-caching
 class Resources(Spec):
     # vLLM reserves this fraction of unified memory up front; admission sums it.
     gpu_memory_utilization: Fraction = 0.80
+    # "planned": sparkctl gives the engine its KV cache in bytes (--kv-cache-memory-bytes, vLLM
+    # 0.11 on: every shipped image), the fraction less the weights and overhead, so start-up
+    # profiling cannot overshoot (vLLM #46307). "engine": vLLM sizes it from the fraction, for an
+    # image whose vLLM predates the flag; its KV region is then unknown, so it parks by stopping.
+    kv_cache: Literal["planned", "engine"] = "planned"
     # GB read from memory per decoded token (the weights; for MoE the active experts), for the
     # report's decode efficiency against the bandwidth bound. An estimate; None leaves it out.
     read_per_token_gb: float | None = Field(default=None, gt=0)

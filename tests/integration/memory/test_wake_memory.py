@@ -68,6 +68,7 @@ def memory_world(world, start_daemon, monkeypatch):
     """A daemon whose fractions are of UNIFIED, parked stacks keeping a residue of 0.05 of it."""
     monkeypatch.setenv("SPARKCTL_MEMORY_TOTAL_GIB", repr(UNIFIED / GIB))
     monkeypatch.setenv("SPARKCTL_PARK_RESIDUE_GIB", repr(0.05 * UNIFIED / GIB))
+    monkeypatch.setenv("SPARKCTL_ENGINE_OVERHEAD_GIB", "0")  # a KV cache of the whole fraction but the weights
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "SPARKCTL_SIM_TIME_SCALE=0.01,SPARKCTL_SIM_LOAD_SCALE=0.002")
     (world / "state").mkdir(exist_ok=True)
     (world / "state" / "desired.yaml").write_text("stacks: [a]\naliases: {primary: a}\n")
