@@ -38,8 +38,7 @@ def pull(
 
     rt = runtime(ctx)
     for stack in stacks:
-        with views.cancelled_on_interrupt(rt.daemon, stack):
-            done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
+        done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
         rt.console.print(f"{stack} fetched (fingerprint {done.fingerprint}); `sparkctl up {stack}` starts it")
 
 

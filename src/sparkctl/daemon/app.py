@@ -20,6 +20,7 @@ from sparkctl.adapters import hub
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions
 from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.api.actions import Underway
 from sparkctl.daemon.api.service import Gauge
 from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
@@ -104,6 +105,7 @@ class Daemon:
         self.recorder = Recorder(engines=lambda: readings(self.routes.table), memory=memory,
                                  requests=self.gateway.ledger.snapshot)
         self.follows = Gauge()  # the log follows open, on both listeners of the API
+        self.underway: dict[str, Underway] = {}  # the API's actions under way by name, on both listeners
         self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics, self.recorder, memory)
         self.fleet_watch = fleetwide and FleetWatch(
             fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
@@ -185,7 +187,8 @@ class Daemon:
         if not s.api_token or not s.api_token.get_secret_value():
             raise SparkctlError("SPARKCTL_API_TCP is set but SPARKCTL_API_TOKEN is not: refusing an open TCP API")
         host, _, port = s.api_tcp.rpartition(":")
-        app = api.build(self.actions, self.reads, token=s.api_token.get_secret_value(), follows=self.follows)
+        app = api.build(self.actions, self.reads, token=s.api_token.get_secret_value(), follows=self.follows,
+                        underway=self.underway)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host.strip("[]"), int(port)).start()
@@ -202,7 +205,8 @@ class Daemon:
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = self.gateway, await self._serve_gateway()  # before the API: a switch needs it
-        runner = web.AppRunner(api.build(self.actions, self.reads, follows=self.follows), access_log=None)
+        runner = web.AppRunner(api.build(self.actions, self.reads, follows=self.follows, underway=self.underway),
+                               access_log=None)
         await runner.setup()
         old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
         try:
@@ -223,8 +227,7 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("daemon_stopping", note="engine containers keep running")
-        for stack in list(self.machine.fetching):  # a deploy fetching would hold the stop up until it ends
-            self.machine.stop_fetching(stack)
+        self.machine.stop_all()
         faulthandler.dump_traceback_later(SLOW_STOP)  # what holds a slow stop up, for its bug report
         gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
         if not await gateway.finish(timeout=self.settings.switch_drain_timeout):
