@@ -22,6 +22,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
+from sparkctl.adapters import processes
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.container import Image, Inspected
 from sparkctl.errors import DockerError, SparkctlError
@@ -173,7 +174,10 @@ class HostAgent:
 
     def _relay_running(self) -> None:
         """Start the relays with every engine this host runs (a restarted agent's are gone)."""
-        self.relays = Relays(relay_key(token_path(self.settings)))
+        processes.open_files()  # a relay's connections are files: as many as the host allows
+        self.relays = Relays(relay_key(token_path(self.settings)),
+                             unauthenticated=self.settings.fleet_relay_unauthenticated,
+                             credential_within=self.settings.fleet_relay_credential_within)
         for container in self.engine.containers():
             if container.relay is not None and container.running:
                 self._relay(container.relay, f"http://127.0.0.1:{container.relay}")

@@ -6,11 +6,15 @@ records every process of that session, with its start time. Stopping signals exa
 (and any later member of the same session, once a recorded one proves the session is still
 ours): never `ray stop` or a name pattern, which reach Ray processes that belong to someone
 else on the machine. Linux `/proc` only; stdlib only.
+
+Also this process's own limit on open files, raised by the long-lived processes that hold many
+connections (the daemon's gateway, a host agent's relays) at their start.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import select
 import signal
 import time
@@ -82,6 +86,19 @@ def stop(session: Session, *, grace: float, sig: signal.Signals = signal.SIGTERM
         for handle in handles.values():
             os.close(handle)
     return [p.pid for p in handles]
+
+
+def open_files() -> int:
+    """Raise the soft limit on open files to the hard one; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def _handles(procs: list[Proc], sid: int) -> dict[Proc, int]:
