@@ -6,6 +6,7 @@ where the audit starved it (256), so what is measured is what the kernel gives i
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from sparkctl.gateway.relay import LOG_EVERY, LoopErrors, Relays
+from sparkctl.gateway.relay import LOG_EVERY, LoopErrors, RelayConnection, Relays
 from sparkctl.settings import Settings
 
 KEY = "relay-test-key"
@@ -117,6 +118,30 @@ def test_the_oldest_connection_of_the_biggest_peer_makes_room_and_a_silent_one_i
     finally:
         relays.close()
         engine.close()
+
+
+def test_connections_the_relay_closes_are_freed_at_once() -> None:
+    """A flood that reconnects as fast as the relay closes its connections (each 401'd or made room
+    for) costs no memory that lasts: none waits for its keep-alive timer (75 s) to be freed."""
+    port = free_port()
+    relays = Relays(KEY, unauthenticated=4, credential_within=5.0)
+    try:
+        relays.ensure(HEAD, port, "http://127.0.0.1:9")
+        for n in range(300):
+            conn = connect(port, LAN)
+            if n % 2:
+                conn.sendall(b"GET /health HTTP/1.1\r\nHost: engine\r\n\r\n")  # no credential: a 401
+                assert conn.recv(4096).startswith(b"HTTP/1.1 401")
+            conn.close()
+        deadline = time.monotonic() + 5
+        while relays.door.waiting:  # the relay has seen the last ones close
+            assert time.monotonic() < deadline, len(relays.door.waiting)
+            time.sleep(0.05)
+        time.sleep(0.2)
+        gc.collect()
+        assert sum(isinstance(o, RelayConnection) for o in gc.get_objects()) == 0
+    finally:
+        relays.close()
 
 
 def test_a_repeated_loop_error_is_logged_once_per_interval_with_its_count() -> None:
