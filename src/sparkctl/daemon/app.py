@@ -20,6 +20,7 @@ from sparkctl.adapters import hub, processes
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions
 from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.api.service import Gauge
 from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.fleetswitch import FleetSwitch
@@ -36,6 +37,7 @@ from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
+from sparkctl.gateway.exchange import Bounds
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.login import Logins, ensure_key
 from sparkctl.gateway.pool import EnginePool
@@ -83,7 +85,8 @@ class Daemon:
             lambda: self.routes.table, api_keys=[k.get_secret_value() for k in s.gateway_api_keys],
             hosts=s.gateway_names, metrics_key=s.gateway_metrics_key, limits=self.limits,
             hold_queue=s.switch_hold_queue, hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout,
-            stall=s.gateway_stream_stall,
+            bounds=Bounds(deadline=s.gateway_request_deadline, client_pause=s.gateway_client_pause,
+                          stall=s.gateway_stream_stall, first_byte=s.gateway_first_byte_timeout),
             upstreams=upstreams,
             waker=Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout),
             counters=Counters(self._model_dir),
@@ -100,6 +103,7 @@ class Daemon:
 
         self.recorder = Recorder(engines=lambda: readings(self.routes.table), memory=memory,
                                  requests=self.gateway.ledger.snapshot)
+        self.follows = Gauge()  # the log follows open, on both listeners of the API
         self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics, self.recorder, memory)
         self.fleet_watch = fleetwide and FleetWatch(
             fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
@@ -181,7 +185,7 @@ class Daemon:
         if not s.api_token or not s.api_token.get_secret_value():
             raise SparkctlError("SPARKCTL_API_TCP is set but SPARKCTL_API_TOKEN is not: refusing an open TCP API")
         host, _, port = s.api_tcp.rpartition(":")
-        app = api.build(self.actions, self.reads, token=s.api_token.get_secret_value())
+        app = api.build(self.actions, self.reads, token=s.api_token.get_secret_value(), follows=self.follows)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host.strip("[]"), int(port)).start()
@@ -198,7 +202,7 @@ class Daemon:
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = self.gateway, await self._serve_gateway()  # before the API: a switch needs it
-        runner = web.AppRunner(api.build(self.actions, self.reads), access_log=None)
+        runner = web.AppRunner(api.build(self.actions, self.reads, follows=self.follows), access_log=None)
         await runner.setup()
         old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
         try:
