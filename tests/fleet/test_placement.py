@@ -32,9 +32,11 @@ STACKS = {
     "trio": (0.2, 8606, {"replicas": 3}),
     "pair": (0.2, 8605, {"replicas": 2}),
     "on-b": (0.18, 8607, {"host": "b"}),
-    # An entrypoint wrapper that appends `--host 0.0.0.0` after sparkctl's `--host 127.0.0.1`.
+    # An entrypoint wrapper (allowed: the opt-in is for the wrapper, not for what it does) that
+    # appends `--host 0.0.0.0` after sparkctl's `--host 127.0.0.1`.
     "wrapped": (0.18, 8608, {},
-                {"container": {"entrypoint": ["/bin/sh", "-c", 'exec vllm "$@" --host 0.0.0.0', "wrap"]}}),
+                {"container": {"entrypoint": ["/bin/sh", "-c", 'exec vllm "$@" --host 0.0.0.0', "wrap"]},
+                 "allow": ["entrypoint"]}),
 }
 
 
