@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     # dies, the daemon waits this long for Ray to re-place its stacks before it gives up (logged).
     fleet_deploy_timeout: float = Field(default=1800.0, gt=0)
     fleet_replace_within: float = Field(default=120.0, gt=0)
+    # A host's engine relays hold at most this many connections that have not shown the fleet's
+    # credential (a newcomer closes the oldest of the peer holding the most), each for at most
+    # this many seconds: a flood from the LAN cannot use up the agent's files.
+    fleet_relay_unauthenticated: int = Field(default=64, ge=1)
+    fleet_relay_credential_within: float = Field(default=5.0, gt=0)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))

@@ -272,6 +272,19 @@ class DockerEngine:
         with _translated(f"inspect container {name_or_id}"):
             return Inspected.from_inspect(self.client.api.inspect_container(name_or_id))
 
+    def pids(self, name_or_id: str) -> list[int]:
+        """The container's processes (host pids), as its engine lists them from the container's
+        cgroup (`docker top`); none when it is not running."""
+        with _translated(f"list the processes of container {name_or_id}"):
+            try:
+                top = self.client.api.top(name_or_id)
+            except docker.errors.APIError as e:
+                if "is not running" in str(e):
+                    return []
+                raise
+        column = top["Titles"].index("PID")
+        return [int(row[column]) for row in top.get("Processes") or []]
+
     def remove(self, name_or_id: str) -> bool:
         """Remove a container (running or not); False if there was none (or it is already going)."""
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from sparkctl.adapters import hub
+from sparkctl.adapters import hub, processes
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions
 from sparkctl.daemon.actions.context import Context
@@ -80,7 +80,7 @@ class Daemon:
                              engine_auth=lambda: membership.relay_auth(s))
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=s.instance, resync=s.resync_interval, after_pass=self._after_pass)
-        self.limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
+        self.limits = Limits(connections=min(s.gateway_max_connections, processes.open_files() - 128))
         upstreams = EnginePool()
         self.gateway = Gateway(
             lambda: self.routes.table, api_keys=[k.get_secret_value() for k in s.gateway_api_keys],
