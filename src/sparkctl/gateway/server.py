@@ -9,6 +9,16 @@ general-purpose server). Handlers that must wait (a held alias, a full concurren
 task of their own. Requests on one keep-alive connection are answered in order. Connections are
 capped (`Limits`), and so are the bytes of request bodies held at once across all of them.
 
+A connection holds a bounded amount however its client behaves. While its write side is paused
+(the client does not read what it was sent) no further request is answered and nothing more is
+read or parsed; at most `PIPELINED` complete requests wait behind the one being answered, their
+bodies charged to the shared budget until answered; and everything it holds is dropped when it
+closes. A connection that reads nothing cannot see its client close, so while reading is held
+back the kernel's view of the socket is checked every `WATCH` seconds (a client that closed
+would otherwise keep what it sent queued, and charged, for as long as the request before it
+takes). A close with bytes still unsent waits `LINGER` seconds for the client to read them, then
+the connection is aborted.
+
 Every request ends in an answer or a close, whatever a handler raises: the connection runs each
 handler, and each task a handler starts (`Connection.task`), and answers a 500 in the OpenAI
 envelope (or closes, once part of the response is out) when one raises. A request left without
@@ -31,8 +41,11 @@ from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.request import Admit, Answer, Request, RequestReader
 
 KEEP_ALIVE = 75.0  # seconds an idle client connection is kept open
-PIPELINED = 16  # complete requests waiting behind the one being answered, before reading pauses
+PIPELINED = 16  # complete requests waiting behind the one being answered, before parsing stops
 FINISH_GRACE = 1.0  # seconds an idle connection stays open once the server stops
+LINGER = 30.0  # seconds a closed connection's unsent bytes wait for its client to read them
+WATCH = 2.0  # seconds between checks that the client of a connection not being read is still there
+TCP_CLOSED = (7, 8)  # TCP_CLOSE, TCP_CLOSE_WAIT (include/net/tcp_states.h): the client closed its side
 log = structlog.get_logger()
 
 
@@ -61,9 +74,11 @@ class Connection(asyncio.Protocol):
         self.request: Request | None = None  # being answered
         self.exchange: Exchange | None = None  # the handler's, while it answers
         self.closed = self.paused = self.keep_alive = self.chunked = self.dispatching = False
+        self.held = 0  # body bytes of its complete requests not yet answered, charged to `limits`
         self.sent = False  # whether any byte of the current response was written
         self.pending_head = b""  # a streamed response's head, sent with its first piece
         self.timer: asyncio.TimerHandle | None = None
+        self.watch: asyncio.TimerHandle | None = None  # while reading is held back
 
     # --- the handler's side --------------------------------------------------------------------
     def reply(self, status: int, body: bytes, content_type: str, headers: Sequence[tuple[str, str]] = ()) -> None:
@@ -71,7 +86,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         head = [("Content-Type", content_type), ("Content-Length", str(len(body))), *headers]
-        self.transport.write(response_head(status, self._connection(head)) + body)
+        self.transport.write(response_head(status, self._connection(head)) + (b"" if self._bodiless() else body))
         self._done()
 
     def reply_json(self, status: int, data: object, headers: Sequence[tuple[str, str]] = ()) -> None:
@@ -87,7 +102,7 @@ class Connection(asyncio.Protocol):
         """The next piece of a streamed body; `last` ends the response."""
         if self.closed:
             return
-        data = chunk(piece, last) if self.chunked else piece
+        data = b"" if self._bodiless() else chunk(piece, last) if self.chunked else piece
         if self.pending_head:
             data, self.pending_head = self.pending_head + data, b""
         if data:
@@ -125,9 +140,11 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
-        self.reader.release()
+        self._release()
         if self.transport is not None:
             self.transport.close()
+            if self.transport.get_write_buffer_size():  # a client that never reads them must not keep them
+                asyncio.get_running_loop().call_later(LINGER, self.transport.abort)
 
     # --- asyncio's side -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,6 +164,7 @@ class Connection(asyncio.Protocol):
         if self.closed or self.refusal is not None:
             return
         self.reader.feed(data)
+        self._flow()
 
     def eof_received(self) -> bool:
         self._gone()
@@ -159,26 +177,33 @@ class Connection(asyncio.Protocol):
         self.paused = True
         if self.exchange is not None:
             self.exchange.pause()
+        self._flow()
 
     def resume_writing(self) -> None:
         self.paused = False
         if self.exchange is not None:
             self.exchange.resume()
+        self._dispatch()
 
     # --- the reader's side, from inside its parser's callbacks ----------------------------------
+    def wants_requests(self) -> bool:
+        """Whether the reader may parse on: not while the client leaves answers unread, nor while
+        `PIPELINED` requests wait."""
+        return not self.closed and self.refusal is None and not self.paused and len(self.queue) < PIPELINED
+
+    def began(self) -> None:
+        """A request's first byte was parsed."""
+
     def received(self, request: Request) -> None:
         """A complete request: queued behind those before it, and answered in its turn."""
         self.queue.append(request)
-        if len(self.queue) > PIPELINED:
-            self.transport.pause_reading()
+        self.held += len(request.body)
         self._dispatch()
 
     def refuse(self, answer: Answer) -> None:
         """Stop reading this connection: `answer` is its last response, after those queued."""
         self.refusal = answer
         self.reader.release()
-        if self.transport is not None:
-            self.transport.pause_reading()
         self._dispatch()
 
     def send_continue(self) -> None:
@@ -189,25 +214,50 @@ class Connection(asyncio.Protocol):
 
     # --- requests -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        """Answer what is queued, in order; a loop, not recursion, since handlers often answer at once."""
+        """Answer what is queued, in order, and parse on what was kept while the client lets us
+        (a loop, not recursion, since handlers often answer at once)."""
         if self.dispatching:
             return
         self.dispatching = True
         try:
-            while self.request is None and not self.closed:
-                if self.queue:
+            while not self.closed:
+                if self.request is None and self.queue and not self.paused:
                     if self.timer is not None:
                         self.timer.cancel()
                     self.request = self.queue.popleft()
                     self.keep_alive = self.request.keep_alive and not self.limits.finishing
                     self._guarded(self.handle, self.request, self)
-                elif self.refusal is not None:
+                elif self.request is None and self.refusal is not None and not self.queue:
                     self.keep_alive, self.request = False, Request("", "", {}, b"")
                     self._guarded(self.refusal, self)
+                elif self.reader.rest and not self.reader.parsing and self.wants_requests():
+                    self.reader.parse()
                 else:
                     break
         finally:
             self.dispatching = False
+        self._flow()
+
+    def _flow(self) -> None:
+        """Read from the socket only while the reader has nothing kept and may parse on."""
+        if self.closed or self.transport is None:
+            return
+        if self.wants_requests() and not self.reader.rest:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
+            if self.watch is None:
+                self.watch = asyncio.get_running_loop().call_later(WATCH, self._check)
+
+    def _check(self) -> None:
+        """While reading is held back: a client that closed is gone (the socket says so)."""
+        self.watch = None
+        if self.closed or self.transport.is_reading():
+            return
+        if _peer_closed(self.transport.get_extra_info("socket")):
+            self.transport.abort()
+        else:
+            self.watch = asyncio.get_running_loop().call_later(WATCH, self._check)
 
     def _guarded(self, answer: Callable[..., None], *args: object) -> None:
         try:
@@ -238,15 +288,27 @@ class Connection(asyncio.Protocol):
               "internal_error")
 
     def _done(self) -> None:
-        """The response has been written: on to the next request, or close."""
+        """The response has been written: its body's charge given back, on to the next request, or close."""
+        self.held -= len(self.request.body)
+        self.limits.held -= len(self.request.body)
         self.request, self.exchange, self.chunked, self.sent = None, None, False, False
         if not self.keep_alive:
             self.close()
             return
-        if len(self.queue) <= PIPELINED and self.refusal is None:
-            self.transport.resume_reading()
         self._idle()
         self._dispatch()
+
+    def _bodiless(self) -> bool:
+        return self.request is not None and self.request.method == "HEAD"
+
+    def _release(self) -> None:
+        """Drop what the connection holds of its requests, and its charge to the shared budget."""
+        self.reader.release()
+        self.limits.held -= self.held
+        self.held = 0
+        self.queue.clear()
+        if self.watch is not None:
+            self.watch.cancel()
 
     def _idle_now(self) -> bool:
         return self.request is None and not self.queue
@@ -256,7 +318,7 @@ class Connection(asyncio.Protocol):
         if self.closed and self.exchange is None:
             return
         self.closed = True
-        self.reader.release()
+        self._release()
         if self.timer is not None:
             self.timer.cancel()
         exchange, self.exchange = self.exchange, None
@@ -272,6 +334,14 @@ class Connection(asyncio.Protocol):
 
     def _connection(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return headers if self.keep_alive else [*headers, ("Connection", "close")]
+
+
+def _peer_closed(sock: socket.socket | None) -> bool:
+    """Whether the other end of a TCP socket has closed its side, as the kernel sees it."""
+    try:
+        return sock is not None and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in TCP_CLOSED
+    except OSError:
+        return False
 
 
 def envelope(message: str, code: str) -> dict[str, object]:
