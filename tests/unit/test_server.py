@@ -322,3 +322,90 @@ def test_a_graceful_stop_closes_every_connection_after_its_next_answer() -> None
     transports, limits = asyncio.run(run())
     assert [t.closed for t in transports] == [True, True, True] and limits.finishing
     assert all(b"Connection: close" in t.written for t in (transports[0], transports[2]))
+
+
+# --- HEAD, Upgrade and the head's limit (issue 45), at the wire of a real gateway ----------------
+@pytest.fixture(scope="module")
+def gateway():
+    from sparkctl.gateway.proxy import Gateway
+    from sparkctl.gateway.routes import RouteTable
+    from tests.conftest import Running
+
+    running = Running(Gateway(lambda: RouteTable()))
+    yield running
+    running.stop()
+
+
+def test_head_is_answered_as_get_without_a_body_as_h11_reads_it(gateway) -> None:
+    """Was a 405 with a body: a client (h11 here) reads no body after a HEAD, so the body's bytes
+    were read as the next response's. Each exchange goes over one keep-alive connection."""
+    import socket
+
+    import h11
+
+    client = h11.Connection(h11.CLIENT)
+    got = []
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        for method, path in (("HEAD", "/health"), ("GET", "/health"), ("HEAD", "/v1/completions"),
+                             ("HEAD", "/v1/models"), ("GET", "/v1/models")):
+            sock.sendall(client.send(h11.Request(method=method, target=path, headers=[("Host", "127.0.0.1")]))
+                         + client.send(h11.EndOfMessage()))
+            response, body = None, b""
+            while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    client.receive_data(sock.recv(65536))
+                elif isinstance(event, h11.Response):
+                    response = event
+                elif isinstance(event, h11.Data):
+                    body += event.data
+            got.append((method, path, response.status_code, dict(response.headers).get(b"content-length"), body))
+            client.start_next_cycle()
+    (_, _, head_status, head_length, head_body), (_, _, get_status, get_length, get_body) = got[:2]
+    assert (head_status, head_body, get_status) == (200, b"", 200)
+    assert head_length == get_length == b"%d" % len(get_body)
+    assert got[2][2:5:2] == (405, b"") and got[3][2] == got[4][2] == 200 and got[3][4] == b"" and got[4][4]
+
+
+def read_all(port: int, raw: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_an_upgrade_request_is_answered_once_and_the_connection_closes(gateway) -> None:
+    """Was answered, then followed by an unsolicited 400 ("protocol upgrades are not supported").
+    What follows an upgrade request is another protocol's bytes: the connection closes after
+    the answer. One that announces a body (which llhttp would not read) is a 400 instead."""
+    upgrade = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    answer = read_all(gateway.port, upgrade + b"\r\n" + b"\x81\x05hello")
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in answer
+    answer = read_all(gateway.port, upgrade + b"Content-Length: 5\r\n\r\nabcde")
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400 ")
+
+
+def test_a_head_is_capped_at_32_kib_exactly_however_it_is_cut_and_whatever_came_before() -> None:
+    """Heads up to 40 KiB passed: the limit was checked between 8 KiB slices of what the parser
+    was given. Now the head is counted as llhttp hands it over (its lines as sent)."""
+    from sparkctl.gateway.request import MAX_HEAD
+
+    def head(size: int) -> bytes:
+        start = b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: "
+        return start + b"p" * (size - len(start) - 4) + b"\r\n\r\n"
+
+    before = request("POST", "/first", b"b" * 5000, False)
+    for size in (MAX_HEAD - 1, MAX_HEAD, MAX_HEAD + 1, MAX_HEAD + 8 * 1024 - 1):
+        for cuts in ([], [len(before) + 100], list(range(1000, 50_000, 4096))):
+            async def run() -> bytes:
+                conn, transport = connect()
+                for segment in split(before + head(size), cuts):  # noqa: B023
+                    conn.data_received(segment)
+                return transport.written
+
+            assert len(head(size)) == size
+            statuses = [status for status, _ in answers(asyncio.run(run()))]
+            assert statuses == ([200, 200] if size <= MAX_HEAD else [200, 431]), (size, cuts)

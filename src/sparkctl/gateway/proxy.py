@@ -32,7 +32,7 @@ from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.pages import Pages
 from sparkctl.gateway.pool import EnginePool
 from sparkctl.gateway.replicas import Replicas, host_of
-from sparkctl.gateway.request import Request
+from sparkctl.gateway.request import AS_GET, Request
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.server import Connection, error, serve
 from sparkctl.gateway.tokens import Counters
@@ -91,7 +91,7 @@ class Gateway:
     def handle(self, request: Request, conn: Connection) -> None:
         if request.path in PROXIED and request.method == "POST":
             self.proxy(request, conn)
-        elif request.path in self.pages and request.method == "GET":
+        elif request.path in self.pages and request.method in AS_GET:
             self.pages[request.path](conn)
         elif self.ui is not None and in_ui(request.path):
             self.ui.handle(request, conn)

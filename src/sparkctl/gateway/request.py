@@ -24,7 +24,7 @@ amount. The buffers are dropped the moment the connection closes, and the reader
 its connection is weak, so that a closed connection, with the requests queued on it, is freed at
 once rather than when the garbage collector next finds the cycle.
 
-HEAD is answered as its route answers GET (`READS`), without the body (the connection writes
+HEAD is answered as its route answers GET (`AS_GET`), without the body (the connection writes
 none). A request asking for a protocol upgrade is answered as HTTP/1.1 and its connection then
 closed: llhttp reads no body on such a request, so one that announces a body is a 400.
 """
@@ -46,7 +46,7 @@ MAX_BODY = 32 * 1024 * 1024
 MAX_HEAD = 32 * 1024  # a request's head; also what may be read between two pieces of its body
 MAX_FIELDS = 100  # header (and trailer) lines of one request
 SLICE = 8 * 1024  # the most the parser reads before the bytes it holds are checked
-READS = ("GET", "HEAD")  # what a route that answers GET answers: HEAD gets the same head, without the body
+AS_GET = ("GET", "HEAD")  # what a route that answers GET answers: HEAD gets the same head, without the body
 # Headers that must come once: the credentials, what the dashboard's checks read, how the body is framed and read.
 SINGLE = ("host", "authorization", "x-sparkctl-token", "cookie", "origin", "content-length", "transfer-encoding",
           "content-type", "expect")

@@ -11,9 +11,10 @@ capped (`Limits`), and so are the bytes of request bodies held at once across al
 
 A connection holds a bounded amount however its client behaves. While its write side is paused
 (the client does not read what it was sent) no further request is answered and nothing more is
-read or parsed; at most `PIPELINED` complete requests wait behind the one being answered, their
-bodies charged to the shared budget until answered; and everything it holds is dropped when it
-closes. A connection that reads nothing cannot see its client close, so while reading is held
+read or parsed; at most `PIPELINED` complete requests, and `READ_AHEAD` bytes of their bodies,
+wait behind the one being answered, charged to the shared budget until answered (an answer that
+streams for hours must not keep 16 bodies of 32 MiB behind it); and everything it holds is
+dropped when it closes. A connection that reads nothing cannot see its client close, so while reading is held
 back the kernel's view of the socket is checked every `WATCH` seconds (a client that closed
 would otherwise keep what it sent queued, and charged, for as long as the request before it
 takes). A close with bytes still unsent waits `LINGER` seconds for the client to read them, then
@@ -42,6 +43,7 @@ from sparkctl.gateway.request import Admit, Answer, Request, RequestReader
 
 KEEP_ALIVE = 75.0  # seconds an idle client connection is kept open
 PIPELINED = 16  # complete requests waiting behind the one being answered, before parsing stops
+READ_AHEAD = 1 << 20  # body bytes read behind the request being answered, before parsing stops
 FINISH_GRACE = 1.0  # seconds an idle connection stays open once the server stops
 LINGER = 30.0  # seconds a closed connection's unsent bytes wait for its client to read them
 WATCH = 2.0  # seconds between checks that the client of a connection not being read is still there
@@ -188,8 +190,10 @@ class Connection(asyncio.Protocol):
     # --- the reader's side, from inside its parser's callbacks ----------------------------------
     def wants_requests(self) -> bool:
         """Whether the reader may parse on: not while the client leaves answers unread, nor while
-        `PIPELINED` requests wait."""
-        return not self.closed and self.refusal is None and not self.paused and len(self.queue) < PIPELINED
+        `PIPELINED` requests, or `READ_AHEAD` bytes of bodies, wait behind the one being answered."""
+        if self.closed or self.refusal is not None or self.paused or len(self.queue) >= PIPELINED:
+            return False
+        return self.request is None or self.held - len(self.request.body) + len(self.reader.body) < READ_AHEAD
 
     def began(self) -> None:
         """A request's first byte was parsed."""

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 from sparkctl.gateway.login import SESSION_TTL, Logins
 from sparkctl.gateway.passthrough import Passed
 from sparkctl.gateway.pool import EnginePool
-from sparkctl.gateway.request import Request
+from sparkctl.gateway.request import AS_GET, Request
 from sparkctl.gateway.server import Connection, error
 from sparkctl.gateway.upstream import UpstreamError
 
@@ -57,11 +57,11 @@ class Dashboard:
 
     def handle(self, request: Request, conn: Connection) -> None:
         path, method = request.path, request.method
-        if path in (PREFIX, PREFIX + "/") and method == "GET":
+        if path in (PREFIX, PREFIX + "/") and method in AS_GET:
             self.page(request, conn)
         elif path == PREFIX + "/login" and method == "GET":
             self.login(request, conn)
-        elif path in ASSETS and method == "GET":
+        elif path in ASSETS and method in AS_GET:
             name, kind = ASSETS[path]
             conn.reply(200, self.files[name], kind, [("Cache-Control", "no-cache"), ("X-Content-Type-Options",
                                                                                     "nosniff")])
