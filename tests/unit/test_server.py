@@ -273,7 +273,7 @@ def _unauthorized(conn: Connection) -> None:
     conn.reply(401, b"no\n", "text/plain")
 
 
-def test_connections_over_the_cap_are_refused_and_counted() -> None:
+def test_at_the_cap_the_longest_idle_connection_makes_room() -> None:
     async def run() -> list[Transport]:
         limits = Limits(connections=2)
         transports = []
@@ -281,12 +281,28 @@ def test_connections_over_the_cap_are_refused_and_counted() -> None:
             conn, transport = Connection(echo, limits=limits), Transport()
             conn.connection_made(transport)  # type: ignore[arg-type]
             transports.append(transport)
-        assert (limits.open, limits.refused) == (2, 1) and limits.report_due() == 1
+        assert (limits.open, limits.refused) == (2, 0)
         return transports
 
     first, second, third = asyncio.run(run())
-    assert not first.closed and not second.closed
-    assert third.closed and third.written.startswith(b"HTTP/1.1 503 ")
+    assert first.closed and first.written == b"" and not second.closed and not third.closed
+
+
+def test_past_the_cap_busy_connections_leave_a_reserve_for_health_then_refuse_and_count() -> None:
+    async def run() -> list[Transport]:
+        limits = Limits(connections=2, reserve=2)
+        transports = []
+        for _ in range(5):
+            conn, transport = Connection(echo, limits=limits), Transport()
+            conn.connection_made(transport)  # type: ignore[arg-type]
+            conn.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nbusy")
+            transports.append(transport)
+        assert (limits.open, limits.refused) == (4, 1) and limits.report_due() == 1
+        return transports
+
+    *busy, refused = asyncio.run(run())
+    assert not any(t.closed for t in busy[:2]) and refused.closed and refused.written.startswith(b"HTTP/1.1 503 ")
+    assert all(t.written.startswith(b"HTTP/1.1 503 ") and t.closed for t in busy[2:])  # reserved: /health only
 
 
 def test_bodies_held_at_once_are_bounded_across_connections() -> None:
@@ -409,3 +425,73 @@ def test_a_head_is_capped_at_32_kib_exactly_however_it_is_cut_and_whatever_came_
             assert len(head(size)) == size
             statuses = [status for status, _ in answers(asyncio.run(run()))]
             assert statuses == ([200, 200] if size <= MAX_HEAD else [200, 431]), (size, cuts)
+
+
+# --- the connection cap and slow uploads (issue 45), at the wire of a real gateway ---------------
+KEY = "sk-owner"
+
+
+def status_of(port: int, path: str, headers: str = "") -> tuple[int, float]:
+    """The status of `GET path` on a new connection, and how long the answer took."""
+    started = time.monotonic()
+    answer = read_all(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n".encode())
+    return int(answer[9:12]), time.monotonic() - started
+
+
+def test_idle_connections_at_the_cap_make_room_and_health_and_the_owner_get_past_it() -> None:
+    """Was: 4,096 connections that sent nothing refused everyone for 75 s. Now the one idle the
+    longest makes room; once every connection is busy, a reserve still answers /health and the
+    owner (a request with an API key), and refuses the rest."""
+    import socket
+
+    from sparkctl.gateway.proxy import Gateway
+    from sparkctl.gateway.routes import RouteTable
+    from tests.conftest import Running, wait_for
+
+    running = Running(Gateway(lambda: RouteTable(), api_keys=[KEY], limits=Limits(connections=8)))
+    limits, port = running.gateway.limits, running.port
+    sockets = []
+    try:
+        sockets += [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+        wait_for(lambda: limits.open == 8, what="the idle connections to be accepted")
+        status, took = status_of(port, "/health")
+        assert status == 200 and took < 1, (status, took)
+        assert sockets[0].recv(1) == b""  # the longest idle made room
+        post = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n" \
+               "Content-Length: 1000\r\n\r\n{}".encode()
+        for _ in range(8):  # busy: their bodies still arriving
+            sockets.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            sockets[-1].sendall(post)
+        wait_for(lambda: limits.open == 8 and not limits.idle, what="busy connections to take every slot")
+        assert status_of(port, "/health")[0] == 200
+        assert status_of(port, "/v1/models", f"Authorization: Bearer {KEY}\r\n")[0] == 200
+        assert status_of(port, "/metrics")[0] == 503
+    finally:
+        for sock in sockets:
+            sock.close()
+        running.stop()
+
+
+def test_a_request_that_takes_too_long_to_arrive_is_a_408_and_its_body_is_freed() -> None:
+    """Was unbounded: eight slow uploads held the 256 MiB body budget for as long as they liked."""
+    import socket
+
+    from sparkctl.gateway.proxy import Gateway
+    from sparkctl.gateway.routes import RouteTable
+    from tests.conftest import Running
+
+    limits = Limits()
+    limits.upload_time = 0.5
+    running = Running(Gateway(lambda: RouteTable(), limits=limits))
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
+                         + b"x" * 50_000)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 ") and 0.5 <= time.monotonic() - started < 5
+        assert running.gateway.limits.held == 0
+    finally:
+        running.stop()

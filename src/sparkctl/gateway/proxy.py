@@ -65,7 +65,8 @@ class Gateway:
         """`waker` wakes parked stacks on demand, `counters` count each stack's prompt tokens (for
         routed aliases), `ui` is the dashboard under /ui, on the keep-alive pool `upstreams`."""
         self.routes = routes
-        self.admit = Access(api_keys, hosts, metrics_key=metrics_key).admit  # asked once a request's head is in
+        self.access = Access(api_keys, hosts, metrics_key=metrics_key)
+        self.admit = self.access.admit  # asked once a request's head is in
         self.limits = limits or Limits()
         self.replicas = Replicas(on_return=self.routes_changed)
         self.on_engine: dict[str, set[Proxied]] = {}  # engine URL -> requests forwarded to it, not yet over
@@ -83,7 +84,12 @@ class Gateway:
         self.ui = ui
 
     async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
-        return await serve(self.handle, host, port, admit=self.admit, limits=self.limits, sock=sock)
+        return await serve(self.handle, host, port, admit=self.admit, limits=self.limits, owner=self.owner, sock=sock)
+
+    def owner(self, request: Request) -> bool:
+        """Whether a request is the owner's (let in past the connection cap): it carries an API key,
+        or the dashboard's login session."""
+        return self.access.carries_key(request) or (self.ui is not None and self.ui.owner(request))
 
     def close(self) -> None:
         self.upstreams.close()

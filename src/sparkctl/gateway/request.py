@@ -149,6 +149,7 @@ class RequestReader:
         if int(length) > MAX_BODY:
             self._halt(_text(413, f"request body over {MAX_BODY >> 20} MiB\n"))
         refusal = self.admit(request) if self.admit is not None else None
+        refusal = refusal or self.conn.headed(request)
         if refusal is not None:
             self._halt(refusal)
         request.keep_alive = self.parser.should_keep_alive()

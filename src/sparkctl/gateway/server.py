@@ -7,7 +7,9 @@ directly, so a proxied request reaches its engine, and each token its client, wi
 the event loop's queue behind the other streams (which is what a task per request costs a busy
 general-purpose server). Handlers that must wait (a held alias, a full concurrency cap) start a
 task of their own. Requests on one keep-alive connection are answered in order. Connections are
-capped (`Limits`), and so are the bytes of request bodies held at once across all of them.
+capped (`Limits`: at the cap the connection idle the longest makes room, else a few more are let
+in for `/health` and the owner), and so are the bytes of request bodies held at once across all
+of them, and the time a request takes to arrive (a 408 after `Limits.upload_time`).
 
 A connection holds a bounded amount however its client behaves. While its write side is paused
 (the client does not read what it was sent) no further request is answered and nothing more is
@@ -67,8 +69,10 @@ Handler = Callable[[Request, "Connection"], None]
 class Connection(asyncio.Protocol):
     """One client connection: requests parsed as bytes arrive and answered one at a time."""
 
-    def __init__(self, handle: Handler, admit: Admit | None = None, limits: Limits | None = None) -> None:
-        self.handle, self.limits = handle, limits or Limits()
+    def __init__(self, handle: Handler, admit: Admit | None = None, limits: Limits | None = None,
+                 owner: Callable[[Request], bool] | None = None) -> None:
+        """`owner` tells a request of the owner's, let in past the cap."""
+        self.handle, self.limits, self.owner = handle, limits or Limits(), owner
         self.reader = RequestReader(self, admit, self.limits)
         self.transport: asyncio.Transport | None = None
         self.queue: deque[Request] = deque()  # complete requests waiting for their turn
@@ -77,10 +81,12 @@ class Connection(asyncio.Protocol):
         self.exchange: Exchange | None = None  # the handler's, while it answers
         self.closed = self.paused = self.keep_alive = self.chunked = self.dispatching = False
         self.held = 0  # body bytes of its complete requests not yet answered, charged to `limits`
+        self.reserved = False  # let in past the cap: for /health and the owner, one request
         self.sent = False  # whether any byte of the current response was written
         self.pending_head = b""  # a streamed response's head, sent with its first piece
         self.timer: asyncio.TimerHandle | None = None
         self.watch: asyncio.TimerHandle | None = None  # while reading is held back
+        self.upload: asyncio.TimerHandle | None = None  # while a request arrives
 
     # --- the handler's side --------------------------------------------------------------------
     def reply(self, status: int, body: bytes, content_type: str, headers: Sequence[tuple[str, str]] = ()) -> None:
@@ -151,7 +157,10 @@ class Connection(asyncio.Protocol):
     # --- asyncio's side -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        if self.limits.open >= self.limits.connections:
+        limits = self.limits
+        if limits.open >= limits.connections and not limits.make_room():
+            self.reserved = True
+        if limits.open >= limits.connections + limits.reserve:
             self.limits.refused += 1
             transport.write(response_head(503, [("Content-Length", "0"), ("Connection", "close")]))
             self.closed = True
@@ -196,10 +205,24 @@ class Connection(asyncio.Protocol):
         return self.request is None or self.held - len(self.request.body) + len(self.reader.body) < READ_AHEAD
 
     def began(self) -> None:
-        """A request's first byte was parsed."""
+        """A request's first byte was parsed: it has `upload_time` to arrive whole."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.upload = asyncio.get_running_loop().call_later(self.limits.upload_time, self._too_slow)
+
+    def headed(self, request: Request) -> Answer | None:
+        """A request's head is complete: the connection is busy; past the cap, only a request
+        for /health or of the owner's is answered."""
+        self.limits.busy(self)
+        if not self.reserved or request.path == "/health" or (self.owner is not None and self.owner(request)):
+            return None
+        return lambda conn: error(conn, 503, "the gateway is at its connection cap; retry shortly",
+                                  "too_many_connections", headers=[("Retry-After", "1")])
 
     def received(self, request: Request) -> None:
         """A complete request: queued behind those before it, and answered in its turn."""
+        if self.upload is not None:
+            self.upload.cancel()
         self.queue.append(request)
         self.held += len(request.body)
         self._dispatch()
@@ -229,7 +252,8 @@ class Connection(asyncio.Protocol):
                     if self.timer is not None:
                         self.timer.cancel()
                     self.request = self.queue.popleft()
-                    self.keep_alive = self.request.keep_alive and not self.limits.finishing
+                    self.limits.busy(self)
+                    self.keep_alive = self.request.keep_alive and not self.limits.finishing and not self.reserved
                     self._guarded(self.handle, self.request, self)
                 elif self.request is None and self.refusal is not None and not self.queue:
                     self.keep_alive, self.request = False, Request("", "", {}, b"")
@@ -311,8 +335,9 @@ class Connection(asyncio.Protocol):
         self.limits.held -= self.held
         self.held = 0
         self.queue.clear()
-        if self.watch is not None:
-            self.watch.cancel()
+        for timer in (self.watch, self.upload):
+            if timer is not None:
+                timer.cancel()
 
     def _idle_now(self) -> bool:
         return self.request is None and not self.queue
@@ -335,6 +360,14 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         self.timer = asyncio.get_running_loop().call_later(KEEP_ALIVE, self.close)
+        if self._idle_now() and (self.reader.incoming is None or not self.reader.headed):
+            self.limits.rest(self)  # nothing to answer, and no request's head in
+
+    def _too_slow(self) -> None:
+        self.upload = None
+        seconds = self.limits.upload_time
+        self.refuse(lambda conn: error(conn, 408, f"the request did not arrive whole within {seconds:g} s",
+                                       "request_timeout"))
 
     def _connection(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return headers if self.keep_alive else [*headers, ("Connection", "close")]
@@ -359,11 +392,12 @@ def error(conn: Connection, status: int, message: str, code: str, *, headers: Se
 
 
 async def serve(handle: Handler, host: str, port: int, *, admit: Admit | None = None,
-                limits: Limits | None = None, sock: socket.socket | None = None) -> asyncio.Server:
+                limits: Limits | None = None, owner: Callable[[Request], bool] | None = None,
+                sock: socket.socket | None = None) -> asyncio.Server:
     """Listen on host:port (or on `sock`, a listening socket handed over), handing each request to
-    `handle` (after `admit`, if given)."""
+    `handle` (after `admit`, if given); `owner` tells the owner's requests, let in past the cap."""
     shared = limits or Limits()
     loop = asyncio.get_running_loop()
     if sock is not None:
-        return await loop.create_server(lambda: Connection(handle, admit, shared), sock=sock)
-    return await loop.create_server(lambda: Connection(handle, admit, shared), host, port)
+        return await loop.create_server(lambda: Connection(handle, admit, shared, owner), sock=sock)
+    return await loop.create_server(lambda: Connection(handle, admit, shared, owner), host, port)

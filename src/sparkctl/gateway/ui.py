@@ -110,6 +110,10 @@ class Dashboard:
             return "missing or stale page token: reload the page"
         return None
 
+    def owner(self, request: Request) -> bool:
+        """Whether the request carries the owner's login session."""
+        return self._session(request) is not None
+
     def _session(self, request: Request) -> str | None:
         """The browser's session, if its cookie holds a valid one."""
         try:
