@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -188,7 +189,8 @@ def measure(env: dict[str, str], pid: int, attack: Callable, gateway: tuple[str,
           f"(RSS {start.rss:.0f} -> {watch.peak.rss:.0f} -> {after.rss:.0f}); goal after <= {start.pss * BACK:.0f} MB "
           f"{'met' if after.pss <= start.pss * BACK else 'MISSED'}")
     print(f"{name}: threads {start.threads} -> peak {watch.peak.threads} -> after {after.threads}; "
-          f"`sparkctl status` worst {worst:.3f} s over {len(watch.status)} calls, goal <= {STATUS_GOAL:.1f} s "
+          f"`sparkctl status` worst {worst:.3f} s (median {statistics.median(watch.status):.3f} s) over "
+          f"{len(watch.status)} calls, goal <= {STATUS_GOAL:.1f} s "
           f"{'met' if worst <= STATUS_GOAL else 'MISSED'}")
     figure(f"{name}: memory after / start", after.pss / start.pss, "ratio", sane=(0.5, 20))
     figure(f"{name}: peak memory", watch.peak.pss, "MB", sane=(10, 8000))
