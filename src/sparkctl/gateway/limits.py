@@ -67,11 +67,12 @@ class Limits:
         self.idle.pop(conn, None)
 
     def make_room(self) -> bool:
-        """At the cap: close the connection idle the longest; False when none is idle."""
+        """At the cap: close the connection idle the longest (at once: its file descriptor is what
+        the cap guards); False when none is idle."""
         oldest = next(iter(self.idle), None)
         if oldest is None:
             return False
-        oldest.close()
+        oldest.close(now=True)
         self.leave(oldest)
         return True
 

@@ -146,13 +146,18 @@ class Connection(asyncio.Protocol):
                 self.timer.cancel()
             self.timer = asyncio.get_running_loop().call_later(FINISH_GRACE, self.close)
 
-    def close(self) -> None:
+    def close(self, *, now: bool = False) -> None:
+        """Close once the bytes written are sent (at most `LINGER` s), or `now`, dropping them."""
         self.closed = True
         self._release()
-        if self.transport is not None:
-            self.transport.close()
-            if self.transport.get_write_buffer_size():  # a client that never reads them must not keep them
-                asyncio.get_running_loop().call_later(LINGER, self.transport.abort)
+        if self.transport is None:
+            return
+        if now:
+            self.transport.abort()
+            return
+        self.transport.close()
+        if self.transport.get_write_buffer_size():  # a client that never reads them must not keep them
+            asyncio.get_running_loop().call_later(LINGER, self.transport.abort)
 
     # --- asyncio's side -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
