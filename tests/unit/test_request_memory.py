@@ -278,3 +278,18 @@ def test_a_closed_connection_is_freed_at_once_with_the_requests_queued_on_it() -
         assert gone() is None and limits.held == 0 and not limits.live
     finally:
         gc.enable()
+
+
+def test_a_connection_keeps_no_view_of_a_read_it_has_parsed() -> None:
+    """An empty slice of the socket's last read still holds all of it (up to 256 KiB), for as
+    long as the connection stays open idle."""
+    data = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n" * 5000
+
+    async def run() -> Connection:
+        conn, transport = Connection(lambda request, conn: conn.reply(200, b"", "text/plain")), Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(data)
+        assert transport.written.count(b"HTTP/1.1 200 ") == 5000
+        return conn
+
+    assert asyncio.run(run()).reader.rest.obj is not data

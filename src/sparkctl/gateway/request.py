@@ -110,6 +110,8 @@ class RequestReader:
                 self.conn.refuse(_text(400, f"malformed request: {e}\n"))
         finally:
             self.parsing = False
+            if not self.rest:  # an empty slice of the socket's read still holds all of it
+                self.rest = memoryview(b"")
 
     def release(self) -> None:
         """Drop what is read but not a complete request: the body being read (and its charge to the

@@ -16,11 +16,12 @@ A connection holds a bounded amount however its client behaves. While its write 
 read or parsed; at most `PIPELINED` complete requests, and `READ_AHEAD` bytes of their bodies,
 wait behind the one being answered, charged to the shared budget until answered (an answer that
 streams for hours must not keep 16 bodies of 32 MiB behind it); and everything it holds is
-dropped when it closes. A connection that reads nothing cannot see its client close, so while reading is held
-back the kernel's view of the socket is checked every `WATCH` seconds (a client that closed
-would otherwise keep what it sent queued, and charged, for as long as the request before it
-takes). A close with bytes still unsent waits `LINGER` seconds for the client to read them, then
-the connection is aborted.
+dropped when it closes. A connection that reads nothing cannot see its client leave, so while
+reading is held back the kernel's view of the socket is checked every `WATCH` seconds: a client
+that reset, or whose close reached the kernel, no longer keeps what it sent queued, and charged,
+for as long as the request before it takes (a close stuck behind bytes not yet read is seen at
+the next write). A close with bytes still unsent waits `LINGER` seconds for the client to read
+them, then the connection is aborted.
 
 Every request ends in an answer or a close, whatever a handler raises: the connection runs each
 handler, and each task a handler starts (`Connection.task`), and answers a 500 in the OpenAI
