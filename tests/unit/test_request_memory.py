@@ -176,7 +176,8 @@ def test_a_client_that_pipelines_and_never_reads_holds_a_bounded_amount(served: 
         assert holding["waiting"] <= 17 * SLICE // 30 and holding["unparsed"] <= len(requests), holding
         assert grown <= 16 * MiB, f"{grown / MiB:.0f} MiB held"
     wait_for(served.gone, what="the server to see its client go")
-    assert served.rss() <= start * 1.1, f"{served.rss() / MiB:.0f} MiB after, {start / MiB:.0f} MiB before"
+    wait_for(lambda: served.rss() <= start * 1.1, timeout=5,
+             what=f"memory back to {start / MiB:.0f} MiB (at {served.rss() / MiB:.0f} MiB)")
 
 
 def test_pipelined_bodies_are_charged_to_the_budget_and_freed_on_close(served: Served) -> None:
@@ -199,7 +200,8 @@ def test_pipelined_bodies_are_charged_to_the_budget_and_freed_on_close(served: S
         for sock in clients:
             reset(sock)
     wait_for(served.gone, what="the server to see its clients go")  # while it reads nothing from them
-    wait_for(lambda: served.rss() <= start * 1.1, timeout=5,
+    # glibc may keep one freed chunk of a body's size in its heap (the daemon trims it after work)
+    wait_for(lambda: served.rss() <= start * 1.1 + len(body), timeout=5,
              what=f"memory back to {start / MiB:.0f} MiB (at {served.rss() / MiB:.0f} MiB)")
 
 
