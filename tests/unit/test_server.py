@@ -495,3 +495,24 @@ def test_a_request_that_takes_too_long_to_arrive_is_a_408_and_its_body_is_freed(
         assert running.gateway.limits.held == 0
     finally:
         running.stop()
+
+
+def test_nothing_more_is_answered_or_read_while_the_client_does_not_read() -> None:
+    """The write side pausing (the transport's buffer over its high-water mark) holds the requests
+    behind, and reading; resuming answers them in order."""
+    async def run() -> None:
+        def answer_then_fill(request: Request, c: Connection) -> None:
+            echo(request, c)
+            c.pause_writing()  # as the transport calls it from inside the write
+
+        conn, transport = Connection(answer_then_fill), Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(b"".join(request("GET", f"/r{i}", b"", False) for i in range(3)))
+        assert [a["path"] for _, a in answers(transport.written)] == ["/r0"] and not transport.reading
+        for done in (["/r0", "/r1"], ["/r0", "/r1", "/r2"]):
+            conn.resume_writing()
+            assert [a["path"] for _, a in answers(transport.written)] == done
+        conn.resume_writing()
+        assert transport.reading
+
+    asyncio.run(run())
