@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     # Names the gateway answers to in `Host` (besides its host, localhost, 127.0.0.1 and [::1]).
     gateway_hostnames: Annotated[list[str], NoDecode] = Field(default_factory=list)
     gateway_max_connections: int = Field(default=4096, ge=16)
+    # A request that has not arrived whole this long after its first byte is answered 408 (slow uploads).
+    gateway_upload_timeout: float = Field(default=60.0, gt=0)
     # A streamed answer whose engine sends nothing for this long is ended (retryable) and the engine ejected;
     # a whole (non-streamed) answer's engine has `first_byte_timeout` to send it (then 504, ejected the same way).
     gateway_stream_stall: float = Field(default=120.0, gt=0)

@@ -273,7 +273,7 @@ def _unauthorized(conn: Connection) -> None:
     conn.reply(401, b"no\n", "text/plain")
 
 
-def test_connections_over_the_cap_are_refused_and_counted() -> None:
+def test_at_the_cap_the_longest_idle_connection_makes_room() -> None:
     async def run() -> list[Transport]:
         limits = Limits(connections=2)
         transports = []
@@ -281,12 +281,28 @@ def test_connections_over_the_cap_are_refused_and_counted() -> None:
             conn, transport = Connection(echo, limits=limits), Transport()
             conn.connection_made(transport)  # type: ignore[arg-type]
             transports.append(transport)
-        assert (limits.open, limits.refused) == (2, 1) and limits.report_due() == 1
+        assert (limits.open, limits.refused) == (2, 0)
         return transports
 
     first, second, third = asyncio.run(run())
-    assert not first.closed and not second.closed
-    assert third.closed and third.written.startswith(b"HTTP/1.1 503 ")
+    assert first.closed and first.written == b"" and not second.closed and not third.closed
+
+
+def test_past_the_cap_busy_connections_leave_a_reserve_for_health_then_refuse_and_count() -> None:
+    async def run() -> list[Transport]:
+        limits = Limits(connections=2, reserve=2)
+        transports = []
+        for _ in range(5):
+            conn, transport = Connection(echo, limits=limits), Transport()
+            conn.connection_made(transport)  # type: ignore[arg-type]
+            conn.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nbusy")
+            transports.append(transport)
+        assert (limits.open, limits.refused) == (4, 1) and limits.report_due() == 1
+        return transports
+
+    *busy, refused = asyncio.run(run())
+    assert not any(t.closed for t in busy[:2]) and refused.closed and refused.written.startswith(b"HTTP/1.1 503 ")
+    assert all(t.written.startswith(b"HTTP/1.1 503 ") and t.closed for t in busy[2:])  # reserved: /health only
 
 
 def test_bodies_held_at_once_are_bounded_across_connections() -> None:
@@ -322,3 +338,181 @@ def test_a_graceful_stop_closes_every_connection_after_its_next_answer() -> None
     transports, limits = asyncio.run(run())
     assert [t.closed for t in transports] == [True, True, True] and limits.finishing
     assert all(b"Connection: close" in t.written for t in (transports[0], transports[2]))
+
+
+# --- HEAD, Upgrade and the head's limit (issue 45), at the wire of a real gateway ----------------
+@pytest.fixture(scope="module")
+def gateway():
+    from sparkctl.gateway.proxy import Gateway
+    from sparkctl.gateway.routes import RouteTable
+    from tests.conftest import Running
+
+    running = Running(Gateway(lambda: RouteTable()))
+    yield running
+    running.stop()
+
+
+def test_head_is_answered_as_get_without_a_body_as_h11_reads_it(gateway) -> None:
+    """Was a 405 with a body: a client (h11 here) reads no body after a HEAD, so the body's bytes
+    were read as the next response's. Each exchange goes over one keep-alive connection."""
+    import socket
+
+    import h11
+
+    client = h11.Connection(h11.CLIENT)
+    got = []
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        for method, path in (("HEAD", "/health"), ("GET", "/health"), ("HEAD", "/v1/completions"),
+                             ("HEAD", "/v1/models"), ("GET", "/v1/models")):
+            sock.sendall(client.send(h11.Request(method=method, target=path, headers=[("Host", "127.0.0.1")]))
+                         + client.send(h11.EndOfMessage()))
+            response, body = None, b""
+            while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    client.receive_data(sock.recv(65536))
+                elif isinstance(event, h11.Response):
+                    response = event
+                elif isinstance(event, h11.Data):
+                    body += event.data
+            got.append((method, path, response.status_code, dict(response.headers).get(b"content-length"), body))
+            client.start_next_cycle()
+    (_, _, head_status, head_length, head_body), (_, _, get_status, get_length, get_body) = got[:2]
+    assert (head_status, head_body, get_status) == (200, b"", 200)
+    assert head_length == get_length == b"%d" % len(get_body)
+    assert got[2][2:5:2] == (405, b"") and got[3][2] == got[4][2] == 200 and got[3][4] == b"" and got[4][4]
+
+
+def read_all(port: int, raw: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_an_upgrade_request_is_answered_once_and_the_connection_closes(gateway) -> None:
+    """Was answered, then followed by an unsolicited 400 ("protocol upgrades are not supported").
+    What follows an upgrade request is another protocol's bytes: the connection closes after
+    the answer. One that announces a body (which llhttp would not read) is a 400 instead."""
+    upgrade = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    answer = read_all(gateway.port, upgrade + b"\r\n" + b"\x81\x05hello")
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in answer
+    answer = read_all(gateway.port, upgrade + b"Content-Length: 5\r\n\r\nabcde")
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400 ")
+
+
+def test_a_head_is_capped_at_32_kib_exactly_however_it_is_cut_and_whatever_came_before() -> None:
+    """Heads up to 40 KiB passed: the limit was checked between 8 KiB slices of what the parser
+    was given. Now the head is counted as llhttp hands it over (its lines as sent)."""
+    from sparkctl.gateway.request import MAX_HEAD
+
+    def head(size: int) -> bytes:
+        start = b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: "
+        return start + b"p" * (size - len(start) - 4) + b"\r\n\r\n"
+
+    before = request("POST", "/first", b"b" * 5000, False)
+    for size in (MAX_HEAD - 1, MAX_HEAD, MAX_HEAD + 1, MAX_HEAD + 8 * 1024 - 1):
+        for cuts in ([], [len(before) + 100], list(range(1000, 50_000, 4096))):
+            async def run() -> bytes:
+                conn, transport = connect()
+                for segment in split(before + head(size), cuts):  # noqa: B023
+                    conn.data_received(segment)
+                return transport.written
+
+            assert len(head(size)) == size
+            statuses = [status for status, _ in answers(asyncio.run(run()))]
+            assert statuses == ([200, 200] if size <= MAX_HEAD else [200, 431]), (size, cuts)
+
+
+# --- the connection cap and slow uploads (issue 45), at the wire of a real gateway ---------------
+KEY = "sk-owner"
+
+
+def status_of(port: int, path: str, headers: str = "") -> tuple[int, float]:
+    """The status of `GET path` on a new connection, and how long the answer took."""
+    started = time.monotonic()
+    answer = read_all(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n".encode())
+    return int(answer[9:12]), time.monotonic() - started
+
+
+def test_idle_connections_at_the_cap_make_room_and_health_and_the_owner_get_past_it() -> None:
+    """Was: 4,096 connections that sent nothing refused everyone for 75 s. Now the one idle the
+    longest makes room; once every connection is busy, a reserve still answers /health and the
+    owner (a request with an API key), and refuses the rest."""
+    import socket
+
+    from sparkctl.gateway.proxy import Gateway
+    from sparkctl.gateway.routes import RouteTable
+    from tests.conftest import Running, wait_for
+
+    running = Running(Gateway(lambda: RouteTable(), api_keys=[KEY], limits=Limits(connections=8)))
+    limits, port = running.gateway.limits, running.port
+    sockets = []
+    try:
+        sockets += [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+        wait_for(lambda: limits.open == 8, what="the idle connections to be accepted")
+        status, took = status_of(port, "/health")
+        assert status == 200 and took < 1, (status, took)
+        assert sockets[0].recv(1) == b""  # the longest idle made room
+        post = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n" \
+               "Content-Length: 1000\r\n\r\n{}".encode()
+        for _ in range(8):  # busy: their bodies still arriving
+            sockets.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            sockets[-1].sendall(post)
+        wait_for(lambda: limits.open == 8 and not limits.idle, what="busy connections to take every slot")
+        assert status_of(port, "/health")[0] == 200
+        assert status_of(port, "/v1/models", f"Authorization: Bearer {KEY}\r\n")[0] == 200
+        assert status_of(port, "/metrics")[0] == 503
+    finally:
+        for sock in sockets:
+            sock.close()
+        running.stop()
+
+
+def test_a_request_that_takes_too_long_to_arrive_is_a_408_and_its_body_is_freed() -> None:
+    """Was unbounded: eight slow uploads held the 256 MiB body budget for as long as they liked."""
+    import socket
+
+    from sparkctl.gateway.proxy import Gateway
+    from sparkctl.gateway.routes import RouteTable
+    from tests.conftest import Running
+
+    limits = Limits()
+    limits.upload_time = 0.5
+    running = Running(Gateway(lambda: RouteTable(), limits=limits))
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
+                         + b"x" * 50_000)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 ") and 0.5 <= time.monotonic() - started < 5
+        assert running.gateway.limits.held == 0
+    finally:
+        running.stop()
+
+
+def test_nothing_more_is_answered_or_read_while_the_client_does_not_read() -> None:
+    """The write side pausing (the transport's buffer over its high-water mark) holds the requests
+    behind, and reading; resuming answers them in order."""
+    async def run() -> None:
+        def answer_then_fill(request: Request, c: Connection) -> None:
+            echo(request, c)
+            c.pause_writing()  # as the transport calls it from inside the write
+
+        conn, transport = Connection(answer_then_fill), Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(b"".join(request("GET", f"/r{i}", b"", False) for i in range(3)))
+        assert [a["path"] for _, a in answers(transport.written)] == ["/r0"] and not transport.reading
+        for done in (["/r0", "/r1"], ["/r0", "/r1", "/r2"]):
+            conn.resume_writing()
+            assert [a["path"] for _, a in answers(transport.written)] == done
+        conn.resume_writing()
+        assert transport.reading
+
+    asyncio.run(run())

@@ -17,6 +17,18 @@ class Transport:
     def close(self) -> None:
         self.closed = True
 
+    def abort(self) -> None:
+        self.closed = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # all written at once
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def is_reading(self) -> bool:
+        return self.reading
+
     def pause_reading(self) -> None:
         self.reading = False
 

@@ -80,7 +80,8 @@ class Daemon:
                              engine_auth=lambda: membership.relay_auth(s))
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=s.instance, resync=s.resync_interval, after_pass=self._after_pass)
-        self.limits = Limits(connections=min(s.gateway_max_connections, processes.open_files() - 128))
+        self.limits = Limits(connections=min(s.gateway_max_connections, processes.open_files() - 128),
+                             upload_time=s.gateway_upload_timeout)
         upstreams = EnginePool()
         self.gateway = Gateway(
             lambda: self.routes.table, api_keys=[k.get_secret_value() for k in s.gateway_api_keys],

@@ -45,6 +45,10 @@ class Access:
             return _from_a_page(request)
         return None
 
+    def carries_key(self, request: Request) -> bool:
+        """Whether the request carries one of the API keys (False when none is configured)."""
+        return bool(self.api_keys) and self._authorized(request)
+
     def _authorized(self, request: Request) -> bool:
         """A key as `Bearer KEY`, or as HTTP Basic's password (how a browser sends it to /ui)."""
         scheme, _, given = request.headers.get("authorization", "").partition(" ")

@@ -32,7 +32,7 @@ from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.pages import Pages
 from sparkctl.gateway.pool import EnginePool
 from sparkctl.gateway.replicas import Replicas, host_of
-from sparkctl.gateway.request import Request
+from sparkctl.gateway.request import AS_GET, Request
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.gateway.server import Connection, error, serve
 from sparkctl.gateway.tokens import Counters
@@ -66,7 +66,8 @@ class Gateway:
         `counters` count each stack's prompt tokens (for routed aliases), `ui` is the dashboard
         under /ui, on the keep-alive pool `upstreams`."""
         self.routes = routes
-        self.admit = Access(api_keys, hosts, metrics_key=metrics_key).admit  # asked once a request's head is in
+        self.access = Access(api_keys, hosts, metrics_key=metrics_key)
+        self.admit = self.access.admit  # asked once a request's head is in
         self.limits = limits or Limits()
         self.replicas = Replicas(on_return=self.routes_changed)
         self.on_engine: dict[str, set[Proxied]] = {}  # engine URL -> requests forwarded to it, not yet over
@@ -85,7 +86,12 @@ class Gateway:
         self.ui = ui
 
     async def serve(self, host: str, port: int, *, sock: socket.socket | None = None) -> asyncio.Server:
-        return await serve(self.handle, host, port, admit=self.admit, limits=self.limits, sock=sock)
+        return await serve(self.handle, host, port, admit=self.admit, limits=self.limits, owner=self.owner, sock=sock)
+
+    def owner(self, request: Request) -> bool:
+        """Whether a request is the owner's (let in past the connection cap): it carries an API key,
+        or the dashboard's login session."""
+        return self.access.carries_key(request) or (self.ui is not None and self.ui.owner(request))
 
     def close(self) -> None:
         self.upstreams.close()
@@ -93,7 +99,7 @@ class Gateway:
     def handle(self, request: Request, conn: Connection) -> None:
         if request.path in PROXIED and request.method == "POST":
             self.proxy(request, conn)
-        elif request.path in self.pages and request.method == "GET":
+        elif request.path in self.pages and request.method in AS_GET:
             self.pages[request.path](conn)
         elif self.ui is not None and in_ui(request.path):
             self.ui.handle(request, conn)

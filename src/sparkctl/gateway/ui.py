@@ -36,7 +36,7 @@ from sparkctl.gateway.access import same_origin
 from sparkctl.gateway.login import Logins
 from sparkctl.gateway.passthrough import Passed
 from sparkctl.gateway.pool import EnginePool
-from sparkctl.gateway.request import Request
+from sparkctl.gateway.request import AS_GET, Request
 from sparkctl.gateway.server import Connection, error
 from sparkctl.gateway.upstream import UpstreamError
 
@@ -65,11 +65,11 @@ class Dashboard:
 
     def handle(self, request: Request, conn: Connection) -> None:
         path, method = request.path, request.method
-        if path in (PREFIX, PREFIX + "/") and method == "GET":
+        if path in (PREFIX, PREFIX + "/") and method in AS_GET:
             self.page(request, conn)
         elif path == PREFIX + "/login" and method == "GET":
             self.login(request, conn)
-        elif path in ASSETS and method == "GET":
+        elif path in ASSETS and method in AS_GET:
             name, kind = ASSETS[path]
             conn.reply(200, self.files[name], kind, [("Cache-Control", "no-cache"), ("X-Content-Type-Options",
                                                                                     "nosniff")])
@@ -111,7 +111,7 @@ class Dashboard:
         if not same_origin(origin, host) or site != "same-origin":
             return f"cross-origin request refused (Origin {origin[:80]!r}, Host {host[:80]!r}, Sec-Fetch-Site " \
                    f"{site[:20]!r})"
-        if not self.logins.valid(request.headers.get("x-sparkctl-token", "")):
+        if not self.owner(request):
             return "actions need the owner's login: run `sparkctl dashboard` and open the URL it prints"
         return None
 
@@ -131,6 +131,10 @@ class Dashboard:
                 del self.following[client]
 
         self.forward(request, conn, target, Counted(conn, release))
+
+    def owner(self, request: Request) -> bool:
+        """Whether the request carries the owner's login session (the page sends it in `X-Sparkctl-Token`)."""
+        return self.logins.valid(request.headers.get("x-sparkctl-token", ""))
 
     def forward(self, request: Request, conn: Connection, target: str, passed: Passed | None = None) -> None:
         passed = conn.exchange = passed or Passed(conn, _unanswered, NO_STORE)
