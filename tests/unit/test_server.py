@@ -458,7 +458,7 @@ def test_idle_connections_at_the_cap_make_room_and_health_and_the_owner_get_past
         assert status == 200 and took < 1, (status, took)
         assert sockets[0].recv(1) == b""  # the longest idle made room
         post = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n" \
-               "Content-Length: 1000\r\n\r\n{}".encode()
+               "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{}".encode()
         for _ in range(8):  # busy: their bodies still arriving
             sockets.append(socket.create_connection(("127.0.0.1", port), timeout=10))
             sockets[-1].sendall(post)
@@ -486,7 +486,8 @@ def test_a_request_that_takes_too_long_to_arrive_is_a_408_and_its_body_is_freed(
     try:
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
             started = time.monotonic()
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n"
                          + b"x" * 50_000)
             answer = b""
             while chunk := sock.recv(65536):
