@@ -27,6 +27,7 @@ from sparkctl.sim.profiles import Profile, kv_capacity
 
 VERSION = "0.23.0+sparkctl.sim"
 KV_BLOCK_SIZE = 16  # tokens per KV-cache block: vLLM's default on CUDA
+PREFILL_CHUNK = 8192  # prompt tokens prefilled per step (vLLM's max_num_batched_tokens on a Spark's stacks)
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -43,6 +44,9 @@ class Faults:
     empty: bool = False  # completions are empty
     wake_keeps_backup: bool = False  # a level-1 wake frees the host copy last (vLLM #50011)
     queue_while_asleep: bool = False  # requests wait for /wake_up, as real vLLM's do, instead of a 503
+    # Once this many requests have finished, the engine stops generating for good: running and new
+    # requests freeze, /health stays 200 (the deadlock of eugr/spark-vllm-docker #260).
+    deadlock_after: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -252,19 +256,21 @@ class Engine:
             m.requests_waiting -= 1
         self.kv_used += need
         self._admit()
-        m.prompt_tokens += prompt_tokens
         try:
             cached = 0
             if self.prefix_cache is not None:
                 cached = self.prefix_cache.hit(prompt)
                 m.prefix_queries += prompt_tokens
                 m.prefix_hits += cached
-            await self._spend("prefill", (prompt_tokens - cached) / self.profile.prefill_tps(prompt_tokens))
+            m.prompt_tokens += cached
+            await self._prefill(prompt_tokens - cached, self.profile.prefill_tps(prompt_tokens))
             if self.prefix_cache is not None:
                 self.prefix_cache.keep(prompt)
             clock = last = time.monotonic()
             emitted = 0
             while emitted < length:
+                if self.deadlocked:
+                    await asyncio.Event().wait()  # never set: the engine stopped generating
                 if not self._stepping.is_set():
                     await self._stepping.wait()
                     clock = time.monotonic()
@@ -356,10 +362,21 @@ class Engine:
                 self.prefix_cache.clear()
             return True
 
-    async def _spend(self, phase: str, seconds: float) -> None:
-        """`seconds` of a Spark's time in `phase`, at the time scale."""
-        self.metrics.engine_s[phase] += seconds
-        await asyncio.sleep(seconds * self.scale)
+    @property
+    def deadlocked(self) -> bool:
+        after = self.faults.deadlock_after
+        return after is not None and self.metrics.requests_finished >= after
+
+    async def _prefill(self, tokens: int, tps: float) -> None:
+        """Prefill `tokens` at `tps`, counting prompt tokens chunk by chunk as vLLM's chunked
+        prefill does: a long prefill moves `vllm:prompt_tokens_total` while it runs."""
+        clock = time.monotonic()
+        for done in range(0, tokens, PREFILL_CHUNK):
+            chunk = min(PREFILL_CHUNK, tokens - done)
+            self.metrics.engine_s["prefill"] += chunk / tps
+            clock += chunk / tps * self.scale
+            await asyncio.sleep(max(0.0, clock - time.monotonic()))
+            self.metrics.prompt_tokens += chunk
 
     async def _park(self, level: int) -> None:
         p, s = self.profile, self.scale
