@@ -26,6 +26,7 @@ from sparkctl.deploy.health import http_status
 from sparkctl.gateway.proxy import Gateway
 from tests import leftovers, neighbours, teardown
 from tests.fakes import sandbox
+from tests.fakes.registry import SIM_IMAGE  # sparkctl-sim:latest, or SPARKCTL_TEST_SIM_IMAGE's
 from tests.neighbours import TEST_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,7 +259,6 @@ def tiny_image(engine) -> Iterator:
         engine.client.images.remove(name, force=True)
 
 
-SIM_IMAGE = "sparkctl-sim:latest"
 VLLM_CPU_IMAGE = "sparkctl-test/vllm-cpu:0.32.0"
 
 

@@ -160,7 +160,8 @@ def test_an_offline_spark_is_named_as_such_and_its_disk_still_reported(world, cl
 
 def test_an_unpinned_image_names_the_real_bench_command(world, cli) -> None:
     (world / "stacks" / "unpinned.yaml").write_text(
-        "name: unpinned\nextends: qwen36-nvfp4-stock\nimage:\n  repository: docker.io/vllm/vllm-openai\n  tag: v0.99.0\n")
+        "name: unpinned\nextends: qwen36-nvfp4-stock\n"
+        "image:\n  repository: docker.io/vllm/vllm-openai\n  tag: v0.99.0\n")
     _, report = doctor(cli, "unpinned", "--only", "stacks")
     check = report["stack unpinned"]
     assert check["status"] == "warn" and "not pinned" in check["detail"], check
