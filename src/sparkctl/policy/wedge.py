@@ -108,6 +108,6 @@ def progress(before: Progress | None, counters: Mapping[str, float], now: float)
 
 
 def hung(p: Progress, now: float, *, bound: float) -> bool:
-    """Requests run and no token moved for longer than `bound` seconds."""
-    return p.running > 0 and now - p.moved > bound
+    """Requests run and no token moved for `bound` seconds (or longer)."""
+    return p.running > 0 and now - p.moved >= bound
 
