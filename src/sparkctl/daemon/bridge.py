@@ -35,8 +35,6 @@ class GatewayControl(Protocol):
 
     def restore_host(self, address: str) -> None: ...
 
-    def refuse(self, stack: str, reason: str, seconds: float) -> None: ...
-
 
 CONTROL = frozenset(name for name, member in vars(GatewayControl).items()
                     if callable(member) and not name.startswith("_"))

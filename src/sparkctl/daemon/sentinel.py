@@ -78,6 +78,7 @@ class Sentinel:
         self._acting = asyncio.Lock()
         self._log: KernelLog | None = None
         self._tasks: list[asyncio.Task] = []
+        self._acts: set[asyncio.Task] = set()
 
     def restarting(self) -> set[str]:
         """Stacks kept routed while their hung engine restarts (`Routes.restarting`)."""
@@ -88,7 +89,7 @@ class Sentinel:
         ending = await asyncio.to_thread(self.words.begin)
         if ending is not None:
             log.warning("previous_run_unclean", summary=ending.summary())
-        self._open_kernel_log()
+        await self._open_kernel_log()
         try:
             while True:
                 began = time.monotonic()
@@ -105,8 +106,8 @@ class Sentinel:
         self.words.stopped()
 
     # --- the kernel log -------------------------------------------------------------------------
-    def _open_kernel_log(self) -> None:
-        opened = open_log(self.kernel_log)
+    async def _open_kernel_log(self) -> None:
+        opened = await asyncio.to_thread(open_log, self.kernel_log)  # `auto` may ask journalctl first
         if isinstance(opened, str):
             log.warning("kernel_log_unreadable", reason=opened, note="the sentinel watches memory only")
             return
@@ -146,7 +147,9 @@ class Sentinel:
         log.warning("kernel_warning", sign=str(warning.sign), line=warning.detail)
         low = self.samples and wedge.memory(self.samples, floor=self.floor)
         if warning.sign.acts or low:
-            asyncio.get_running_loop().create_task(self._act(warning))
+            task = asyncio.get_running_loop().create_task(self._act(warning))
+            self._acts.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(self._acts.discard)
 
     # --- the tick ---------------------------------------------------------------------------------
     async def _tick(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ class LastWords:
         self.dir, self.limit = state_dir, limit
         self._fd: int | None = None
         self._size = 0
+        self._lock = threading.Lock()  # the tick's worker thread, and the daemon's stop on its loop
 
     def begin(self) -> Ending | None:
         """At the daemon's start: a run that did not stop cleanly is kept as the previous one
@@ -71,25 +73,27 @@ class LastWords:
     def append(self, record: dict[str, Any]) -> None:
         """One record, on disk when this returns (fsync'd)."""
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        if self._fd is None or self._size + len(line) > self.limit:
-            self._rotate()
-        assert self._fd is not None
-        os.write(self._fd, line)
-        os.fsync(self._fd)
-        self._size += len(line)
+        with self._lock:
+            if self._fd is None or self._size + len(line) > self.limit:
+                self._rotate()
+            assert self._fd is not None
+            os.write(self._fd, line)
+            os.fsync(self._fd)
+            self._size += len(line)
 
     def stopped(self) -> None:
         """The daemon stops cleanly: its last words are not a freeze's."""
         self.append({"at": round(time.time(), 3), "stopped": "cleanly"})
-        self.close()
+        with self._lock:
+            self._close()
 
-    def close(self) -> None:
+    def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
     def _rotate(self) -> None:
-        self.close()
+        self._close()
         current = self.dir / FILE
         if current.exists() and current.stat().st_size:
             os.replace(current, self.dir / OLDER)
