@@ -47,6 +47,10 @@ class Faults:
     # Once this many requests have finished, the engine stops generating for good: running and new
     # requests freeze, /health stays 200 (the deadlock of eugr/spark-vllm-docker #260).
     deadlock_after: int | None = None
+    # Once serving, the engine grows by this many MiB of real memory over `grow_s` seconds and holds
+    # it: a startup's profiling or a wake that overshoots its plan (vLLM #46307), for the sentinel.
+    grow_mib: int | None = None
+    grow_s: float = 10.0
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -109,14 +113,14 @@ class Metrics:
 class Memory:
     """Real host memory standing in for the engine's share of unified memory.
 
-    Each region (`weights`, `kv_cache`, and `backup`, the weights' host copy while asleep at
-    level 1) is a private anonymous mmap with every page written, so MemAvailable (and the
+    Each region (`weights`, `kv_cache`, `backup`, the weights' host copy while asleep at level 1,
+    and `growth`, the `grow_mib` fault's) is a private anonymous mmap with every page written, so MemAvailable (and the
     process's RssAnon) really move; unmapping releases it. Sizes of 0 (no memory scale) hold
     nothing and only take time.
     """
 
     def __init__(self, *, weights: int = 0, kv_cache: int = 0) -> None:
-        self.sizes = {"weights": weights, "kv_cache": kv_cache, "backup": weights}
+        self.sizes = {"weights": weights, "kv_cache": kv_cache, "backup": weights, "growth": 0}
         self._regions: dict[str, mmap.mmap] = {}
         self._touched = dict.fromkeys(self.sizes, 0)  # fixed keys: read from the event loop mid-allocation
 
@@ -361,6 +365,13 @@ class Engine:
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
             return True
+
+    async def grow(self) -> None:
+        """The `grow_mib` fault: real memory taken over `grow_s` seconds, and held."""
+        if self.faults.grow_mib:
+            self.memory.sizes["growth"] = self.faults.grow_mib << 20
+            log(f"growing by {self.faults.grow_mib} MiB over {self.faults.grow_s:g} s (injected)")
+            await self._allocate("growth", self.faults.grow_s)
 
     @property
     def deadlocked(self) -> bool:
