@@ -22,6 +22,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
+from sparkctl.adapters import processes
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.container import Image, Inspected
 from sparkctl.errors import DockerError, SparkctlError
@@ -99,6 +100,7 @@ class HostAgent:
             raise SparkctlError(f"host {self.host} would run something else than agreed: "
                                 + "; ".join(f"{k} {mine} here, {v} agreed" for k, (v, mine) in differ.items()))
         result = deployer.up(call.stack)
+        self._confine(call.stack, served.port, every_port=call.ranks is None)
         url = result.url
         if self.address is not None and (call.ranks is None or not deployer.rank.headless):
             url = self._relay(served.port, result.url)
@@ -149,6 +151,20 @@ class HostAgent:
             time.sleep(0.05)
         return Removed(host=self.host, stack=stack, removed=tuple(removed))
 
+    def _confine(self, stack: str, port: int, *, every_port: bool) -> None:
+        """Remove the stack here, refused, when its containers listen beyond loopback, as the
+        kernel reports it (whatever its flags, entrypoint or env said). A multi-node rank's own
+        traffic (torch, gloo) is on the host's serving address: there only the HTTP `port` is judged."""
+        found = [listener for container in self.engine.containers(stack) if container.placed
+                 for listener in processes.listening(self.engine.pids(container.id))]
+        if wide := exposed(found, port=None if every_port else port):
+            self.remove(Remove(stack))
+            raise SparkctlError(
+                f"stack {stack} on host {self.host}: its engine listens beyond loopback on "
+                f"{', '.join(f'{w} (pid {w.pid})' for w in wide)}, so it was removed. "
+                "A placed engine listens on its host's loopback only and is reached through the host's relay: "
+                "look for a --host or a listener added by container.entrypoint, vllm.extra_args or container.env")
+
     def _deployer(self, name: str, spec: str) -> tuple[Deployer, Stack]:
         """The pipeline on this host's settings and Docker, its catalog holding `name` as served
         here; refused when this host's stack file is not the one the head placed (`spec`)."""
@@ -173,7 +189,10 @@ class HostAgent:
 
     def _relay_running(self) -> None:
         """Start the relays with every engine this host runs (a restarted agent's are gone)."""
-        self.relays = Relays(relay_key(token_path(self.settings)))
+        processes.open_files()  # a relay's connections are files: as many as the host allows
+        self.relays = Relays(relay_key(token_path(self.settings)),
+                             unauthenticated=self.settings.fleet_relay_unauthenticated,
+                             credential_within=self.settings.fleet_relay_credential_within)
         for container in self.engine.containers():
             if container.relay is not None and container.running:
                 self._relay(container.relay, f"http://127.0.0.1:{container.relay}")
@@ -216,6 +235,11 @@ def placeable(stack: Stack) -> Stack:
                             "placed engine listens on its host's loopback and is reached through the host's relay "
                             "(with the fleet's credential); remove the host setting to place it")
     return stack
+
+
+def exposed(listeners: list[processes.Listener], *, port: int | None) -> list[processes.Listener]:
+    """The listeners reachable from beyond the host (of `port` only, if given)."""
+    return [listener for listener in listeners if not listener.loopback and port in (None, listener.port)]
 
 
 def _digest_for(ref: str, repo_digests: tuple[str, ...]) -> str | None:

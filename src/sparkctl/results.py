@@ -1,6 +1,6 @@
 """What each action of the daemon's API ends with, as a frozen type tagged by `done` on the wire
 (the stream's last line, `wire.Outcome`, carries it): `up`, `down`, `switch`, `route`, `park`,
-`wake`, `retest` and `report`. Built by the daemon's actions; read by the CLI and the dashboard.
+`wake`, `retest`, `cancel` and `report`. Built by the daemon's actions; read by the CLI and the dashboard.
 Standard library only, like `wire`."""
 
 from __future__ import annotations
@@ -102,15 +102,26 @@ class RetestDone:
 
 
 @dataclass(frozen=True)
+class CancelDone:
+    """What a cancel did: `cancelled` only when the action will not, or did not, run to its end."""
+
+    done: ClassVar[str] = "cancel"
+    action: str
+    cancelled: bool
+    why: str
+
+
+@dataclass(frozen=True)
 class ReportWritten:
     done: ClassVar[str] = "report"
     id: str  # reports/<folder>
     file: str  # its page, in that folder
 
 
-Done = UpDone | PullDone | DownDone | SwitchDone | RouteDone | ParkDone | WakeDone | RetestDone | ReportWritten
+Done = (UpDone | PullDone | DownDone | SwitchDone | RouteDone | ParkDone | WakeDone | RetestDone | CancelDone
+        | ReportWritten)
 DONE: dict[str, type[Done]] = {kind.done: kind for kind in (UpDone, PullDone, DownDone, SwitchDone, RouteDone, ParkDone,
-                                                            WakeDone, RetestDone, ReportWritten)}
+                                                            WakeDone, RetestDone, CancelDone, ReportWritten)}
 
 
 def encode_done(result: Done) -> dict[str, Any]:

@@ -60,11 +60,28 @@ class Settings(BaseSettings):
     # Names the gateway answers to in `Host` (besides its host, localhost, 127.0.0.1 and [::1]).
     gateway_hostnames: Annotated[list[str], NoDecode] = Field(default_factory=list)
     gateway_max_connections: int = Field(default=4096, ge=16)
-    # A streamed answer whose engine sends nothing for this long is ended (retryable) and the engine ejected.
+    # A streamed answer whose engine sends nothing for this long is ended (retryable) and the engine ejected;
+    # a whole (non-streamed) answer's engine has `first_byte_timeout` to send it (then 504, ejected the same way).
     gateway_stream_stall: float = Field(default=120.0, gt=0)
+    gateway_first_byte_timeout: float = Field(default=600.0, gt=0)
+    # Every proxied request ends by its deadline (504, or its answer broken off), and one whose client
+    # reads nothing for `client_pause` at a stretch is ended and its connection dropped.
+    gateway_request_deadline: float = Field(default=1800.0, gt=0)
+    gateway_client_pause: float = Field(default=60.0, gt=0)
     memory_ceiling: float = Field(default=0.90, gt=0, le=1)
-    # The memory the fractions above are of; unset: MemTotal (a GB10 reports about 119 GiB).
+    # The memory the fractions above are of. Unset: what CUDA reports free when the daemon starts with
+    # none of its engines running (a GB10 reports ~102 of its 121.7 GiB), kept in the state dir for
+    # later starts; on a machine without CUDA, MemTotal.
     memory_total_gib: float | None = Field(default=None, gt=0)
+    # The CUDA driver library the usable memory is asked of (cuMemGetInfo).
+    cuda_library: str = "libcuda.so.1"
+    # What an engine holds besides its weights and KV cache (activations at its batch size, CUDA
+    # graphs, its CUDA context): taken off its fraction when its KV cache is sized. An estimate.
+    engine_overhead_gib: float = Field(default=4.0, ge=0)
+    # GB10's sleep rules (vLLM #50011): an engine sleeps only when a wake re-maps at most this much
+    # KV cache (a 37.29 GiB wake worked there, a 78 GiB one froze the host), and one engine at a time.
+    wake_kv_max_gib: float = Field(default=32.0, ge=0)
+    sleep_one_at_a_time: bool = True
     # What a parked (sleeping) engine keeps at either level: its process, CUDA context and graphs.
     park_residue_gib: float = Field(default=2.0, ge=0)
     # While a parked stack wakes, the daemon kills it (and starts it cold) if MemAvailable falls
@@ -121,6 +138,11 @@ class Settings(BaseSettings):
     # dies, the daemon waits this long for Ray to re-place its stacks before it gives up (logged).
     fleet_deploy_timeout: float = Field(default=1800.0, gt=0)
     fleet_replace_within: float = Field(default=120.0, gt=0)
+    # A host's engine relays hold at most this many connections that have not shown the fleet's
+    # credential (a newcomer closes the oldest of the peer holding the most), each for at most
+    # this many seconds: a flood from the LAN cannot use up the agent's files.
+    fleet_relay_unauthenticated: int = Field(default=64, ge=1)
+    fleet_relay_credential_within: float = Field(default=5.0, gt=0)
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))

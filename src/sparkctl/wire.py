@@ -18,54 +18,68 @@ class BadRequest(SparkctlError):
 
 
 # --- requests -------------------------------------------------------------------------------
+ACTION_ID = 64  # characters at most in a client's name for its action
+
+
+@dataclass(frozen=True, kw_only=True)
+class Asked:
+    """What every action's request carries beside its own fields."""
+
+    action: str = ""  # the client's name for this action, which a `CancelRequest` names (none: the daemon's)
+
+    def __post_init__(self) -> None:
+        if len(self.action) > ACTION_ID:
+            raise BadRequest(f"`action` names the action in at most {ACTION_ID} characters")
+
+
 @dataclass(frozen=True)
-class UpRequest:
+class UpRequest(Asked):
     stack: str
     refresh: bool = False
     replace: bool = False
 
 
 @dataclass(frozen=True)
-class PullRequest:
+class PullRequest(Asked):
     stack: str
     refresh: bool = False
 
 
 @dataclass(frozen=True)
 class CancelRequest:
-    stack: str  # the stack whose deploy or pull under way should stop fetching
+    action: str  # the action to cancel, by the name its client gave it (`Asked.action`)
 
 
 @dataclass(frozen=True)
-class DownRequest:
+class DownRequest(Asked):
     stack: str
 
 
 @dataclass(frozen=True)
-class SwitchRequest:
+class SwitchRequest(Asked):
     stack: str
     alias: str = "primary"
 
 
 @dataclass(frozen=True)
-class RouteRequest:
+class RouteRequest(Asked):
     alias: str
     rules: str = ""  # `STACK:TOKENS ... STACK` in order (policy/routing.parse); empty: the alias is not routed
 
 
 @dataclass(frozen=True)
-class ParkRequest:
+class ParkRequest(Asked):
     stack: str
     how: str = "auto"  # auto, sleep1, sleep2 or stop
 
 
 @dataclass(frozen=True)
-class WakeRequest:
+class WakeRequest(Asked):
     stack: str
 
 
 @dataclass(frozen=True)
-class RetestRequest:
+class RetestRequest(Asked):
     ref: str  # the blacklisted tag
     stack: str = ""  # the stack to measure it with (default: the one using its repository)
     force: bool = False  # measure even an unchanged or itself blacklisted digest
@@ -200,7 +214,7 @@ class Finished:
 
     kind: ClassVar[str] = "finished"
     stack: str
-    action: int  # which action: several may be about one stack
+    action: str  # which action (`Asked.action`): several may be about one stack
 
 
 Event = (PhaseChanged | Progress | Note | Died | Removed | Restarting | Failed | Realiased | Prefetching | Settled

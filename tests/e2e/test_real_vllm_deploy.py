@@ -58,6 +58,11 @@ def test_a_stack_on_real_vllm_goes_through_every_phase_and_parks_by_stopping(wor
         assert "local build" in out and "tiny-cpu up: http://127.0.0.1:" in out
         assert "its platform has no sleep mode" in out and "started again without it" in out
         assert "full-context requests fit (KV cache" in out  # read from the real engine, through the daemon
+        # Its KV cache is the one sparkctl planned in bytes (issue 46), and the real engine took that size.
+        [running] = [c for c in ours(engine, "tiny-cpu") if c["State"] == "running"]
+        command = engine.client.api.inspect_container(running["Id"])["Config"]["Cmd"]
+        [kv] = [int(a.split("=")[1]) for a in command if a.startswith("--kv-cache-memory-bytes=")]
+        assert f"Explicitly set ({round(kv / 2**30, 2)}/" in engine.client.api.logs(running["Id"]).decode()
         [row] = json.loads(cli("status", "--json")[1])
         assert row["kv"]["max_model_len"] == 2048 and row["kv"]["kv_tokens"] >= 2048
         [(digest, wake)] = YAML(typ="safe").load((workspace / "stacks" / "images.yaml").read_text())["wakes"].items()

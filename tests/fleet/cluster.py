@@ -136,4 +136,5 @@ def deployable(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path,
                "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={hosts.registry.bridge_host}",
                "SPARKCTL_HF_ENDPOINT": hub.endpoint, "SPARKCTL_GPUS": "none",
                "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=0.01", "SPARKCTL_MEMORY_TOTAL_GIB": "2",
+               "SPARKCTL_ENGINE_OVERHEAD_GIB": "0",  # the KV cache is the fraction less the (tiny) weights
                "SPARKCTL_MEMORY_CEILING": "1.0"}  # the inventory's ceilings are the ones that count here

@@ -54,7 +54,7 @@ ENGINES = {
         "health": {"start": 600, "load": 900, "ready": 600, "canary": 300},
         # the CPU image has no C++ compiler, which torch.compile needs on the TP path: run eagerly;
         # a KV cache of 1 GiB per rank (else a share of the machine's memory, ~5 GB to zero at each start)
-        "container": {"env": {"TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}},
+        "container": {"env": {"TORCHDYNAMO_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}}, "allow": ["vllm-env"],
     }, 28810, 18710, starts_within=900, hold=900, fixtures=("fleet_vllm_cpu",)),
 }
 

@@ -8,6 +8,7 @@ memory. Slow (a Ray cluster for the module, ~20 s; every host pulls the sim imag
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,11 @@ STACKS = {
     "trio": (0.2, 8606, {"replicas": 3}),
     "pair": (0.2, 8605, {"replicas": 2}),
     "on-b": (0.18, 8607, {"host": "b"}),
+    # An entrypoint wrapper (allowed: the opt-in is for the wrapper, not for what it does) that
+    # appends `--host 0.0.0.0` after sparkctl's `--host 127.0.0.1`.
+    "wrapped": (0.18, 8608, {},
+                {"container": {"entrypoint": ["/bin/sh", "-c", 'exec vllm "$@" --host 0.0.0.0', "wrap"]},
+                 "allow": ["entrypoint"]}),
 }
 
 
@@ -94,3 +100,15 @@ def test_replicas_go_to_different_hosts_and_a_named_host_is_kept(placed: Cluster
     assert len(set(pair)) == 2, pair  # STRICT_SPREAD
     code, out = placed.up("on-b")
     assert code == 0 and placed.hosts_of("on-b") == ["b"], out
+
+
+def test_an_engine_that_listens_beyond_loopback_is_removed_whatever_its_flags_said(placed: Cluster) -> None:
+    """Its argv holds sparkctl's `--host 127.0.0.1`, so the placement check passes it; the kernel
+    says the engine listens on 0.0.0.0, so its host's agent removes it and `fleet up` fails naming
+    the address and port (its bundle stays reserved, as for any engine that fails to start)."""
+    code, out = placed.up("wrapped")
+    assert code == 1 and re.search(r"stack wrapped on host \w: its engine listens beyond loopback on "
+                                   r"0\.0\.0\.0:8608 \(pid \d+\), so it was removed", out), out
+    for host in placed.hosts:
+        assert host.docker("ps", "-aq", "--filter", "label=sparkctl.stack=wrapped").strip() == "", host.name
+    assert placed.book()["wrapped"]["replicas"] == []  # nothing for the gateway to route to

@@ -1,7 +1,7 @@
 """The DiffusionGemma compose project works standalone, the seed's way: copy it, put HF_TOKEN in
 `.env` (from `.env.example`), `docker compose up -d --build`. Its `download` container fetches
 the gated weights with the token from the local Hub; the engine starts only after it, offline,
-and never holds the token.
+never holds the token, and has the HF cache read-only.
 
 One file beside the project's own is added, for this machine only: the sim engine in place of
 vLLM (BASE_IMAGE), the sim at its test speed, no GPU reservation (no NVIDIA runtime here), the
@@ -49,6 +49,8 @@ def test_the_project_runs_standalone_with_the_token_in_env_only(world, hub, imag
         assert download["State"]["ExitCode"] == 0 and f"HF_TOKEN={HUB_TOKEN}" in download["Config"]["Env"]
         assert not any(HUB_TOKEN in entry for entry in vllm["Config"]["Env"] + vllm["Config"]["Cmd"])
         assert "HF_HUB_OFFLINE=1" in vllm["Config"]["Env"]
+        hub_cache = {m["Destination"]: m for m in vllm["Mounts"]}["/root/.cache/huggingface/hub"]
+        assert not hub_cache["RW"]  # the engine reads the weights the download fetched, and changes none
         assert list((project / "models" / "hf" / "hub").glob("models--nvidia--diffusiongemma-*/snapshots/*"))
     finally:
         subprocess.run([*compose, "down", "--rmi", "all"], cwd=project, capture_output=True, timeout=120)

@@ -3,8 +3,10 @@ dockerd and sim engines, with API keys and an HF token configured: the page show
 stacks and the memory bar, a click switches `primary` with its progress step by step while an
 agent loop sees no failed request, the gateway panel's counts move with that load, the log
 follows. Security: the page and its API need the key; actions need the owner's login (the URL
-`sparkctl dashboard` prints); a cross-origin POST to each action, or one without the page's
-token, is refused; the HF token appears in no page, asset or event stream.
+`sparkctl dashboard` prints), kept by the page in its origin's storage; a cross-origin POST to
+each action, or one without the session's header, is refused, and a page on another port of
+127.0.0.1 that the owner's browser visits gets nothing to act with; the HF token appears in no
+page, asset or event stream. Log follows hold no worker thread of the daemon, however many.
 Screenshots of the views land in the test's temporary dir, or in SPARKCTL_SCREENSHOTS_DIR when set
 (`make screenshots` sets it to docs/screenshots/, the tracked copies)."""
 
@@ -19,8 +21,10 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import openai
@@ -248,19 +252,22 @@ def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon, cli)
     conn = http.client.HTTPConnection(host, timeout=30)
     conn.request("GET", login_path(cli), headers=basic())
     reply = conn.getresponse()
-    assert reply.status == 303, reply.read()
-    cookie = {"Cookie": reply.getheader("Set-Cookie").split(";")[0]}
-    status, html = fetch(ui, headers={**basic(), **cookie})
-    token = re.search(r'name="sparkctl-token" content="([^"]+)"', html).group(1)
-    assert status == 200 and HUB_TOKEN not in html
+    assert reply.status == 303 and reply.getheader("Set-Cookie") is None, reply.read()
+    session = reply.getheader("Location").partition("#session=")[2]
+    status, html = fetch(ui, headers={**basic(), "Cookie": f"sparkctl_session={session}"})
+    assert status == 200 and HUB_TOKEN not in html and session not in html
     body = {"up": {"stack": B}, "down": {"stack": A}, "park": {"stack": A}, "wake": {"stack": A},
             "switch": {"alias": "primary", "stack": B}}
     for action in ACTIONS:
         url, data = f"{ui}/api/v1/{action}", json.dumps(body[action]).encode()
-        same = {**basic(), **cookie, "X-Sparkctl-Token": token, "Content-Type": "application/json"}
+        same = {**basic(), "X-Sparkctl-Token": session, "Content-Type": "application/json"}
         for headers in ({**same, "Origin": "http://evil.example"}, {**same, "Origin": "null"},
+                        {**same, "Origin": "http://127.0.0.1:1"},  # another port of the same host
+                        {**same, "Origin": f"http://{host}", "Sec-Fetch-Site": "same-site"},
                         {k: v for k, v in same.items() if k != "X-Sparkctl-Token"} | {"Origin": f"http://{host}"},
-                        {**same, "X-Sparkctl-Token": "forged", "Origin": f"http://{host}"}):
+                        {**same, "X-Sparkctl-Token": "forged", "Origin": f"http://{host}"},
+                        {**basic(), "Cookie": f"sparkctl_session={session}", "Origin": f"http://{host}",
+                         "Content-Type": "application/json"}):  # the session as a cookie: not enough
             code, answer = fetch(url, method="POST", body=data, headers=headers)
             assert code == 403 and json.loads(answer)["error"]["code"] == "forbidden", (action, headers, answer)
     assert daemon.client.get("/v1/desired")["aliases"]["primary"] == A  # nothing moved
@@ -271,3 +278,146 @@ def test_the_dashboard_needs_the_key_and_refuses_cross_site_actions(daemon, cli)
     assert "data: {" in events and HUB_TOKEN not in events
     log = streamed(ui + f"/api/v1/logs?stack={A}&tail=200")
     assert "Starting vLLM API server" in log and HUB_TOKEN not in log
+
+
+def test_a_page_on_another_loopback_port_gets_nothing_to_act_with(daemon, browser, cli) -> None:
+    """Browsers keep cookies apart by host, not by port: a local server on another port of
+    127.0.0.1 that the logged-in owner's browser visits gets the browser's cookies for 127.0.0.1.
+    It gets no session: its page can neither read the dashboard nor act through it, and its
+    server, replaying whatever the browser sent it (with the API key, which local agents hold),
+    and whatever the page hands it then, parks nothing."""
+    received: list[dict[str, str]] = []
+    gateway = daemon.gateway
+    script = f"""<script>(async () => {{
+      try {{ await (await fetch("{gateway}/ui/", {{credentials: "include"}})).text(); document.title = "read"; }}
+      catch (e) {{ document.title = "unread"; }}
+      await fetch("{gateway}/ui/api/v1/park", {{method: "POST", mode: "no-cors", credentials: "include",
+        headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{stack: "{A}", how: "stop"}})}});
+      document.title += " sent";
+    }})();</script>"""
+
+    class Foreign(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            received.append(dict(self.headers))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(script.encode())
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    foreign = ThreadingHTTPServer(("127.0.0.1", 0), Foreign)
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page(http_credentials={"username": "owner", "password": KEY})
+        page.goto(gateway + login_path(cli))
+        sync_api.expect(page.locator("#live")).to_contain_text("live", timeout=10_000)
+        assert page.evaluate("localStorage.getItem('sparkctl-session')")  # the owner is logged in
+        page.goto(f"http://127.0.0.1:{foreign.server_address[1]}/ui/")  # under /ui: the cookie's path
+        sync_api.expect(page).to_have_title("unread sent", timeout=20_000)
+    finally:
+        foreign.shutdown()
+    assert received
+    host = gateway.removeprefix("http://")
+    for headers in received:
+        cookie = {"Cookie": headers["Cookie"]} if "Cookie" in headers else {}
+        _, html = fetch(gateway + "/ui/", headers={**basic(), **cookie})
+        handed = re.findall(r'content="([0-9a-f.A-Za-z_-]{20,})"', html)  # whatever token the page may carry
+        sessions = [c.partition("=")[2] for c in cookie.get("Cookie", "").split("; ")]
+        for token in [*handed, *filter(None, sessions), ""]:
+            code, answer = fetch(gateway + "/ui/api/v1/park", method="POST",
+                                 body=json.dumps({"stack": A, "how": "stop"}).encode(),
+                                 headers={**basic(), **cookie, "Origin": f"http://{host}",
+                                          "Content-Type": "application/json", "X-Sparkctl-Token": token})
+            assert code == 403, answer
+    assert daemon.client.get("/v1/desired")["parked"] == {}
+
+
+def test_log_follows_hold_no_worker_thread_and_end_when_their_clients_leave(daemon) -> None:
+    """More log follows of a real engine than the daemon has worker threads (32), without a login:
+    through the dashboard up to a client's cap (then 429), straight on the API's socket up to the
+    daemon's cap (then 503). Meanwhile and after, status and an action answer at once; once the
+    clients leave, though the engine logs nothing new, the follows end and the daemon's threads
+    are as many as before."""
+    from sparkctl.daemon.api.queries import KEEPALIVE
+    from sparkctl.daemon.api.service import MAX_FOLLOWS
+    from sparkctl.gateway.ui import FOLLOWS_PER_CLIENT
+    from sparkctl.unixhttp import UnixHTTP
+
+    sock = daemon.state_dir / "sparkctl.sock"
+
+    def answered_at_once() -> None:
+        started = time.monotonic()
+        with UnixHTTP(sock, 30).request("GET", "/v1/status") as reply:
+            assert reply.status == 200 and json.loads(reply.read())["stacks"]
+        with UnixHTTP(sock, 30).request("POST", "/v1/down", {"stack": B}) as reply:  # B is not up: a no-op
+            assert reply.status == 200 and json.loads(list(reply.lines())[-1])["ok"]
+        assert time.monotonic() - started < 10  # a loaded 2-core machine; hung, they time out at 30 s
+
+    answered_at_once()
+    baseline, files = threads(daemon.proc.pid), open_files(daemon.proc.pid)
+    host = daemon.gateway.removeprefix("http://")
+    opened = []
+    for _ in range(FOLLOWS_PER_CLIENT):
+        conn = http.client.HTTPConnection(host, timeout=30)
+        conn.request("GET", f"/ui/api/v1/logs?stack={A}&tail=1", headers=basic())
+        assert conn.getresponse().status == 200
+        opened.append(conn)
+    status, answer = fetch(f"{daemon.gateway}/ui/api/v1/logs?stack={A}", headers=basic())
+    assert status == 429 and json.loads(answer)["error"]["code"] == "too_many_follows"
+    for _ in range(MAX_FOLLOWS - FOLLOWS_PER_CLIENT):
+        opened.append(UnixHTTP(sock, 30).request("GET", f"/v1/logs?stack={A}&tail=1"))
+        assert opened[-1].status == 200
+    with UnixHTTP(sock, 30).request("GET", f"/v1/logs?stack={A}&tail=1") as reply:
+        assert reply.status == 503, reply.read()
+    answered_at_once()
+    assert threads(daemon.proc.pid) <= baseline + 2
+    cli_follow = subprocess.Popen([sys.executable, "-m", "sparkctl", "logs", "-f", A, "-n", "3"], text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # Docker's, not the daemon's
+    try:
+        assert cli_follow.stdout.readline().strip(), cli_follow.stderr.read()
+    finally:
+        cli_follow.terminate()
+        cli_follow.wait(30)
+    for held in opened:
+        (held.close if isinstance(held, http.client.HTTPConnection) else held.sock.close)()
+    # each follow holds the client's socket and one to Docker: they close without a new log line
+    wait_for(lambda: open_files(daemon.proc.pid) <= files + 2, timeout=30, logs=daemon.logs,
+             what=f"the follows ended after their clients left ({open_files(daemon.proc.pid)} files, {files} before)")
+    answered_at_once()
+    assert threads(daemon.proc.pid) <= baseline + 2
+    time.sleep(KEEPALIVE + 1)  # no event says the daemon let go of a follow: by then, each has
+    again = [UnixHTTP(sock, 30).request("GET", f"/v1/logs?stack={A}&tail=1") for _ in range(MAX_FOLLOWS)]
+    for reply in again:
+        reply.sock.close()
+    assert [reply.status for reply in again] == [200] * MAX_FOLLOWS  # every place was given back
+
+
+def threads(pid: int) -> int:
+    return int(re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_used_login_url_is_refused_after_the_daemon_restarts(start_daemon, cli) -> None:
+    """A restarted daemon has forgotten which codes were used: it refuses every code made before
+    it started, so a used login URL does not open a session again within its 5 minutes."""
+    gateway = f"127.0.0.1:{os.environ['SPARKCTL_GATEWAY_PORT']}"
+
+    def log_in(path: str) -> int:
+        conn = http.client.HTTPConnection(gateway, timeout=30)
+        conn.request("GET", path)
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    first = start_daemon()
+    used = login_path(cli)
+    assert log_in(used) == 303 and log_in(used) == 403
+    first.stop()
+    start_daemon()
+    assert log_in(used) == 403
+    assert log_in(login_path(cli)) == 303  # a URL made now works

@@ -9,8 +9,11 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 
+from sparkctl.cli.client import DaemonClient
 from sparkctl.phase import Phase
+from sparkctl.state import desired
 from sparkctl.state.store import Store
 from tests.conftest import name, ours, wait_for
 
@@ -89,10 +92,55 @@ def test_ctrl_c_of_an_up_stops_its_fetch_in_the_daemon_and_leaves_the_stack_as_i
     wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the model's download under way")
     up.send_signal(signal.SIGINT)
     out, err = up.communicate(timeout=60)
-    assert up.returncode == 130 and "cancelled; its fetch streams stopped in the daemon" in err, err
+    assert up.returncode == 130 and "up qwen36-dflash: cancelled: it stopped: " in err, err
     store = Store(world / "state" / "sparkctl.db")
     wait_for(lambda: store.deployments.latest("qwen36-dflash").phase == Phase.FAILED, timeout=60,
              what="the daemon's deploy ended")  # within a progress step, not the ~20 s the download had left
     assert not arrived(world) and not ours(engine)
     code, out, _ = cli("status", "--json")
     assert not [r for r in json.loads(out) if r["stack"] == "qwen36-dflash" and r["desired"]]  # new: not kept
+
+
+def test_ctrl_c_of_a_queued_pull_cancels_that_pull_alone_and_the_up_before_it_runs_on(world, slow_hub, cli,
+                                                                                     engine) -> None:
+    """The audit's case, two clients on one stack: A's `up` fetches through the slow link, B's
+    `pull` waits for its turn and gets a Ctrl-C. B leaves the queue: its CLI says so once the
+    daemon confirmed, and it never runs; A's `up` is not stopped and runs to its end."""
+    sparkctl = [sys.executable, "-m", "sparkctl"]
+    up = subprocess.Popen([*sparkctl, "up", "qwen36-dflash"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the up's model download under way")
+    pull = subprocess.Popen([*sparkctl, "pull", "qwen36-dflash"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: [said.append(line) for line in pull.stdout])
+    reader.start()
+    wait_for(lambda: any("waiting for its turn" in line for line in said), timeout=60,
+             what="the pull queued behind the up")
+    assert not arrived(world)  # the up still fetches
+    pull.send_signal(signal.SIGINT)
+    assert pull.wait(timeout=60) == 130
+    reader.join(10)
+    err = pull.stderr.read()
+    assert "pull qwen36-dflash: cancelled: it left the queue before its turn: it did not run" in err, err
+    out, err = up.communicate(timeout=120)
+    assert up.returncode == 0 and "qwen36-dflash up: http://127.0.0.1:" in out, err
+    assert arrived(world)
+    code, out, err = cli("pull", "qwen36-dflash")  # queued after B's place: B would have run before it
+    assert code == 0, err
+    history = Store(world / "state" / "sparkctl.db").deployments.history("qwen36-dflash")
+    assert sorted(d.phase for d in history) == sorted([Phase.RUNNING, Phase.FETCHED]), history  # A's, then this one
+
+
+def test_the_daemons_stop_ends_an_up_fetching_and_keeps_its_stack_desired_for_the_next(world, slow_hub,
+                                                                                        engine) -> None:
+    """Unlike a cancel, the daemon's stop (SIGTERM) ends an `up` part way without undoing it: the
+    stack stays desired, for the next daemon to deploy."""
+    up = subprocess.Popen([sys.executable, "-m", "sparkctl", "up", "qwen36-dflash"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the up's model download under way")
+    assert DaemonClient(world / "state" / "sparkctl.sock").stop() is not None
+    out, err = up.communicate(timeout=60)
+    assert up.returncode == 1, err
+    assert not arrived(world) and not ours(engine)
+    assert "qwen36-dflash" in desired.load(world / "state" / "desired.yaml").stacks

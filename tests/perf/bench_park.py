@@ -72,6 +72,7 @@ def switches() -> tuple[list[float], list[float], list[float], float]:
         state.mkdir(parents=True, exist_ok=True)
         (state / "desired.yaml").write_text(f"stacks: [{STACKS[0]}]\naliases: {{primary: {STACKS[0]}}}\n")
         env |= {"SPARKCTL_GATEWAY_PORT": str(free_port()), "SPARKCTL_MEMORY_TOTAL_GIB": "119",
+                "SPARKCTL_WAKE_KV_MAX_GIB": "119",  # the wake's cost is measured here, not GB10's bound on it
                 "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=0.01,SPARKCTL_SIM_LOAD_SCALE=0.02"}
         gateway = f"http://127.0.0.1:{env['SPARKCTL_GATEWAY_PORT']}"
         client = DaemonClient(state / "sparkctl.sock")
@@ -109,10 +110,11 @@ def memory() -> None:
         with (model / "model.safetensors").open("wb") as f:
             f.truncate(WEIGHTS)  # sized, not filled: the sim and the planner only measure it
         (Path(env["SPARKCTL_STACKS_DIR"]) / "memo.yaml").write_text(
-            f"name: memo\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\n"
+            f"name: memo\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\nallow: [host-path]\n"
             f"resources: {{gpu_memory_utilization: {AWAKE}}}\n"
             f"container: {{env: {{SPARKCTL_SIM_MEMORY_SCALE: '{UNIFIED / meminfo('MemTotal')!r}'}}}}\n")
         env |= {"SPARKCTL_MEMORY_TOTAL_GIB": repr(UNIFIED / GIB), "SPARKCTL_PARK_RESIDUE_GIB": "0",
+                "SPARKCTL_ENGINE_OVERHEAD_GIB": "0",
                 "SPARKCTL_GATEWAY_PORT": str(free_port()),
                 "SPARKCTL_ENGINE_ENV": "SPARKCTL_SIM_TIME_SCALE=1,SPARKCTL_SIM_LOAD_SCALE=0.002"}
         footprint = Footprint(AWAKE, (WEIGHTS + _small_files(model)) / UNIFIED)

@@ -36,6 +36,7 @@ ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/
 DEEP = b"[" * 20_000 + b"]" * 20_000
 HUGE = b'{"model": "tiny", "max_tokens": ' + b"9" * 4_301 + b"}"
 CLOSE_WAIT = "08"  # the state's code in /proc/net/tcp
+JSON = {"Content-Type": "application/json"}  # what the OpenAI routes take
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +86,8 @@ def headers() -> st.SearchStrategy[dict[str, str]]:
                                                                                   HealthCheck.function_scoped_fixture])
 @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]), path=st.sampled_from(ROUTES), body=bodies(),
        extra=headers())
-@example(method="POST", path="/v1/chat/completions", body=HUGE, extra={})
-@example(method="POST", path="/v1/completions", body=DEEP, extra={})
+@example(method="POST", path="/v1/chat/completions", body=HUGE, extra=JSON)
+@example(method="POST", path="/v1/completions", body=DEEP, extra=JSON)
 @example(method="POST", path="/ui/api/v1/down", body=b"{}", extra={"Origin": "http://[::1"})
 def test_every_request_ends_in_an_answer_or_a_close(gateway, method, path, body, extra) -> None:
     status = exchange(gateway, method, path, body, extra)
@@ -97,7 +98,7 @@ def test_every_request_ends_in_an_answer_or_a_close(gateway, method, path, body,
 def test_requests_whose_handler_raises_never_use_up_the_connection_cap(gateway) -> None:
     """The audit's lock-up, at a cap of 16: each kind of failing request, four times the cap."""
     for i in range(64):
-        body, extra = [(HUGE, {}), (DEEP, {}), (b"{}", {"Origin": "http://[::1"})][i % 3]
+        body, extra = [(HUGE, JSON), (DEEP, JSON), (b"{}", {"Origin": "http://[::1"})][i % 3]
         path = "/ui/api/v1/down" if "Origin" in extra else "/v1/chat/completions"
         assert exchange(gateway, "POST", path, body, extra) in (400, 403)
     settled(gateway)

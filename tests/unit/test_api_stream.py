@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from sparkctl import results, wire
 from sparkctl.daemon import api
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
+from sparkctl.errors import SparkctlError
 
 
 class Actions:
@@ -26,7 +28,7 @@ class Actions:
     def __init__(self) -> None:
         self.bus, self.turns, self.deploys = EventBus(), Turns(), self
 
-    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int) -> results.UpDone:
+    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: object) -> results.UpDone:
         with self.turns.turn(stack, ticket):
             self.bus.publish(wire.Note(stack, "deploying"))
             return results.UpDone(stack, "f" * 12, unchanged=True)
@@ -113,3 +115,63 @@ def _aiohttp_errors():
         yield records
     finally:
         server_log.removeHandler(handler)
+
+
+class Fetching:
+    """The API's `Commands` with an `up` and a `pull` that hold their stack's turn while they
+    "fetch": until `release` is set, or their own `stop` (a cancel of that action), which fails them."""
+
+    def __init__(self) -> None:
+        self.bus, self.turns, self.deploys = EventBus(), Turns(), self
+        self.release, self.ran, self.stops = threading.Event(), [], {}
+
+    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: threading.Event) -> results.UpDone:
+        self._fetch("up", stack, ticket, stop)
+        return results.UpDone(stack, "f" * 12, unchanged=False)
+
+    def pull(self, stack: str, *, refresh: bool, ticket: int, stop: threading.Event) -> results.PullDone:
+        self._fetch("pull", stack, ticket, stop)
+        return results.PullDone(stack, "f" * 12)
+
+    def _fetch(self, kind: str, stack: str, ticket: int, stop: threading.Event) -> None:
+        with self.turns.turn(stack, ticket):
+            self.ran.append(kind)
+            self.stops[kind] = stop
+            self.bus.publish(wire.Note(stack, f"{kind} fetching"))
+            while not self.release.wait(0.01):  # (the pipeline's streams look at `stop` at each progress)
+                if stop.is_set():
+                    raise SparkctlError(f"{kind}: stopped")
+
+
+def test_a_cancel_names_its_action_a_queued_one_leaves_the_queue_and_a_running_one_stops_alone() -> None:
+    """The audit: client A's `up` of a stack fetches; client B's `pull` of it waits for its turn and
+    is cancelled. B leaves the queue (it never runs, its stream says so) and A goes on untouched.
+    Then a cancel of A stops A's own fetch, and is answered once A has ended."""
+    actions = Fetching()
+
+    async def line(response) -> dict[str, Any]:
+        return json.loads(await asyncio.wait_for(response.content.readline(), 10))
+
+    async def main() -> None:
+        async with TestClient(TestServer(api.build(actions, Reads()))) as client:  # type: ignore[arg-type]
+            up = await client.post("/v1/up", json={"stack": "s", "action": "A"})
+            assert (await line(up))["text"] == "up fetching"
+            pull = await client.post("/v1/pull", json={"stack": "s", "action": "B"})
+            assert (await line(pull))["text"] == "waiting for its turn: an earlier action on s is under way"
+            taken = await client.post("/v1/pull", json={"stack": "s", "action": "B"})
+            assert taken.status == 400 and "under way already" in (await taken.json())["error"]["message"]
+            answer = await (await client.post("/v1/cancel", json={"action": "B"})).json()
+            assert answer == {"done": "cancel", "action": "B", "cancelled": True,
+                              "why": "it left the queue before its turn: it did not run"}
+            outcome = await line(pull)
+            assert not outcome["ok"] and outcome["error"] == "cancelled before its turn: it did not run"
+            assert actions.ran == ["up"] and not actions.stops["up"].is_set()  # A untouched, still fetching
+            answer = await (await client.post("/v1/cancel", json={"action": "B"})).json()
+            assert not answer["cancelled"] and answer["why"].startswith("no such action under way")
+            answer = await (await client.post("/v1/cancel", json={"action": "A"})).json()  # once A has ended
+            assert answer == {"done": "cancel", "action": "A", "cancelled": True, "why": "it stopped: up: stopped"}
+            outcome = await line(up)
+            assert not outcome["ok"] and outcome["error"] == "up: stopped"
+            assert actions.ran == ["up"]  # the cancelled pull never ran, before or after
+
+    asyncio.run(main())

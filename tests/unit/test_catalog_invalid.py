@@ -26,9 +26,23 @@ BROKEN = [
     ("no-base.yaml", "name: no-base\nextends: nothing\n", 2, "extends", "no stack named 'nothing'"),
     ("risky.yaml", "name: risky\nextends: good\nvllm: {extra_args: [--trust_remote_code]}\n", None, "(top level)",
      "allow: [remote-code]"),
+    # What the YAML reader builds: a date is the text it is written as, and a value it cannot build
+    # (or no engine could be given) is this file's error, not every command's 500.
+    ("bad-date.yaml", "name: bad-date\nextends: good\nvllm:\n  max_model_len: 2026-13-45\n", 4, "vllm.max_model_len",
+     "valid integer, unable to parse string as an integer (got '2026-13-45')"),
+    ("huge-int.yaml", "name: huge-int\nextends: good\nvllm:\n  max_model_len: " + "9" * 4_301 + "\n", 4, "",
+     "invalid YAML: '999999999999999999999999…': a number of 4,301 characters, over the 4,300 sparkctl reads "
+     "(quote it if it is text)"),
+    ("wide-int.yaml", "name: wide-int\nextends: good\nrequest_defaults: {seed: 0x" + "f" * 3_600 + "}\n", 3, "",
+     "an integer of over 4,300 digits; no sparkctl setting takes one"),
+    ("bool-tag.yaml", "name: bool-tag\nextends: good\n\nvllm: {enforce_eager: !!bool maybe}\n", 4, "",
+     "invalid YAML: cannot read 'maybe' as !!bool; quote it if it is text"),
+    ("local-tag.yaml", "name: local-tag\nextends: good\ncontainer: {env: {A: !env HOME}}\n", 3, "",
+     "the tag !env: a sparkctl file holds mappings, lists, text, numbers, booleans and null; drop the tag"),
+    ("itself.yaml", "name: itself\nextends: good\nrequest_defaults: {x: &a [*a]}\n", None, "",
+     "holds itself through a YAML alias; write the values out instead"),
 ]
-NAMES = {"bad-key.yaml": "bad-key", "unknown-key.yaml": "unknown-key", "bad-yaml.yaml": "bad-yaml",
-         "no-base.yaml": "no-base", "risky.yaml": "risky"}
+NAMES = {file: file.removesuffix(".yaml") for file, *_ in BROKEN}
 
 
 def catalog_dir(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -39,8 +53,9 @@ def catalog_dir(tmp_path: Path, files: dict[str, str]) -> Path:
     return stacks
 
 
-def where(line: int | None, key: str) -> str:
-    return ": ".join(filter(None, (f"line {line}" if line else "", key)))
+def where(file: Path, line: int | None, key: str) -> str:
+    """How an error at `file`'s `line` and `key` starts."""
+    return ": ".join(filter(None, (str(file), f"line {line}" if line else "", key))) + ": "
 
 
 @pytest.mark.parametrize(("file", "text", "line", "key", "words"), BROKEN, ids=[b[0] for b in BROKEN])
@@ -51,12 +66,23 @@ def test_one_invalid_file_is_left_out_and_named(tmp_path: Path, file: str, text:
     assert [s.name for s in catalog.deployable()] == ["good"]
     [invalid] = catalog.invalid
     said = str(invalid.error)
-    assert said.startswith(f"{stacks / file}: {where(line, key)}: "), said
+    assert said.startswith(where(stacks / file, line, key)), said
     assert words in said and invalid.name == NAMES[file]
     with pytest.raises(SpecError) as caught:
         catalog.stack(NAMES[file])
     assert str(caught.value) == said
     assert catalog.stack("good").vllm.port == 8123
+
+
+def test_a_date_is_the_text_it_is_written_as(tmp_path: Path) -> None:
+    """Docker is given text: a tag or an env value that looks like a date stays that text (it
+    was a `datetime.date`, which the models refused), however the file spells it."""
+    dated = "name: dated\nextends: good\nimage: {tag: 2026-01-01}\n" \
+            "container: {env: {RELEASE: 2026-01-01T10:00:00Z, WHEN: 2026-13-45}}\n"
+    stacks = catalog_dir(tmp_path, {"good.yaml": GOOD, "dated.yaml": dated})
+    stack = load_catalog(stacks).stack("dated")
+    assert stack.image.tag == "2026-01-01"
+    assert stack.container.env == {"RELEASE": "2026-01-01T10:00:00Z", "WHEN": "2026-13-45"}
 
 
 @pytest.mark.parametrize(("file", "text"), [(b[0], b[1]) for b in BROKEN], ids=[b[0] for b in BROKEN])
@@ -151,3 +177,24 @@ def test_other_stacks_work_with_a_warning_and_the_invalid_one_fails(workspace: P
     assert code == 1 and err.strip().splitlines() == [
         f"error: {bad}: line 4: vllm.max_model_len: Input should be a valid integer, unable to parse string as an "
         "integer (got 'lots') (and 1 more invalid files: on-mine.yaml)"], err
+
+
+def test_a_check_that_breaks_on_one_file_leaves_that_file_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A validator raising what pydantic does not wrap (an OSError resolving a path on the host, a
+    TypeError) escaped the loader, and every daemon command answered 500: it is that file's error."""
+    from sparkctl.spec.models import Stack
+
+    risks = Stack.risks
+
+    def breaking(self: Stack) -> list[tuple[str, str]]:
+        if self.name == "odd":
+            raise OSError(40, "Too many levels of symbolic links")
+        return risks(self)
+
+    monkeypatch.setattr(Stack, "risks", breaking)
+    stacks = catalog_dir(tmp_path, {"good.yaml": GOOD, "odd.yaml": "name: odd\nextends: good\n"})
+    catalog = load_catalog(stacks)
+    assert [s.name for s in catalog.deployable()] == ["good"]
+    with pytest.raises(SpecError, match=r"odd\.yaml: could not be checked \(OSError: \[Errno 40\] Too many levels of "
+                                        r"symbolic links\); a sparkctl bug: report it with the file"):
+        catalog.stack("odd")

@@ -1,11 +1,15 @@
-"""The CLI's plain lines and its reporter: user text printed as it is, and progress bars that
-parallel downloads can report to at once."""
+"""The CLI's plain lines and its reporter: user text printed as it is, progress bars that
+parallel downloads can report to at once, and a Ctrl-C of an action that says only what the
+daemon's cancel answered."""
 
 from __future__ import annotations
 
 import threading
 
-from sparkctl.cli.console import ConsoleReporter, fail, say
+import pytest
+
+from sparkctl import results, wire
+from sparkctl.cli.console import ConsoleReporter, fail, say, through_daemon
 
 
 def test_lines_are_plain_off_a_terminal_and_markup_in_them_is_text(capsys) -> None:
@@ -31,3 +35,32 @@ def test_threads_reporting_at_once_share_one_set_of_bars() -> None:
             thread.join(10)
         assert sorted(reporter.tasks) == [f"shard {i}" for i in range(8)]
         assert len(reporter.bars.tasks) == 8 and all(task.completed == 100 for task in reporter.bars.tasks)
+
+
+class Interrupted:
+    """A daemon client whose action stream gets a Ctrl-C, and whose cancel answers `answer`."""
+
+    def __init__(self, answer: dict) -> None:
+        self.answer, self.asked, self.cancels = answer, None, []
+
+    def stream(self, path: str, body: dict):
+        self.asked = body
+        raise KeyboardInterrupt
+
+    def post(self, path: str, body: dict) -> dict:
+        self.cancels.append((path, body))
+        return self.answer
+
+
+@pytest.mark.parametrize(("cancelled", "said"), [
+    (True, "pull a: cancelled: it left the queue before its turn: it did not run"),
+    (False, "pull a: not cancelled: it ran; `sparkctl status` shows it"),
+])
+def test_a_ctrl_c_cancels_the_commands_own_action_and_says_what_the_daemon_answered(capsys, cancelled, said) -> None:
+    why = "it left the queue before its turn: it did not run" if cancelled else "it ran"
+    daemon = Interrupted({"done": "cancel", "action": "x", "cancelled": cancelled, "why": why})
+    with pytest.raises(KeyboardInterrupt):
+        through_daemon(daemon, "/v1/pull", wire.PullRequest("a"), results.PullDone)
+    assert len(daemon.asked["action"]) == 16  # named for the daemon, afresh
+    assert daemon.cancels == [("/v1/cancel", {"action": daemon.asked["action"]})]  # that action, not the stack
+    assert capsys.readouterr().err.splitlines() == ["pull a: cancelling in the daemon", said]

@@ -25,7 +25,7 @@ TWICE = {
     "authorization": (f"Bearer {KEY}", "Bearer sk-wrong"),
     "x-sparkctl-token": ("a", "b"),
     "cookie": ("sparkctl=a", "sparkctl=b"),
-    "origin": ("http://127.0.0.1", "http://evil.example"),
+    "origin": ("http://x", "http://evil.example"),  # the gateway's own (Host: x), then another site
     "content-length": ("0", "0"),
     "transfer-encoding": ("chunked", "chunked"),
     "content-type": ("application/json", "text/plain"),

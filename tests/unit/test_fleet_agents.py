@@ -4,14 +4,16 @@ the image-drift verdict, and picking the RepoDigest that stands for a ref."""
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from sparkctl.adapters import processes
 from sparkctl.adapters.raynode import _check_ports
-from sparkctl.agent import _digest_for
+from sparkctl.agent import _digest_for, exposed
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, local, survey
 from sparkctl.node import (
@@ -204,3 +206,32 @@ def test_every_call_crosses_as_plain_data_and_comes_back_typed() -> None:
         hints = typing.get_type_hints(getattr(HostAgent, method))
         assert hints["call"] is kind
         assert hints["return"] in (kind.answer, list[kind.answer])
+
+
+@pytest.mark.parametrize(("listening", "port", "wide"), [
+    ([("127.0.0.1", 8000), ("::1", 8000), ("127.0.0.53", 53), ("::ffff:127.0.0.1", 9000)], None, []),
+    ([("127.0.0.1", 8000), ("0.0.0.0", 8000)], None, ["0.0.0.0:8000"]),
+    ([("127.0.0.1", 8000), ("::", 5555)], None, ["[::]:5555"]),
+    ([("10.0.0.2", 29500), ("127.0.0.1", 8000)], 8000, []),  # a rank's own traffic, on its serving address
+    ([("10.0.0.2", 29500), ("10.0.0.2", 8000)], 8000, ["10.0.0.2:8000"]),
+    ([("::ffff:10.0.0.2", 8000)], None, ["[::ffff:10.0.0.2]:8000"]),
+])
+def test_what_a_placed_engine_may_not_listen_on(listening, port, wide) -> None:  # noqa: ANN001
+    listeners = [processes.Listener(address, p, pid=7) for address, p in listening]
+    assert [str(listener) for listener in exposed(listeners, port=port)] == wide
+
+
+@pytest.mark.parametrize(("hexed", "address"), [
+    ("0100007F", "127.0.0.1"), ("00000000", "0.0.0.0"), ("0201000A", "10.0.1.2"),
+    ("00000000000000000000000001000000", "::1"), ("0000000000000000FFFF00000100007F", "::ffff:127.0.0.1"),
+])
+def test_proc_tcp_addresses_are_read_in_the_machines_byte_order(hexed: str, address: str) -> None:
+    assert processes._address(hexed) == address
+
+
+def test_this_process_listening_socket_is_found_by_its_inode() -> None:
+    with (socket.create_server(("127.0.0.1", 0)) as server,
+          socket.create_server(("::1", 0), family=socket.AF_INET6) as six):
+        found = [(f.address, f.port, f.pid) for f in processes.listening([os.getpid()])]
+        assert ("127.0.0.1", server.getsockname()[1], os.getpid()) in found
+        assert ("::1", six.getsockname()[1], os.getpid()) in found

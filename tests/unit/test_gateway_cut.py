@@ -2,7 +2,8 @@
 gateway's `stall` bound, and the streams on a host or engine the gateway ejects, end at once for
 the client, who sees an incomplete response it can retry (an SSE stream gets an error event in
 sparkctl's envelope first), and the silent engine leaves routing. A whole (non-streamed) answer
-has no such bound: it may take any time. Against scripted engines on real loopback sockets."""
+is not bound by the stall: it comes at once when done, and only its first-byte bound (far off
+here) applies. Against scripted engines on real loopback sockets."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from sparkctl.gateway.exchange import Bounds
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running
@@ -26,7 +28,7 @@ CLIENT_TIMEOUT = 20.0  # far past STALL: a stream the gateway fails to end shows
 @pytest.fixture
 def world() -> Iterator[tuple[Running, Engines, dict[str, RouteTable]]]:
     tables: dict[str, RouteTable] = {"now": RouteTable()}
-    running = Running(Gateway(lambda: tables["now"], hold_timeout=5.0, stall=STALL))
+    running = Running(Gateway(lambda: tables["now"], hold_timeout=5.0, bounds=Bounds(stall=STALL)))
     engines = Engines(running)
     yield running, engines, tables
     engines.stop()
@@ -133,7 +135,7 @@ def test_ejecting_a_host_or_engine_ends_its_streams_under_way_at_once(world, eje
     """Its host is dead (or its group is to be recreated): nothing more of the stream will come.
     The stall bound is far off here, so only the ejection can end the stream in time."""
     running, engines, tables = world
-    on_loop(running, lambda: setattr(running.gateway, "stall", 600.0))
+    on_loop(running, lambda: setattr(running.gateway, "bounds", Bounds(stall=600.0)))
     url = engines.start("silent")
     tables["now"] = RouteTable({"gemma": Upstream("gemma", url, "tiny", placed=True)})
     stream = Stream(running)

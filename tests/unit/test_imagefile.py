@@ -5,6 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import pytest
+
+from sparkctl.errors import SpecError
 from sparkctl.spec import imagefile
 
 D1 = "sha256:" + "a" * 64
@@ -143,3 +146,21 @@ def test_image_list_shows_the_last_retest_of_a_ban(workspace: Path, cli) -> None
     code, out, _ = cli("image", "list")
     cells = " ".join(line.split("│")[4].strip() for line in out.splitlines() if line.count("│") == 5)
     assert code == 0 and "2026-07-01 sha256:aaaaaaaaaaaa: fail: canary (1 in all)" in cells
+
+
+def test_a_value_the_reader_cannot_build_is_this_files_error_for_reads_and_edits(tmp_path: Path) -> None:
+    """A month 13 in images.yaml escaped as a ValueError, and the daemon reads the policy for
+    `status`: every command answered 500. It is this file's error now, placed on its line; an edit
+    (whose round trip builds dates) refuses a date-like text it cannot build rather than raise."""
+    path = tmp_path / "images.yaml"
+    path.write_text(POLICY_TEXT.replace("date: 2026-06-10", "date: 2026-13-45"))
+    with pytest.raises(SpecError, match=r"images\.yaml: blacklist\.ghcr\.io/a/b:latest\.date: .*date"):
+        imagefile.load_policy(path)
+    path.write_text(POLICY_TEXT.replace("reason: crashes at load", "reason: 2026-13-45"))
+    assert imagefile.load_policy(path).blacklist["eugr/spark-vllm:latest"].reason == "2026-13-45"
+    with pytest.raises(SpecError, match=r"images\.yaml: line 9: invalid YAML: cannot read '2026-13-45' as "
+                                        r"!!timestamp \(month must be in 1\.\.12\); quote it if it is text"):
+        imagefile.pin(path, "ghcr.io/a/b:v1", digest=D1)
+    path.write_text(POLICY_TEXT.replace("reason: crashes at load", "reason: crashes\n    retests: !!binary x"))
+    with pytest.raises(SpecError, match=r"images\.yaml: line 10: invalid YAML: the tag !!binary"):
+        imagefile.pin(path, "ghcr.io/a/b:v1", digest=D1)

@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 
 from sparkctl import instance
-from sparkctl.adapters.compose import _override
+from sparkctl.adapters.compose import override
 from sparkctl.locate import default_state_dir
 from sparkctl.settings import Settings
 from sparkctl.spec.load import load_catalog
@@ -86,8 +87,9 @@ def test_port_offset_moves_every_engine_port() -> None:
 
 
 def test_the_compose_override_carries_sparkctls_labels() -> None:
-    text = _override("vllm", {}, {"sparkctl.stack": "diffusiongemma", "sparkctl.instance": "test-1"}, gpus=False)
-    assert 'sparkctl.instance: "test-1"' in text and 'sparkctl.stack: "diffusiongemma"' in text
+    text = override("vllm", {}, {"sparkctl.stack": "diffusiongemma", "sparkctl.instance": "test-1"}, gpus=False)
+    labels = YAML(typ="safe").load(text.replace("!reset", ""))["services"]["vllm"]["labels"]
+    assert labels == {"sparkctl.instance": "test-1", "sparkctl.stack": "diffusiongemma"}
     assert "deploy: !reset {}" in text
 
 

@@ -221,7 +221,7 @@ def test_each_rank_gets_its_own_hosts_network_never_anothers() -> None:
 
 
 def test_the_hosts_network_wins_over_the_stacks_env() -> None:
-    group = stack(parallel=TWO, container={"env": {"NCCL_SOCKET_IFNAME": "eth0", "VLLM_HOST_IP": "10.9.9.9"}})
+    group = stack(parallel=TWO, container={"env": {"NCCL_SOCKET_IFNAME": "eth0"}})  # VLLM_HOST_IP: refused at load
     plan = render(group, SOURCES, rank=Rank(1, A.address, B))
     assert plan.env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1" and plan.env["VLLM_HOST_IP"] == "192.168.100.11"
 

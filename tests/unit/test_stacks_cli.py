@@ -30,12 +30,15 @@ def test_show_says_which_caps_the_gateway_enforces(workspace: Path, cli) -> None
         '# known issue 3, "Hangs at 2 here, I am sure.": cap 1, enforced by the gateway (unsourced; `enforce: true`)',
         '# known issue 4, "Slow past 8k context.": no cap; unsourced',
         '# request defaults (added to each request unless the client sets them): '
-        '{"chat_template_kwargs": {"enable_thinking": true}}']
+        '{"chat_template_kwargs": {"enable_thinking": true}}',
+        "# memory: the engine's KV cache is given in bytes at deploy (--kv-cache-memory-bytes: the fraction of the "
+        "usable memory less the weights and SPARKCTL_ENGINE_OVERHEAD_GIB); `stacks render` shows it"]
 
 
 def test_show_a_stack_the_gateway_passes_through(workspace: Path, cli) -> None:
     code, out, _ = cli("stacks", "show", "qwen36-nvfp4-stock")
-    assert code == 0 and out.splitlines()[-2:] == ["# gateway: no concurrency cap", "# request defaults: none"]
+    assert code == 0 and out.splitlines()[-3:-1] == ["# gateway: no concurrency cap", "# request defaults: none"]
+    assert out.splitlines()[-1].startswith("# memory: the engine's KV cache is given in bytes")
 
 
 def test_render_mounts_every_patched_file_with_placeholders(workspace: Path, cli) -> None:

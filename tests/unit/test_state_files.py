@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.errors import SpecError, TransientError
+from sparkctl.errors import SparkctlError, SpecError, TransientError
 from sparkctl.state import desired
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
@@ -75,3 +75,21 @@ def test_state_files_are_private(tmp_path: Path) -> None:
     Store(tmp_path / "new.db")
     for name in ("desired.yaml", "old.db", "new.db"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+
+
+def test_a_failing_commit_is_rolled_back_and_the_store_stays_usable(tmp_path: Path) -> None:
+    """A COMMIT that fails (here a deferred foreign key, as a full disk or a constraint would)
+    left its transaction open on the store's one connection: the half-written rows stayed
+    visible to the daemon's reads, and every later write failed as "locked by another process"."""
+    path = tmp_path / "sparkctl.db"
+    store = Store(path)
+    with pytest.raises(SparkctlError, match=f"{path}: the state database could not commit .*FOREIGN KEY.*nothing "
+                                            "of it was kept"), store.db.tx() as db:
+        db.execute("PRAGMA defer_foreign_keys = ON")
+        db.execute("INSERT INTO events (at, stack, kind) VALUES (1, 'half', 'written')")
+        db.execute("INSERT INTO transitions (deployment, phase, at) VALUES (404, 'running', 1)")
+    assert not store.db.db.in_transaction
+    assert store.db.all("SELECT * FROM events") == [] and store.db.all("SELECT * FROM transitions") == []
+    deployment = store.deployments.begin("qwen36-dflash")  # the next write goes through
+    assert store.deployments.latest("qwen36-dflash").id == deployment
+    assert Store(path).deployments.latest("qwen36-dflash").id == deployment  # and is committed

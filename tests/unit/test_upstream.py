@@ -309,3 +309,27 @@ def test_a_stall_bound_ends_a_silent_stream_but_not_one_its_caller_keeps_paused(
         assert not upstreams.idle.get(silent.call.address)  # its connection was closed, not pooled
 
     assert len(serve(script, test)) == 1
+
+
+def test_a_first_byte_bound_alone_ends_only_the_wait_for_the_answer() -> None:
+    """A whole answer (no `stall`): its engine may take no longer than `first_byte` to start it, and
+    any time after that."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nfirst ")
+        await asyncio.sleep(0.4)  # four bounds between the answer's first byte and its last
+        writer.write(b"second")
+        await read_request(reader)  # the next request, on the kept-alive connection: never answered
+        await reader.read()
+
+    async def test(upstreams: EnginePool, url: str, connections: list[int]) -> None:
+        slow = Collect()
+        slow.call = upstreams.post(url, "/", b"{}", slow, first_byte=0.1)
+        assert await slow.result() == (200, b"first second")
+        hung = Collect()
+        hung.call = upstreams.post(url, "/", b"{}", hung, first_byte=0.1)
+        with pytest.raises(UpstreamError, match="sent nothing for 0.1 s") as failure:
+            await hung.result()
+        assert failure.value.stalled and failure.value.unanswered and hung.pieces == []
+
+    assert len(serve(script, test)) == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.doctor.gb10 import remove_ipc, size_bytes
+from sparkctl.doctor.gb10 import remove_ipc
 from sparkctl.policy import wedge
 from sparkctl.policy.wedge import GIB, Progress, Sign
 from sparkctl.state import lastwords
@@ -115,12 +115,6 @@ def test_a_line_cut_by_the_freeze_is_skipped(tmp_path: Path) -> None:
 ])
 def test_logind_remove_ipc(files: list[tuple[str, str]], removes: bool, where: str) -> None:
     assert remove_ipc([(Path(name), text) for name, text in files]) == (removes, where)
-
-
-@pytest.mark.parametrize(("text", "size"), [("16g", 16 << 30), ("512m", 512 << 20), ("1024", 1024),
-                                            ("1.5G", int(1.5 * (1 << 30)))])
-def test_sizes(text: str, size: int) -> None:
-    assert size_bytes(text) == size
 
 
 def test_a_written_record_is_on_disk(tmp_path: Path) -> None:

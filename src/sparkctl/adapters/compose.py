@@ -4,7 +4,8 @@ A compose stack runs as a project named for its instance and stack (`sparkctl-<s
 default instance) from its directory under the compose dir, with variables from an env file
 sparkctl writes (never holding the HF token) and an override file adding sparkctl's labels
 (stack, instance, memory share) and engine environment and, on machines without an NVIDIA
-runtime, dropping the GPU reservation. `docker compose` runs with a clean environment (PATH,
+runtime, dropping the GPU reservation; it is written by a YAML emitter, so no name or value
+can add keys of its own (`privileged`, a volume). `docker compose` runs with a clean environment (PATH,
 HOME and the Docker endpoint only): python-on-whales would hand it the caller's whole
 environment, and a compose file's `${VAR}` could then carry a daemon's secret (its HF token)
 into a container.
@@ -12,14 +13,18 @@ into a container.
 
 from __future__ import annotations
 
-import json
+import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.tag import Tag
 
 from sparkctl.errors import DockerError
 
@@ -30,13 +35,13 @@ class ComposeProject:
                  docker_host: str | None = None) -> None:
         work_dir.mkdir(parents=True, exist_ok=True)
         env_file = work_dir / "sparkctl.env"
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(variables.items())))
-        override = work_dir / "sparkctl.override.yml"
-        override.write_text(_override(service, engine_env, labels, gpus))
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(variables.items())))  # one line each: spec checks
+        override_file = work_dir / "sparkctl.override.yml"
+        override_file.write_text(override(service, engine_env, labels, gpus))
         self.name, self.service = name, service
-        self.client = DockerClient(compose_files=[project_dir / "compose.yml", override], compose_project_name=name,
-                                   compose_env_files=[env_file], compose_project_directory=project_dir,
-                                   client_call=clean_call(docker_host))
+        self.client = DockerClient(compose_files=[project_dir / "compose.yml", override_file],
+                                   compose_project_name=name, compose_env_files=[env_file],
+                                   compose_project_directory=project_dir, client_call=clean_call(docker_host))
 
     def up(self) -> None:
         """Build if needed and start in the background."""
@@ -46,6 +51,14 @@ class ComposeProject:
     def down(self) -> None:
         with _translated(f"compose down {self.name}"):
             self.client.compose.down(remove_orphans=True, quiet=True)
+
+    def binds(self) -> list[tuple[str, str, str]]:
+        """(service, host path, path inside) of each bind mount the project's services would get,
+        as compose reads its files and variables (`docker compose config`)."""
+        with _translated(f"compose config {self.name}"):
+            config = self.client.compose.config(return_json=True)
+        return [(name, volume["source"], volume["target"]) for name, service in sorted(config["services"].items())
+                for volume in service.get("volumes", []) if volume.get("type") == "bind"]
 
     def container_ids(self) -> list[str]:
         with _translated(f"compose ps {self.name}"):
@@ -67,14 +80,19 @@ def clean_call(docker_host: str | None) -> list[str]:
     return ["env", "-i", *(f"{name}={value}" for name, value in sorted(keep.items())), "docker"]
 
 
-def _override(service: str, engine_env: dict[str, str], labels: dict[str, str], gpus: bool) -> str:
-    lines = ["services:", f"  {service}:", "    labels:"]
-    lines += [f"      {k}: {json.dumps(v)}" for k, v in sorted(labels.items())]
+def override(service: str, engine_env: dict[str, str], labels: dict[str, str], gpus: bool) -> str:
+    """The override file's text: `service` with sparkctl's labels and engine environment, and no
+    GPU reservation unless `gpus` (compose's `!reset` tag drops the project's)."""
+    settings: dict[str, Any] = {"labels": dict(sorted(labels.items()))}
     if engine_env:
-        lines += ["    environment:"] + [f"      {k}: {json.dumps(v)}" for k, v in sorted(engine_env.items())]
+        settings["environment"] = dict(sorted(engine_env.items()))
     if not gpus:
-        lines.append("    deploy: !reset {}")
-    return "\n".join(lines) + "\n"
+        reset = CommentedMap()
+        reset.yaml_set_ctag(Tag(suffix="!reset"))
+        settings["deploy"] = reset
+    out = io.StringIO()
+    YAML().dump({"services": {service: settings}}, out)
+    return out.getvalue()
 
 
 @contextmanager

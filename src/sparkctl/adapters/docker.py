@@ -6,13 +6,14 @@ the engine's explanation. Built once by the CLI or the daemon from settings.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -25,6 +26,9 @@ from sparkctl.container import LABEL_STACK, Container, EngineFacts, Event, Image
 from sparkctl.errors import DockerError, TransientError
 from sparkctl.policy.images import mirrored, parse_ref
 from sparkctl.spec.render import ContainerPlan
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 class TransientDockerError(DockerError, TransientError):
@@ -187,10 +191,50 @@ class DockerEngine:
         with _translated(f"read the logs of {name_or_id}"):
             return self.client.api.logs(name_or_id, tail=tail).decode(errors="replace")
 
-    def log_stream(self, name_or_id: str, *, tail: int = 30) -> Any:
-        """The container's log (its last `tail` lines, then following) as byte chunks; `close()` ends it."""
-        with _translated(f"follow the logs of {name_or_id}"):
-            return self.client.api.logs(name_or_id, tail=tail, stream=True, follow=True)
+    async def follow_logs(self, name_or_id: str, *, tail: int = 30) -> AsyncIterator[bytes]:
+        """The container's log (its last `tail` lines, then following) as byte chunks, read on the
+        event loop: a follow holds no thread however long it lasts (the SDK's stream blocks one
+        until the next line). The first chunk is empty, once Docker has accepted the follow, so a
+        caller can answer Docker's refusal before it starts a stream of its own. Closing the
+        iterator (`aclose()`) closes its connection to Docker."""
+        import aiohttp  # here: a CLI command that does not follow starts 0.1 s faster
+
+        call = f"follow the logs of {name_or_id}"
+        connector, base = self._loop_endpoint(call)
+        try:
+            async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.timeout)) as session:
+                async with session.get(f"{base}/containers/{name_or_id}/json") as found:
+                    tty = (await _docker_json(found, call))["Config"]["Tty"]
+                query = {"follow": "1", "stdout": "1", "stderr": "1", "tail": str(tail)}
+                async with session.get(f"{base}/containers/{name_or_id}/logs", params=query) as answer:
+                    await _docker_json(answer, call, body=False)
+                    yield b""
+                    if tty:  # a terminal's output comes raw
+                        async for chunk in answer.content.iter_any():
+                            yield chunk
+                        return
+                    while True:  # else in frames: stream (1 byte), 3 zero bytes, length (4 bytes), payload
+                        try:
+                            head = await answer.content.readexactly(8)
+                            yield await answer.content.readexactly(int.from_bytes(head[4:], "big"))
+                        except asyncio.IncompleteReadError:
+                            return
+        except aiohttp.ClientError as e:
+            raise TransientDockerError(f"{call}: cannot reach the Docker engine ({type(e).__name__}: {e})") from e
+
+    def _loop_endpoint(self, call: str) -> tuple[aiohttp.BaseConnector, str]:
+        """A connector to the engine the SDK client talks to, and the versioned base URL of its API."""
+        import aiohttp
+
+        api = self.client.api
+        socket_path = getattr(getattr(api, "_custom_adapter", None), "socket_path", None)
+        if socket_path:
+            return aiohttp.UnixConnector(path=socket_path), f"http://docker/v{api.api_version}"
+        if api.base_url.startswith("http://"):
+            return aiohttp.TCPConnector(), f"{api.base_url}/v{api.api_version}"
+        raise DockerError(f"{call}: only a unix socket or plain TCP Docker endpoint can be followed "
+                          f"(this one is {api.base_url}); read the log without following")
 
     def events(self) -> Events:
         """The engine's container events (die, oom, start, destroy, ...) of sparkctl's containers,
@@ -227,6 +271,19 @@ class DockerEngine:
     def inspect(self, name_or_id: str) -> Inspected:
         with _translated(f"inspect container {name_or_id}"):
             return Inspected.from_inspect(self.client.api.inspect_container(name_or_id))
+
+    def pids(self, name_or_id: str) -> list[int]:
+        """The container's processes (host pids), as its engine lists them from the container's
+        cgroup (`docker top`); none when it is not running."""
+        with _translated(f"list the processes of container {name_or_id}"):
+            try:
+                top = self.client.api.top(name_or_id)
+            except docker.errors.APIError as e:
+                if "is not running" in str(e):
+                    return []
+                raise
+        column = top["Titles"].index("PID")
+        return [int(row[column]) for row in top.get("Processes") or []]
 
     def remove(self, name_or_id: str) -> bool:
         """Remove a container (running or not); False if there was none (or it is already going)."""
@@ -281,6 +338,16 @@ class Events:
 
     def close(self) -> None:
         self._stream.close()
+
+
+async def _docker_json(answer: aiohttp.ClientResponse, call: str, *, body: bool = True) -> Any:
+    """An answer of the engine's API checked as `_translated` checks the SDK's; its JSON body if `body`."""
+    if answer.status >= 400:
+        text = (await answer.text())[:300]
+        kind = TransientDockerError if answer.status in (500, 502, 503, 504) and "not found" not in text.lower() \
+            else DockerError
+        raise kind(f"{call}: Docker said {answer.status}: {text.strip()}")
+    return await answer.json() if body else None
 
 
 @contextmanager

@@ -1,4 +1,7 @@
-"""The processes one `ray start` left behind, found and stopped by the session it ran in.
+"""Processes as Linux's `/proc` reports them: those one `ray start` left behind, the sockets a
+container's processes listen on, and this process's own limit on open files.
+
+`ray start` leaves processes found and stopped by the session it ran in.
 
 `ray start` daemonizes a node's processes (GCS, raylet, agents, monitors), and none of them
 leaves the session they inherit. So the Ray adapter starts it as a new session leader and
@@ -6,20 +9,36 @@ records every process of that session, with its start time. Stopping signals exa
 (and any later member of the same session, once a recorded one proves the session is still
 ours): never `ray stop` or a name pattern, which reach Ray processes that belong to someone
 else on the machine. Linux `/proc` only; stdlib only.
+
+What a container listens on is read from the kernel, never from its command line: each of its
+processes' socket inodes (`/proc/PID/fd`) matched to the listening TCP sockets of that process's
+network namespace (`/proc/PID/net/tcp`, `tcp6`). With host networking that namespace is the host's,
+so the inodes are what tell the container's sockets from everyone else's. Reading another user's
+`/proc/PID/fd` needs root (or CAP_SYS_PTRACE).
+
+The limit on open files is raised by the long-lived processes that hold many connections (the
+daemon's gateway, a host agent's relays) at their start.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import resource
 import select
 import signal
+import socket
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkctl.errors import SparkctlError
+
 PROC = Path("/proc")
+LISTEN = "0A"  # the TCP state /proc/net/tcp gives a listening socket
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,43 @@ class Session:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Session:
         return cls(sid=int(data["sid"]), procs=tuple(Proc(int(pid), int(started)) for pid, started in data["procs"]))
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listening TCP socket and the process that holds it."""
+
+    address: str
+    port: int
+    pid: int
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can reach it (127.0.0.0/8, ::1, or IPv4-mapped loopback)."""
+        ip = ipaddress.ip_address(self.address)
+        return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+    def __str__(self) -> str:
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+
+
+def listening(pids: Iterable[int]) -> list[Listener]:
+    """The listening TCP sockets the processes `pids` hold, as the kernel reports them (a socket
+    shared by several of them once). A process that ended meanwhile holds none."""
+    found: dict[int, Listener] = {}
+    for pid in pids:
+        try:
+            inodes = _socket_inodes(pid)
+            table = {**_listening(PROC / str(pid) / "net" / "tcp"), **_listening(PROC / str(pid) / "net" / "tcp6")}
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except PermissionError as e:
+            raise SparkctlError(f"read the sockets of process {pid}: {e.strerror} ({e.filename}); what a container "
+                                "listens on is read from /proc, which needs root: run the host's sparkctl (its "
+                                "`fleet init` or `fleet join`, whose Ray runs the agent) as root") from None
+        for inode in inodes & table.keys():
+            found.setdefault(inode, Listener(*table[inode], pid))
+    return sorted(found.values(), key=lambda listener: (listener.port, listener.address, listener.pid))
 
 
 def recorded(sid: int) -> Session:
@@ -84,6 +140,19 @@ def stop(session: Session, *, grace: float, sig: signal.Signals = signal.SIGTERM
     return [p.pid for p in handles]
 
 
+def open_files() -> int:
+    """Raise the soft limit on open files to the hard one; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def _handles(procs: list[Proc], sid: int) -> dict[Proc, int]:
     """A pidfd for each process that is still the one recorded (checked once the pidfd holds it)."""
     handles = {}
@@ -118,6 +187,38 @@ def _wait(handles: dict[Proc, int], within: float) -> dict[Proc, int]:
         ended = {fd for fd, _ in exits.poll(remaining * 1000)}
         left = {proc: handle for proc, handle in left.items() if handle not in ended}
     return left
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets among the process's open files."""
+    inodes = set()
+    for fd in (PROC / str(pid) / "fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _listening(table: Path) -> dict[int, tuple[str, int]]:
+    """inode -> (address, port) of the listening sockets in one of /proc's TCP tables."""
+    found = {}
+    for line in table.read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == LISTEN:
+            address, port = fields[1].split(":")
+            found[int(fields[9])] = (_address(address), int(port, 16))
+    return found
+
+
+def _address(hexed: str) -> str:
+    """An address as /proc's TCP tables print it: 32-bit words in the machine's byte order."""
+    raw = bytes.fromhex(hexed)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
 
 
 def _same(proc: Proc, sid: int) -> bool:

@@ -1,5 +1,6 @@
-"""One benchmark run: llama-benchy 0.4.0 (the seeds' tool) as a subprocess, against an OpenAI
-endpoint (the gateway or an engine), with the model's own tokenizer directory, the prompt corpus
+"""One benchmark run: llama-benchy 0.4.0 (the seeds' tool) as a subprocess (`benchy.py`, which
+takes the endpoint's API key from its environment, never from its command line), against an
+OpenAI endpoint (the gateway or an engine), with the model's own tokenizer directory, the prompt corpus
 the `Method` picks (llama-benchy's own book when it can have it, else ours on loopback: see
 `corpus`) and llama-benchy's coherence check unless the method skips it. The engine's /metrics is
 read after every test run (`--post-run-cmd`), so each row carries that test's speculative and
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sparkctl.bench import corpus, environment, metrics, scrape
+from sparkctl.bench import benchy, corpus, environment, metrics, scrape
 from sparkctl.bench.profiles import Profile
 from sparkctl.errors import SparkctlError
 
@@ -88,28 +89,26 @@ def run(target: Target, profile: Profile, *, folder: Path, method: Method | None
     environment.write(folder, environment.capture(engine, profile=profile, corpus=choice,
                                                   coherence=not method.skip_coherence))
     with corpus.book_args(choice, home=home) as book:
-        command = [sys.executable, "-m", "llama_benchy", "--base-url", target.base_url, "--model", target.model,
-                   "--tokenizer", str(target.tokenizer), *book, *profile.args(),
+        command = [sys.executable, "-m", "sparkctl.bench.benchy", "--base-url", target.base_url,
+                   "--model", target.model, "--tokenizer", str(target.tokenizer), *book, *profile.args(),
                    *(["--skip-coherence"] if method.skip_coherence else []),
                    "--format", "json", "--save-result", str(folder / "llama-benchy.json"), "--emit-progress", "-"]
-        if target.api_key:
-            command += ["--api-key", target.api_key]
         if target.metrics_url:
             command += ["--post-run-cmd", shlex.join([sys.executable, "-m", "sparkctl.bench.scrape",
                                                       target.metrics_url, str(readings)])]
-        shown = shlex.join(command).replace(target.api_key, "**********") if target.api_key else shlex.join(command)
-        (folder / "command.txt").write_text(shown + "\n")
-        progress = _run_benchy(command, folder, profile, on_progress, timeout)
+        (folder / "command.txt").write_text(shlex.join(command) + "\n")
+        progress = _run_benchy(command, folder, profile, on_progress, timeout=timeout, key=target.api_key)
     rows = _rows(json.loads((folder / "llama-benchy.json").read_text()), profile, _readings(readings),
                  errored=progress.errored)
     _write_csv(folder / "rows.csv", rows)
     return rows
 
 
-def _run_benchy(command: list[str], folder: Path, profile: Profile, on_progress: Callable | None,
-                timeout: float) -> Progress:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKCTL_HF_TOKEN")}
+def _run_benchy(command: list[str], folder: Path, profile: Profile, on_progress: Callable | None, *,
+                timeout: float, key: str | None) -> Progress:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKCTL_HF_TOKEN", benchy.KEY_ENV)}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # the tokenizer is a local directory
+    env |= {benchy.KEY_ENV: key} if key else {}
     progress = Progress(total=sum(c for _, c in profile.tests()) * profile.runs)
     with (folder / "llama-benchy.log").open("w") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from sparkctl.cli import views
 from sparkctl.cli.console import ConsoleReporter, say, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 patch_app = typer.Typer(help="Check a stack's patches against its image.", no_args_is_help=True)
 
@@ -33,8 +38,7 @@ def pull(
 
     rt = runtime(ctx)
     for stack in stacks:
-        with views.cancelled_on_interrupt(rt.daemon, stack):
-            done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
+        done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
         rt.console.print(f"{stack} fetched (fingerprint {done.fingerprint}); `sparkctl up {stack}` starts it")
 
 
@@ -125,10 +129,16 @@ def logs(
         raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
     name = containers[0].id
     if follow:
-        for chunk in rt.docker.log_stream(name, tail=tail):
-            print(chunk.decode(errors="replace"), end="", flush=True)
+        import asyncio  # here: the other commands start faster without it
+
+        asyncio.run(_print_all(rt.docker.follow_logs(name, tail=tail)))
     else:
         print(rt.docker.logs(name, tail=tail), end="")
+
+
+async def _print_all(chunks: AsyncIterator[bytes]) -> None:
+    async for chunk in chunks:
+        print(chunk.decode(errors="replace"), end="", flush=True)
 
 
 @patch_app.command("check")

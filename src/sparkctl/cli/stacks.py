@@ -51,7 +51,7 @@ def show(ctx: typer.Context, name: str) -> None:
     data = stack.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     rt.console.print(f"# {rt.catalog.files[name]}  spec-hash {spec_hash(stack)}")
     YAML().dump(data, rt.console.file)
-    for line in _gateway_lines(stack):
+    for line in [*_gateway_lines(stack), _memory_line(stack)]:
         rt.console.print(f"# {line}", markup=False)
 
 
@@ -93,6 +93,8 @@ def render_(
     from ruamel.yaml import YAML
 
     from sparkctl.agent import placeable
+    from sparkctl.deploy.memory import GIB, folder_bytes, kv_plan, usable_memory
+    from sparkctl.policy.parking import sleep_refusal
     from sparkctl.spec.models import Kind
     from sparkctl.spec.render import Sources, additions, render
 
@@ -110,9 +112,21 @@ def render_(
     chosen = _rank(rt, stack, rank)
     if chosen is not None:  # as the host's agent runs it: on loopback, relayed on the host's serving address
         stack = placeable(stack)
-    plan = render(stack, sources, instance=rt.settings.instance, rank=chosen, placed=chosen is not None)
-    for what, cause in additions(stack):
+    on_disk = [Path(d) for d in (sources.model_dir, sources.draft_dir) if d and Path(d).is_dir()]
+    kv = kv_plan(stack, rt.settings, weights=sum(map(folder_bytes, on_disk)),
+                 usable=usable_memory(rt.settings, engines_running=True))
+    refusal = sleep_refusal(stack.name, kv_bytes=kv, kv_limit=int(rt.settings.wake_kv_max_gib * GIB))
+    sleep = stack.sleeps and refusal is None
+    plan = render(stack, sources, instance=rt.settings.instance, rank=chosen, placed=chosen is not None,
+                  sleep=sleep, kv_cache_bytes=kv)
+    for what, cause in additions(stack, sleep, kv):
         typer.echo(f"added by sparkctl: {what}  ({cause})", err=True)
+    if kv is not None and len(on_disk) < (2 if stack.draft else 1):
+        typer.echo("note: the KV size counts the weights that are on disk; the deploy plans it with all of them",
+                   err=True)
+    if stack.sleeps and refusal:
+        typer.echo(f"not added: sleep mode, so {stack.name} parks by stopping ({refusal.removeprefix('stop: ')})",
+                   err=True)
     if any("<" in m.source or "<" in m.target for m in plan.mounts):
         typer.echo(f"note: the paths in <...> are known once the image is: `sparkctl patch check {name}` "
                    "shows them", err=True)
@@ -122,6 +136,18 @@ def render_(
         YAML().dump(json.loads(json.dumps(plan.compose_service())), rt.console.file)
     else:
         print(plan.docker_run())
+
+
+def _memory_line(stack: Stack) -> str:
+    """How the engine's memory is bounded (issue 46): its KV cache in bytes, or by vLLM."""
+    if stack.compose is not None:
+        return ("memory: the compose project's engine sizes its KV cache from GPU_MEMORY_UTILIZATION, which "
+                "sparkctl sets; its start-up profiling is not bounded by sparkctl (vLLM #46307)")
+    if stack.resources.kv_cache == "engine":
+        return ("memory: resources.kv_cache: engine: vLLM sizes the KV cache from the fraction, so its start-up "
+                "profiling is not bounded (vLLM #46307) and the stack parks by stopping")
+    return ("memory: the engine's KV cache is given in bytes at deploy (--kv-cache-memory-bytes: the fraction of "
+            "the usable memory less the weights and SPARKCTL_ENGINE_OVERHEAD_GIB); `stacks render` shows it")
 
 
 def _gateway_lines(stack: Stack) -> list[str]:

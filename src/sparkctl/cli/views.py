@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -60,23 +58,10 @@ def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool
     """`up` through the daemon: its phases as they come, then one line."""
     from sparkctl import results, wire
 
-    with cancelled_on_interrupt(daemon, stack):
-        done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), results.UpDone)
+    done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), results.UpDone)
     extra = f", speculative acceptance {done.acceptance:.2f}" if done.acceptance is not None else ""
     verb = "already up, unchanged" if done.unchanged else "up"
     say(f"{stack} {verb}", "green", rest=f": {done.url}/v1 (fingerprint {done.fingerprint}{extra})")
-
-
-@contextmanager
-def cancelled_on_interrupt(daemon: DaemonClient, stack: str) -> Iterator[None]:
-    """Ctrl-C while the daemon deploys or pulls `stack` stops its fetch streams there (what arrived
-    whole is kept, a stack `up` made desired is not left so), then the command ends (130)."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        daemon.post("/v1/cancel", {"stack": stack})
-        say(f"{stack}: cancelled; its fetch streams stopped in the daemon", "yellow", stderr=True)
-        raise
 
 
 def duration(seconds: float | None) -> str:

@@ -17,10 +17,12 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from sparkctl.adapters import hub, listeners
+from sparkctl.adapters import hub, listeners, processes
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions
 from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.api.actions import Underway
+from sparkctl.daemon.api.service import Gauge
 from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.fleetswitch import FleetSwitch
@@ -38,6 +40,7 @@ from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
+from sparkctl.gateway.exchange import Bounds
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.login import Logins, ensure_key
 from sparkctl.gateway.pool import EnginePool
@@ -80,13 +83,14 @@ class Daemon:
                              restarting=lambda: self.sentinel.restarting())
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=s.instance, resync=s.resync_interval, after_pass=self._after_pass)
-        self.limits = Limits(connections=min(s.gateway_max_connections, process.open_files() - 128))
+        self.limits = Limits(connections=min(s.gateway_max_connections, processes.open_files() - 128))
         upstreams = EnginePool()
         self.gateway = Gateway(
             lambda: self.routes.table, api_keys=[k.get_secret_value() for k in s.gateway_api_keys],
             hosts=s.gateway_names, metrics_key=s.gateway_metrics_key, limits=self.limits,
             hold_queue=s.switch_hold_queue, hold_timeout=s.switch_hold_timeout, drain_timeout=s.switch_drain_timeout,
-            stall=s.gateway_stream_stall,
+            bounds=Bounds(deadline=s.gateway_request_deadline, client_pause=s.gateway_client_pause,
+                          stall=s.gateway_stream_stall, first_byte=s.gateway_first_byte_timeout),
             upstreams=upstreams,
             waker=Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout),
             counters=Counters(self._model_dir),
@@ -108,6 +112,8 @@ class Daemon:
                                  floor=int(s.wake_memory_floor_gib * GIB), hang_after=s.hang_after,
                                  started=lambda: self._started(context.serving_since),
                                  failed=lambda name: bool(self.reconciler.history.get(name, planner.History()).failed))
+        self.follows = Gauge()  # the log follows open, on both listeners of the API
+        self.underway: dict[str, Underway] = {}  # the API's actions under way by name, on both listeners
         self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics, self.recorder, memory)
         self.fleet_watch = fleetwide and FleetWatch(
             fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
@@ -205,7 +211,8 @@ class Daemon:
         if not s.api_token or not s.api_token.get_secret_value():
             raise SparkctlError("SPARKCTL_API_TCP is set but SPARKCTL_API_TOKEN is not: refusing an open TCP API")
         host, _, port = s.api_tcp.rpartition(":")
-        app = api.build(self.actions, self.reads, token=s.api_token.get_secret_value())
+        app = api.build(self.actions, self.reads, token=s.api_token.get_secret_value(), follows=self.follows,
+                        underway=self.underway)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host.strip("[]"), int(port)).start()
@@ -222,7 +229,8 @@ class Daemon:
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
         gateway, gateway_server = self.gateway, await self._serve_gateway()  # before the API: a switch needs it
-        runner = web.AppRunner(api.build(self.actions, self.reads), access_log=None)
+        runner = web.AppRunner(api.build(self.actions, self.reads, follows=self.follows, underway=self.underway),
+                               access_log=None)
         await runner.setup()
         old = os.umask(0o177)  # the socket is born 0600: no window with looser permissions
         try:
@@ -244,8 +252,7 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("daemon_stopping", note="engine containers keep running")
-        for stack in list(self.machine.fetching):  # a deploy fetching would hold the stop up until it ends
-            self.machine.stop_fetching(stack)
+        self.machine.stop_all()
         faulthandler.dump_traceback_later(SLOW_STOP)  # what holds a slow stop up, for its bug report
         gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
         if not await gateway.finish(timeout=self.settings.switch_drain_timeout):

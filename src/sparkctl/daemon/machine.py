@@ -49,23 +49,24 @@ class DockerMachine:
         self.docker, self.deployer, self.catalog, self.store = docker, deployer, catalog, store
         self.desired_path, self.reporter, self.turns = desired_path, reporter, turns
         self.wake_floor = wake_floor  # bytes of MemAvailable under which a wake is killed
-        self.fetching: dict[str, threading.Event] = {}  # stack -> its deploy's stop, while one runs
-        self.cancelled: set[str] = set()  # stacks whose deploy's fetch a `cancel` stopped (not yet seen)
+        self.fetching: dict[str, threading.Event] = {}  # stack -> its deploy's (or pull's) stop, while one runs
+        self.stopping = False  # the daemon stops (`stop_all`)
         self._desired_lock = threading.Lock()
 
     def observe(self) -> list[Observed]:
         return [Observed(c.stack, c.id, c.state) for c in self.docker.containers() if not c.placed]
 
-    def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None
-               ) -> UpResult | None:
+    def deploy(self, stack: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None,
+               stop: threading.Event | None = None) -> UpResult | None:
         """Deploy (or confirm) the stack, or start what `stage` made of it; None if a `down` got
-        the lock first (it wins)."""
+        the lock first (it wins). `stop`, set, ends its fetch streams: the API's `up` passes its
+        own, which a cancel of that `up` sets (`stop_fetching` sets it too)."""
         with self.turns.turn(stack):
             if stack not in self.desired().stacks:
                 if staged is not None:
                     self.deployer().discard(staged, "not started: the stack was taken down meanwhile")
                 return None
-            self.fetching[stack] = stop = threading.Event()
+            self.fetching[stack] = stop = stop or threading.Event()
             try:
                 result = self.deployer().up(stack, refresh=refresh, replace=replace, staged=staged, stop=stop)
             finally:
@@ -74,11 +75,11 @@ class DockerMachine:
             log_headroom(stack, result.headroom)
         return result
 
-    def fetch(self, stack: str, *, refresh: bool = False) -> Prepared:
-        """Fetch and patch the stack in its turn, starting nothing (`Deployer.fetch`); a `down`
-        stops its streams as it stops a deploy's."""
+    def fetch(self, stack: str, *, refresh: bool = False, stop: threading.Event | None = None) -> Prepared:
+        """Fetch and patch the stack in its turn, starting nothing (`Deployer.fetch`); `stop` and
+        a `down` stop its streams as they stop a deploy's."""
         with self.turns.turn(stack):
-            self.fetching[stack] = stop = threading.Event()
+            self.fetching[stack] = stop = stop or threading.Event()
             try:
                 return self.deployer().fetch(stack, refresh=refresh, stop=stop)
             finally:
@@ -113,15 +114,20 @@ class DockerMachine:
         with self.turns.turn(staged.stack):
             self.deployer().discard(staged, why)
 
-    def stop_fetching(self, stack: str, *, cancel: bool = False) -> bool:
-        """End the fetch streams of a deploy (or pull) of the stack under way (a `down`, a
-        Ctrl-C's `cancel`, the daemon's stop): its turn ends soon after, not once every byte has
-        arrived. False: none runs."""
+    def stop_fetching(self, stack: str) -> bool:
+        """End the fetch streams of a deploy (or pull) of the stack under way (a `down`, the
+        daemon's stop): its turn ends soon after, not once every byte has arrived. False: none
+        runs. A cancel names its action instead: it sets that action's own `stop`."""
         if (fetching := self.fetching.get(stack)) is not None:
-            if cancel:
-                self.cancelled.add(stack)
             fetching.set()
         return fetching is not None
+
+    def stop_all(self) -> None:
+        """The daemon's stop: every fetch under way ends (a deploy fetching would hold the stop up
+        until it ends), and an `up` it stops keeps its stack desired: the next daemon resumes it."""
+        self.stopping = True
+        for stack in list(self.fetching):
+            self.stop_fetching(stack)
 
     def down(self, stack: str) -> int:
         with self.turns.turn(stack):

@@ -1,6 +1,6 @@
-"""What the daemon needs from its process and host: the state dir's exclusive lock, a higher
-limit on open files, a listening socket systemd hands over, the garbage collector kept off the
-objects made at start, giving freed memory back, and saying when it serves.
+"""What the daemon needs from its process and host: the state dir's exclusive lock, a listening
+socket systemd hands over, the garbage collector kept off the objects made at start, giving freed
+memory back, and saying when it serves (its limit on open files is `adapters.processes`').
 Called by `daemon/app.py` at start and after work."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import ctypes
 import fcntl
 import gc
 import os
-import resource
 import socket
 from pathlib import Path
 from typing import IO
@@ -35,19 +34,6 @@ def give_back_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-def open_files() -> int:
-    """Raise the soft limit on open files to the hard one; the limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 def handed_socket() -> socket.socket | None:

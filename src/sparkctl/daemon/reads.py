@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.answers import (
@@ -184,12 +183,13 @@ class Reads:
     def report_file(self, report: str, path: str) -> Path:
         return report_file(self.settings.state_dir, report, path)
 
-    def logs(self, stack: str, tail: int) -> Any:
-        """A stack's engine log as docker streams it (its last `tail` lines, then following); `close()` ends it."""
+    def logs(self, stack: str, tail: int) -> AsyncIterator[bytes]:
+        """A stack's engine log as docker streams it (its last `tail` lines, then following), to be
+        read on the loop; `aclose()` ends it."""
         found = self.machine.docker.containers(self.check_stack(stack))
         if not found:
             raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
-        return self.machine.docker.log_stream(found[0].id, tail=tail)
+        return self.machine.docker.follow_logs(found[0].id, tail=tail)
 
     def metrics_text(self) -> str:
         states = {o.stack: o.state for o in self.machine.observe()}

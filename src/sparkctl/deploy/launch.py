@@ -1,24 +1,27 @@
 """The engine's start, once a stack is prepared: its container created (gated, for a staged
 switch), started and health-checked, with the stack's previous container set aside meanwhile and
-restarted if the new one fails; or its compose project brought up. `Deployer` (pipeline.py) owns
-the flow around it: checks, admission, preparation, the record."""
+restarted if the new one fails; or its compose project brought up. Every bind either gets is
+judged first as this host resolves it (`binds.py`). `Deployer` (pipeline.py) owns the flow
+around it: checks, admission, preparation, the record."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkctl import instance as instances
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.container import LABEL_MEMORY, LABEL_STACK, Container
-from sparkctl.deploy import health, image, patches, weights
+from sparkctl.deploy import binds, health, image, patches, weights
+from sparkctl.deploy.memory import GIB, folder_bytes, kv_plan, usable_memory
 from sparkctl.deploy.progress import Reporter
 from sparkctl.deploy.record import Phases
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.policy.headroom import Headroom
 from sparkctl.policy.images import ImagePolicy
+from sparkctl.policy.parking import sleep_refusal
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
@@ -104,16 +107,40 @@ class Launch:
             self.docker.remove(c)
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
 
+    def check_paths(self, stack: Stack) -> None:
+        """The host paths the stack file names, judged before anything is fetched (`create`
+        judges every mount of the container again, resolved, just before it exists)."""
+        weights = [("model.path", stack.model), ("draft.path", stack.draft)]
+        paths = [(where, w.path) for where, w in weights if w is not None and w.path is not None]
+        paths += [(f"container.mounts[{i}].source", m.source) for i, m in enumerate(stack.container.mounts)]
+        for where, path in paths:
+            binds.judge(path, where=where, owned=self.owned(stack), allow=stack.allow)
+
+    def owned(self, stack: Stack) -> tuple[Path, ...]:
+        """The host folders sparkctl owns for `stack`, which it mounts without an `allow:`."""
+        return self.settings.hf_cache_dir, self.settings.overlays_dir, self._compile_cache_dir(stack)
+
     def sleeps(self, stack: Stack, prepared: Prepared) -> bool:
-        """Whether the engine starts with sleep mode: the stack may park, and its image wakes."""
-        return stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
+        """Whether the engine starts with sleep mode: the stack may park, its image wakes, and a
+        wake of its KV region is within GB10's bound (otherwise it runs as the seeds ran it)."""
+        return (stack.sleeps and not self.policy.wake_refused(prepared.image.digest)
+                and sleep_refusal(stack.name, kv_bytes=self.kv_bytes(stack, prepared),
+                                  kv_limit=int(self.settings.wake_kv_max_gib * GIB)) is None)
+
+    def kv_bytes(self, stack: Stack, prepared: Prepared) -> int | None:
+        """The KV cache the engine is given (None: vLLM sizes it, `resources.kv_cache: engine`)."""
+        weights = sum(folder_bytes(w.path) for w in (prepared.model, prepared.draft) if w is not None)
+        return kv_plan(stack, self.settings, weights=weights,
+                       usable=usable_memory(self.settings, engines_running=True))
 
     def create(self, stack: Stack, prepared: Prepared, *, sleep: bool, gated: bool = False) -> str:
         """Create (not start) the engine container; its name. `gated`: its engine waits for
         `open_gate` once the container runs."""
         plan = render(stack, self._sources(stack, prepared), image=prepared.image.run_ref,
                       fingerprint=prepared.fingerprint, gpus=self._gpus(), env=self.settings.engine_env,
-                      instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank)
+                      instance=self.settings.instance, sleep=sleep, placed=self.placed, rank=self.rank,
+                      kv_cache_bytes=self.kv_bytes(stack, prepared))
+        plan = replace(plan, mounts=binds.checked(plan.mounts, owned=self.owned(stack), allow=stack.allow))
         if gated:
             plan = plan.gated(self.docker.entrypoint(plan.image))
         self.docker.create(plan)
@@ -149,21 +176,30 @@ class Launch:
         """The stack's compose project up (built from the prepared image) and healthy."""
         assert stack.compose is not None
         url = stack.url
-        env = {"BASE_IMAGE": prepared.image.run_ref, "IMAGE": f"sparkctl/{stack.name}:{prepared.fingerprint}",
-               "FINGERPRINT": prepared.fingerprint, "PORT": str(stack.port), "HF_HUB_OFFLINE": "1",
-               "SERVED_MODEL_NAME": stack.served_name, "HF_HUB_CACHE_DIR": str(self.settings.hf_cache_dir),
-               "COMPILE_CACHE": str(self._compile_cache(stack)),
-               "GPU_MEMORY_UTILIZATION": f"{stack.resources.gpu_memory_utilization:g}", **stack.compose.env}
-        if stack.model and stack.model.repo:
-            env["MODEL_ID"] = stack.model.repo
         self.reporter.phase(stack.name, Phase.STARTING, f"docker compose up ({stack.compose.project})")
-        project = self.project(stack, env)
+        project = self.project(stack, {**stack.compose.env, **self.variables(stack, prepared)})
+        owned = (*self.owned(stack), self.settings.compose_dir / stack.compose.project)
+        for service, source, target in project.binds():  # as compose will hand them to Docker
+            binds.judge(source, where=f"compose project {stack.compose.project}, service {service}, volume at {target}",
+                        owned=owned, allow=stack.allow)
         project.up()
         containers = project.container_ids()
         if not containers:
             raise SparkctlError(f"compose project {project.name} started no container for {stack.compose.service}")
         rate = health.wait_healthy(stack, url, self._engine(containers[0]), reporter=phases.health())
         return UpResult(stack.name, prepared.fingerprint, True, url, rate)
+
+    def variables(self, stack: Stack, prepared: Prepared) -> dict[str, str]:
+        """What sparkctl gives a compose project's variables (`engine.COMPOSE_VARIABLES`; the
+        stack's `compose.env` may add others, never one of these)."""
+        env = {"BASE_IMAGE": prepared.image.run_ref, "IMAGE": f"sparkctl/{stack.name}:{prepared.fingerprint}",
+               "FINGERPRINT": prepared.fingerprint, "HOST": "127.0.0.1", "PORT": str(stack.port),
+               "HF_HUB_OFFLINE": "1", "SERVED_MODEL_NAME": stack.served_name,
+               "HF_HUB_CACHE_DIR": str(self.settings.hf_cache_dir), "COMPILE_CACHE": str(self._compile_cache(stack)),
+               "GPU_MEMORY_UTILIZATION": f"{stack.resources.gpu_memory_utilization:g}"}
+        if stack.model and stack.model.repo:
+            env["MODEL_ID"] = stack.model.repo
+        return env
 
     def project(self, stack: Stack, env: dict[str, str]) -> ComposeProject:
         """The stack's compose project, with `env` for its variables."""
@@ -188,9 +224,12 @@ class Launch:
                        compile_cache_dir=str(self._compile_cache(stack)) if stack.container.compile_cache else None)
 
     def _compile_cache(self, stack: Stack) -> Path:
-        path = self.settings.state_dir / "compile-cache" / stack.name
+        path = self._compile_cache_dir(stack)
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def _compile_cache_dir(self, stack: Stack) -> Path:
+        return self.settings.state_dir / "compile-cache" / stack.name
 
     def _set_aside(self, containers: list[Container]) -> list[str]:
         """Stop the stack's current containers and move them out of the way of the new name."""

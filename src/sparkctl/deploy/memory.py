@@ -1,20 +1,24 @@
 """The machine's memory as admission and the switch planner see it: what each stack holds now
 (awake: its fraction; parked: its share from `policy/parking.py`; stopped: nothing), and each
-stack's footprint, with its weights' size read from their files. Fractions are of the machine's
-memory (MemTotal, or SPARKCTL_MEMORY_TOTAL_GIB).
+stack's footprint, with its weights' size read from their files, and the KV cache its engine is
+given. Fractions are of the usable memory (`usable_memory`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sparkctl.adapters import cuda
 from sparkctl.adapters.hub import repo_folder
-from sparkctl.policy.parking import Footprint
+from sparkctl.errors import SparkctlError
+from sparkctl.policy.parking import Footprint, kv_budget
 from sparkctl.policy.switch import Memory
 
 if TYPE_CHECKING:  # the Docker SDK loads with the commands that talk to Docker, not with `fleet`'s
@@ -22,10 +26,58 @@ if TYPE_CHECKING:  # the Docker SDK loads with the commands that talk to Docker,
 from sparkctl.settings import Settings
 from sparkctl.spec.engine import Weights
 from sparkctl.spec.load import Catalog
+from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
 
 GIB = 1 << 30
 PAGE = 4096
+USABLE = "usable-memory.json"  # in the state dir: CUDA's free memory, measured with none of our engines running
+SIZES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def usable_memory(settings: Settings, *, engines_running: bool) -> int:
+    """The memory engines' fractions are of: SPARKCTL_MEMORY_TOTAL_GIB, else what CUDA reports
+    free while none of this instance's engines run (kept in the state dir for starts when they
+    do), else MemTotal (no CUDA: a machine without an NVIDIA driver)."""
+    if settings.memory_total_gib:
+        return int(settings.memory_total_gib * GIB)
+    kept = settings.state_dir / USABLE
+    free = None if engines_running else cuda.free_memory(settings.cuda_library)
+    if free:
+        usable = min(free, meminfo("MemTotal"))
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"bytes": usable, "source": "cuMemGetInfo"}))
+        os.replace(tmp, kept)
+        return usable
+    try:
+        return int(json.loads(kept.read_text())["bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return meminfo("MemTotal")
+
+
+def kv_plan(stack: Stack, settings: Settings, *, weights: int, usable: int) -> int | None:
+    """The KV cache `stack`'s engine is given, in bytes (vLLM's --kv-cache-memory-bytes); None
+    where vLLM sizes it (`resources.kv_cache: engine`). `weights`: its target's and draft's bytes
+    (a multi-node rank holds its share)."""
+    if stack.resources.kv_cache == "engine":
+        return None
+    fraction, overhead = stack.resources.gpu_memory_utilization, settings.engine_overhead_gib
+    weights //= stack.parallel.tensor * stack.parallel.pipeline if stack.parallel else 1
+    kv = kv_budget(fraction, usable=usable, weights=weights, overhead=int(overhead * GIB))
+    if kv <= 0:
+        raise SparkctlError(
+            f"{stack.name} leaves its engine no KV cache: {fraction:g} of {usable / GIB:.1f} GiB usable is "
+            f"{fraction * usable / GIB:.1f} GiB, and its weights take {weights / GIB:.1f} GiB plus {overhead:g} GiB "
+            "of engine overhead (SPARKCTL_ENGINE_OVERHEAD_GIB); raise resources.gpu_memory_utilization, or set "
+            "SPARKCTL_MEMORY_TOTAL_GIB if the usable memory is wrong")
+    return kv
+
+
+def size_bytes(size: str) -> int:
+    """A stack's size notation (`16g`, `1.5g`, `1024`: spec.base.SIZE) in bytes."""
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([bkmg]?)", size.lower()).groups()  # type: ignore[union-attr]
+    return int(float(number) * SIZES[unit])
 
 
 def meminfo(key: str, path: Path = Path("/proc/meminfo")) -> int:
@@ -59,17 +111,31 @@ class MemoryView:
 
     @functools.cached_property
     def total(self) -> int:
-        gib = self.settings.memory_total_gib
-        return int(gib * GIB) if gib else meminfo("MemTotal")
+        return usable_memory(self.settings, engines_running=any(c.running for c in self.docker.containers()))
 
     def footprint(self, name: str, awake: float | None = None) -> Footprint:
-        """The stack's fraction, its weights' share (0 until they are on disk) and the residue."""
+        """The stack's fraction (with its own /dev/shm, which is carved from the same pool), its
+        weights' share (0 until they are on disk) and the residue."""
         residue = self.settings.park_residue_gib * GIB / self.total
         if name not in self.catalog.stacks:  # its file is gone: the container's label is what is left
             return Footprint(awake or 0.0, 0.0, residue)
         stack = self.catalog.stack(name)
-        weights = sum(folder_bytes(d) for d in filter(None, map(self._weights_dir, (stack.model, stack.draft))))
-        return Footprint(stack.resources.gpu_memory_utilization, weights / self.total, residue)
+        return Footprint(stack.resources.gpu_memory_utilization + self.shm(stack) / self.total,
+                         self.weights(stack) / self.total, residue)
+
+    def weights(self, stack: Stack) -> int:
+        """The bytes of the stack's weights (target and draft) on disk; 0 until they are fetched."""
+        return sum(folder_bytes(d) for d in filter(None, map(self._weights_dir, (stack.model, stack.draft))))
+
+    def shm(self, stack: Stack) -> int:
+        """The /dev/shm of the stack's own: Docker ignores shm_size with `ipc: host`, where the
+        engine shares the host's (whose use MemAvailable already counts)."""
+        c = stack.container
+        return size_bytes(c.shm_size) if c.shm_size and c.ipc != "host" else 0
+
+    def kv_bytes(self, stack: Stack) -> int | None:
+        """The KV cache the stack's engine is given (None: vLLM sizes it)."""
+        return kv_plan(stack, self.settings, weights=self.weights(stack), usable=self.total)
 
     def held(self, parked: Mapping[str, int]) -> dict[str, float]:
         """What each stack with a running container holds now."""

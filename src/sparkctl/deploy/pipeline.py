@@ -144,11 +144,12 @@ class Deployer:
         self.store.deployments.advance(staged.deployment, Phase.FAILED, error=why)
 
     def _check(self, stack: Stack) -> None:
-        """What refuses a stack before anything is fetched: its kind here, its image's tag."""
+        """What refuses a stack before anything is fetched: its kind here, its image's tag, its host paths."""
         if stack.parallel is not None and self.rank is None:
             raise SparkctlError(f"{stack.name} is a multi-node stack ({stack.parallel.nodes} ranks): it runs across a "
                                 f"fleet, with `sparkctl fleet up {stack.name}` on the fleet's head")
         check(self.policy, stack.image.ref, allow_latest=stack.image.allow_latest)  # a refused tag says so first
+        self.launch.check_paths(stack)  # the host folders it names, as this host resolves them
         for _, why in stack.risks():  # opted into with `allow:`
             self.reporter.note(stack.name, f"warning: {why}")
 

@@ -3,17 +3,17 @@
 session ends), the driver, the memory the planner divides against MemTotal, swap, the stacks'
 `/dev/shm` against the pool, `PYTORCH_CUDA_ALLOC_CONF`, the kernel log the sentinel can read, and
 the sentinel's last words of a daemon run that did not stop cleanly. The parsing is pure
-(`remove_ipc`, `size_bytes`); the checks read through `Spark`."""
+(`remove_ipc`); the checks read through `Spark`."""
 
 from __future__ import annotations
 
+import json
 import os
-import re
 from pathlib import Path
 
 from sparkctl.adapters import kernellog
 from sparkctl.bench import environment
-from sparkctl.deploy.memory import GIB, meminfo
+from sparkctl.deploy.memory import GIB, USABLE, meminfo, size_bytes
 from sparkctl.doctor import Check, ok, warn
 from sparkctl.doctor.spark import Spark
 from sparkctl.fleet import local
@@ -26,7 +26,6 @@ LOGIND_DROPINS = (Path("/usr/lib/systemd/logind.conf.d"), Path("/run/systemd/log
 CUDA_USABLE_GIB = 102.0  # CUDA's free memory at boot on GB10 (MiaAI-Lab/...-2x-DGX-Sparks #47): 101-102 GiB
 GB10_TOTAL_GIB = 110.0  # a MemTotal above this is a 128 GB Spark
 SHM_SUGGESTED_GIB = 10.0  # what the #31 reporters moved to after 64 GB of /dev/shm was suspected
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([bkmg]?)$", re.IGNORECASE)
 
 
 def remove_ipc(files: list[tuple[Path, str]]) -> tuple[bool, str]:
@@ -58,14 +57,6 @@ def logind_files() -> list[tuple[Path, str]]:
     return [(p, p.read_text(errors="replace")) for p in paths]
 
 
-def size_bytes(text: str) -> int:
-    """A Docker size (`16g`, `512m`, `1024`) in bytes."""
-    match = _SIZE.match(text.strip())
-    if not match:
-        raise ValueError(f"not a size: {text!r}")
-    return int(float(match[1]) * {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match[2].lower()])
-
-
 def logind(spark: Spark, files: list[tuple[Path, str]] | None = None) -> list[Check]:
     removes, where = remove_ipc(logind_files() if files is None else files)
     fleet = spark.settings.fleet_path.exists() or (spark.settings.fleet_dir / local.RECORD_FILE).exists()
@@ -88,9 +79,17 @@ def driver(spark: Spark) -> list[Check]:
 
 
 def usable_memory(spark: Spark) -> list[Check]:
+    """What the planner divides (`deploy.memory.usable_memory`: the setting, else CUDA's free memory
+    as the daemon last measured it, else MemTotal) against MemTotal. Read only: the daemon measures."""
     total = meminfo("MemTotal", spark.meminfo) / GIB
-    divided = spark.settings.memory_total_gib or total
-    source = "SPARKCTL_MEMORY_TOTAL_GIB" if spark.settings.memory_total_gib else "MemTotal"
+    if spark.settings.memory_total_gib:
+        divided, source = spark.settings.memory_total_gib, "SPARKCTL_MEMORY_TOTAL_GIB"
+    else:
+        try:
+            divided, source = json.loads((spark.settings.state_dir / USABLE).read_text())["bytes"] / GIB, \
+                "CUDA's free memory, as the daemon measured it"
+        except (OSError, ValueError, KeyError, TypeError):
+            divided, source = total, "MemTotal: not measured yet (no CUDA, or no daemon has planned)"
     found = f"MemTotal {total:.1f} GiB; the planner divides {divided:.1f} GiB ({source})"
     if total > GB10_TOTAL_GIB and divided > CUDA_USABLE_GIB:
         return [warn("spark", "usable memory", f"{found}, but CUDA's free memory at boot on GB10 has measured "

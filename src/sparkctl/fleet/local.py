@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from sparkctl.deploy.memory import GIB, meminfo
+from sparkctl.deploy.memory import usable_memory
 from sparkctl.errors import SparkctlError
 from sparkctl.node import LABEL_ADDRESS, LABEL_INTERFACE, LABEL_VALUE, NodeLaunch, NodeRecord
 from sparkctl.settings import Settings
@@ -88,8 +88,9 @@ def choose_host(fleet: Fleet | None, *, name: str | None, address: str | None, p
 
 
 def memory_total(settings: Settings) -> int:
-    """A Spark's memory in bytes, which ceilings and stacks' fractions are of: the setting, else MemTotal."""
-    return int(settings.memory_total_gib * GIB) if settings.memory_total_gib else meminfo("MemTotal")
+    """A Spark's memory in bytes, which ceilings and stacks' fractions are of: its usable memory as
+    this Spark's daemon last measured it (no measuring here: engines may run), else MemTotal."""
+    return usable_memory(settings, engines_running=True)
 
 
 def launch_for(host: Host, *, head: str | None, settings: Settings) -> NodeLaunch:

@@ -4,6 +4,12 @@ service) and, when API keys are configured, for a key on the paths that need one
 or HTTP Basic's password, which is how a browser sends it to the dashboard under /ui), compared
 in constant time. A refusal is answered in the OpenAI envelope. The `Gateway` (`proxy.py`) builds
 one and hands its `admit` to the connection (`server.py`), which asks it once the head is in.
+
+The OpenAI routes (/v1) are for agents, never for web pages: a page that a browser on the Spark
+visits can POST to a loopback port without a CORS preflight, as a form or as `text/plain`, and
+the browser says where it came from in `Origin`. Agents send no Origin and send JSON. So a /v1
+request whose Origin is not the gateway's own (the Host it was sent to) is refused (403), and so
+is a /v1 POST whose body is not declared JSON (415): neither reaches an engine or wakes a stack.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import base64
 import binascii
 import hmac
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from sparkctl.gateway.request import Answer, Request
 from sparkctl.gateway.server import error
@@ -34,6 +41,8 @@ class Access:
         if self.api_keys and request.path.startswith(self.keyed) and not self._authorized(request):
             ask = [("WWW-Authenticate", 'Basic realm="sparkctl", charset="UTF-8"')] if in_ui(request.path) else []
             return lambda conn: error(conn, 401, "missing or wrong API key", "invalid_api_key", headers=ask)
+        if request.path.startswith("/v1/"):
+            return _from_a_page(request)
         return None
 
     def _authorized(self, request: Request) -> bool:
@@ -52,6 +61,29 @@ class Access:
 
 def in_ui(path: str) -> bool:
     return path == "/ui" or path.startswith("/ui/")
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """Whether an `Origin` header names the server the request was sent to (its `Host`)."""
+    try:
+        netloc = urlsplit(origin).netloc.lower()
+    except ValueError:  # not a URL (`http://[::1`)
+        return False
+    return bool(netloc) and netloc == host.strip().lower()
+
+
+def _from_a_page(request: Request) -> Answer | None:
+    """Refuse an OpenAI request a web page could have sent: another site's Origin, or a body
+    that is not declared JSON (`application/json`, parameters allowed)."""
+    origin = request.headers.get("origin")
+    if origin is not None and not same_origin(origin, request.headers.get("host", "")):
+        return lambda conn: error(conn, 403, f"Origin {origin[:80]!r} is not this gateway: the OpenAI routes are for "
+                                  "agents, not web pages", "forbidden")
+    kind = request.headers.get("content-type", "")
+    if request.method == "POST" and kind.partition(";")[0].strip().lower() != "application/json":
+        return lambda conn: error(conn, 415, f"Content-Type {kind[:60]!r}: the body must be JSON "
+                                  "(Content-Type: application/json)", "unsupported_media_type")
+    return None
 
 
 def _hostname(host: str) -> str:

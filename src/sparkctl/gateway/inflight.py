@@ -1,8 +1,9 @@
 """The proxied requests in flight on the engines: a routed request is counted in the `Ledger`, takes
-a slot on the replica `Replicas` picks, and is sent over the gateway's engine pool with a `stall`
-bound; its slot is given back once it ends. An engine that refuses or resets a connection before
-answering, or answers 503 (asleep without the daemon's word, or not serving), or sends nothing of
-a stream for `stall` seconds, is ejected, and a request nothing of whose answer was passed on goes
+a slot on the replica `Replicas` picks, and is sent over the gateway's engine pool with its
+`Bounds` on the engine's silence (`stall` for a stream, `first_byte` for a whole answer); its slot
+is given back once it ends. An engine that refuses or resets a connection before answering, or
+answers 503 (asleep without the daemon's word, or not serving), or stays silent past its bound,
+is ejected, and a request nothing of whose answer was passed on goes
 to another replica (a lone engine's failure is passed on, but for a stack placed across a fleet,
 which the daemon re-places when its host dies). An engine or a host that leaves routing has its
 unanswered requests moved and the answers under way there ended (the client sees an incomplete
@@ -25,16 +26,13 @@ from sparkctl.gateway.upstream import UpstreamError
 # Failed forwards a request to a placed stack may have beyond one per replica: each ejects the
 # engine for EJECT_S, so this covers a host's death until the fleet's control plane declares it.
 PLACED_RETRIES = 6
-# Seconds a stream's engine may send nothing (not even its first token) before the stream is ended
-# and the engine ejected: a hung engine, or one behind a cut link, which TCP takes ~15 min to notice.
-STALL = 120.0
 
 
 class InFlight:
     def __init__(self, on_engine: dict[str, set[Proxied]], replicas: Replicas, ledger: Ledger, *,
-                 upstreams: EnginePool, route: Callable[[Proxied], None], stall: float) -> None:
+                 upstreams: EnginePool, route: Callable[[Proxied], None]) -> None:
         self.on_engine, self.replicas, self.ledger, self.upstreams = on_engine, replicas, ledger, upstreams
-        self.route, self.stall = route, stall  # route: the gateway's, for a request that must go elsewhere
+        self.route = route  # the gateway's, for a request that must go elsewhere
 
     def send(self, exchange: Proxied) -> None:
         """Count a routed request in and forward it, or wait for a replica under the stack's cap."""
@@ -93,9 +91,13 @@ class InFlight:
         self.ledger.forwarded(exchange.upstream.stack)
         exchange.forwarded, exchange.replica = True, url
         self.on_engine.setdefault(url, set()).add(exchange)
-        stall = self.stall if exchange.payload.get("stream") else None  # a whole answer may take any time
+        # A hung engine, or one behind a cut link (which TCP takes ~15 min to notice), is silent: a
+        # stream's may not be for `stall` at any point; a whole answer comes at once when it is
+        # done, so only the wait for it is bounded.
+        bounds, stream = exchange.bounds, bool(exchange.payload.get("stream"))
         exchange.call = self.upstreams.post(url, exchange.path, json.dumps(exchange.payload).encode(), exchange,
-                                            exchange.upstream.headers, stall=stall)
+                                            exchange.upstream.headers, stall=bounds.stall if stream else None,
+                                            first_byte=None if stream else bounds.first_byte)
         if exchange.conn.paused:
             exchange.call.pause()
 

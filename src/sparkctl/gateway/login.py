@@ -1,13 +1,15 @@
 """The dashboard owner's credential: a key only the owner can read, one-time login codes made
-from it, and the browser sessions and page tokens those codes open.
+from it, and the browser sessions those codes open.
 
 The key is 32 random bytes made at the daemon's first start, kept 0600 in the state dir
 (`dashboard.key`). `sparkctl dashboard` (the owner, who can read the file) makes a login code and
-prints the URL that carries it; the dashboard (`ui.py`) trades a valid, unexpired, unused code for
-a session cookie, and every action needs that session and the page token derived from it. Both
-are HMACs of the key, so nothing is kept per browser: loading the page any number of times evicts
-nobody, and a new key (delete the file, restart the daemon) ends every session. Anything else on
-the host, a model container included, can load the page and read, but cannot act.
+prints the URL that carries it; the dashboard (`ui.py`) trades a valid, unexpired, unused code,
+made during this run of the daemon, for a session, which the page keeps in its origin's storage
+and sends with every action. Codes and sessions are HMACs of the key, so nothing is kept per
+browser: loading the page any number of times evicts nobody, and a new key (delete the file,
+restart the daemon) ends every session. The codes used are remembered only while the daemon runs;
+a code made before it started is refused, so a restart cannot make a used one good again.
+Anything else on the host, a model container included, can load the page and read, but cannot act.
 """
 
 from __future__ import annotations
@@ -48,19 +50,20 @@ def login_code(key: bytes, now: float | None = None) -> str:
 
 
 class Logins:
-    """Checks codes, sessions and page tokens against the key; remembers the codes used until
-    they expire (each opens one session)."""
+    """Checks codes and sessions against the key; remembers the codes used in this run until they
+    expire (each opens one session). Built once per run of the daemon: `started` is that run's start."""
 
     def __init__(self, key: bytes, clock=time.time) -> None:
         self.key, self.clock = key, clock
+        self.started = clock()
         self.used: dict[str, float] = {}  # code -> its expiry
 
     def open_session(self, code: str) -> str | None:
-        """A new session for a good code not used before; None otherwise."""
+        """A new session for a good code made in this run and not used before; None otherwise."""
         now = self.clock()
         self.used = {c: until for c, until in self.used.items() if until >= now}
         until = _verify(self.key, "login", code, now)
-        if until is None or code in self.used:
+        if until is None or until - CODE_TTL < self.started - 0.001 or code in self.used:  # to the ms
             return None
         self.used[code] = until
         return _signed(self.key, "session", now + SESSION_TTL)
@@ -68,13 +71,9 @@ class Logins:
     def valid(self, session: str) -> bool:
         return _verify(self.key, "session", session, self.clock()) is not None
 
-    def page_token(self, session: str) -> str:
-        """What the page of `session` sends with each action (`X-Sparkctl-Token`)."""
-        return _mac(self.key, f"page.{session}")
-
 
 def _signed(key: bytes, purpose: str, until: float) -> str:
-    body = f"{int(until)}.{secrets.token_urlsafe(12)}"
+    body = f"{int(until * 1000)}.{secrets.token_urlsafe(12)}"  # milliseconds: a code's age is judged to them
     return f"{body}.{_mac(key, f'{purpose}.{body}')}"
 
 
@@ -84,7 +83,7 @@ def _verify(key: bytes, purpose: str, value: str, now: float) -> float | None:
     expiry = body.partition(".")[0]
     if not expiry.isdigit() or not hmac.compare_digest(mac.encode(), _mac(key, f"{purpose}.{body}").encode()):
         return None
-    return float(expiry) if float(expiry) >= now else None
+    return int(expiry) / 1000 if int(expiry) / 1000 >= now else None
 
 
 def _mac(key: bytes, text: str) -> str:

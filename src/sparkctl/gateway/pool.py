@@ -27,20 +27,23 @@ class EnginePool:
         self.addresses: dict[str, Address] = {}
 
     def post(self, url: str, path: str, body: bytes, sink: Sink, headers: Sequence[tuple[str, str]] = (), *,
-             stall: float | None = None) -> Call:
+             stall: float | None = None, first_byte: float | None = None) -> Call:
         """Send `body` as JSON to `url` + `path`; the answer goes to `sink`. Needs a running loop.
-        `stall`: fail the call once the engine has sent nothing for that many seconds."""
-        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json"), *headers], stall=stall)
+        `stall`: fail the call once the engine has sent nothing for that many seconds; `first_byte`:
+        once it has sent nothing of its answer for that many (default: `stall`)."""
+        return self.send(url, "POST", path, body, sink, [("Content-Type", "application/json"), *headers], stall=stall,
+                         first_byte=first_byte)
 
     def send(self, url: str, method: str, target: str, body: bytes, sink: Sink,
-             headers: Sequence[tuple[str, str]] = (), *, stall: float | None = None) -> Call:
+             headers: Sequence[tuple[str, str]] = (), *, stall: float | None = None,
+             first_byte: float | None = None) -> Call:
         """Any request to `url` (`target`: path and query); the answer goes to `sink`."""
         address = self._address(url)
         host = "localhost" if isinstance(address, str) else f"{address[0]}:{address[1]}"
         head = [f"{method} {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers),
                 f"Content-Length: {len(body)}"]
         message = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-        call = Call(self, address, message, sink, stall=stall)
+        call = Call(self, address, message, sink, stall=stall, first_byte=first_byte)
         conn = self._take(address)
         if conn is not None:
             conn.send(call)

@@ -25,9 +25,9 @@ import structlog
 from sparkctl.errors import SparkctlError
 from sparkctl.gateway.access import Access, in_ui
 from sparkctl.gateway.defaults import with_defaults
-from sparkctl.gateway.exchange import Proxied
+from sparkctl.gateway.exchange import Bounds, Proxied
 from sparkctl.gateway.hold import Hold
-from sparkctl.gateway.inflight import STALL, InFlight
+from sparkctl.gateway.inflight import InFlight
 from sparkctl.gateway.ledger import Ledger
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.pages import Pages
@@ -61,10 +61,11 @@ class Gateway:
     def __init__(self, routes: Callable[[], RouteTable], *, api_keys: list[str] | None = None,
                  hosts: Sequence[str] | None = None, metrics_key: bool = False, limits: Limits | None = None,
                  hold_queue: int = 1024, hold_timeout: float = 300.0, drain_timeout: float = 120.0,
-                 stall: float = STALL, upstreams: EnginePool | None = None, waker: Waker | None = None,
+                 bounds: Bounds = Bounds(), upstreams: EnginePool | None = None, waker: Waker | None = None,
                  counters: Counters | None = None, ui: Dashboard | None = None) -> None:
-        """`waker` wakes parked stacks on demand, `counters` count each stack's prompt tokens (for
-        routed aliases), `ui` is the dashboard under /ui, on the keep-alive pool `upstreams`."""
+        """`bounds` limit how long each proxied request takes, `waker` wakes parked stacks on demand,
+        `counters` count each stack's prompt tokens (for routed aliases), `ui` is the dashboard
+        under /ui, on the keep-alive pool `upstreams`."""
         self.routes = routes
         self.admit = Access(api_keys, hosts, metrics_key=metrics_key).admit  # asked once a request's head is in
         self.limits = limits or Limits()
@@ -74,8 +75,9 @@ class Gateway:
         self.hold_queue, self.hold_timeout, self.drain_timeout = hold_queue, hold_timeout, drain_timeout
         self.ledger = Ledger()
         self.upstreams = upstreams or EnginePool()  # keep-alive connections to the engines
+        self.bounds = bounds
         self.inflight = InFlight(self.on_engine, self.replicas, self.ledger, upstreams=self.upstreams,
-                                 route=self._route, stall=stall)
+                                 route=self._route)
         self.holds: dict[str, Hold] = {}  # alias -> its hold while it switches (or a parked name's, while it wakes)
         self.waker = waker
         self.waking: dict[str, asyncio.Task] = {}  # stack -> its wake on demand
@@ -185,7 +187,7 @@ class Gateway:
             error(conn, 400, "request body must be a JSON object with a string `model`", "invalid_request_error")
             return
         exchange = conn.exchange = Proxied(conn, request.path, body, ledger=self.ledger, done=self.inflight.finished,
-                                           retry=self.inflight.retry, size=len(request.body))
+                                           retry=self.inflight.retry, size=len(request.body), bounds=self.bounds)
         hold = self.holds.get(body["model"])
         if hold is not None:
             exchange.wait(self._after_hold(exchange, hold))
@@ -195,8 +197,7 @@ class Gateway:
     async def _after_hold(self, exchange: Proxied, hold: Hold) -> None:
         refused = await hold.wait()
         if refused is not None:
-            error(exchange.conn, 503, f"{refused}; retry shortly", hold.code,
-                  headers=[("Retry-After", RETRY_AFTER)])
+            exchange.refuse(503, f"{refused}; retry shortly", hold.code, headers=[("Retry-After", RETRY_AFTER)])
         else:
             self._route(exchange)
 
@@ -214,8 +215,8 @@ class Gateway:
             exchange.wait(self._after_hold(exchange, self._wake(model, table.parked[model])))
             return
         if upstream is None:
-            error(exchange.conn, 404, f"The model `{model}` does not exist here; GET /v1/models lists what does.",
-                  "model_not_found")
+            exchange.refuse(404, f"The model `{model}` does not exist here; GET /v1/models lists what does.",
+                            "model_not_found")
             return
         if not self.replicas.live(upstream):  # every replica ejected: wait for one to come back
             exchange.wait(self._after_hold(exchange, self._outage(upstream.stack)))

@@ -17,7 +17,9 @@ reading from the engine.
 Nothing waits on an engine for good: connecting is bounded (`connect_timeout`), and a call given a
 `stall` bound (the gateway's streams) fails once its engine has sent nothing for that long, from
 the request's write or its last byte, not counting time its caller kept reading paused: a
-stream from an engine on a host whose link is cut would otherwise hang until TCP gives up.
+stream from an engine on a host whose link is cut would otherwise hang until TCP gives up. A
+`first_byte` bound alone (the gateway's whole answers, which come at once when they are done)
+bounds only the wait for the answer's first byte.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 class UpstreamError(Exception):
     """The engine could not be reached or broke off its answer. `unanswered`: the engine served no
     part of the request (refused, reset or closed before answering), so it may go to another
-    replica. `stalled`: the engine sent nothing for the call's `stall` bound."""
+    replica. `stalled`: the engine sent nothing for the call's `stall` (or `first_byte`) bound."""
 
     def __init__(self, message: str, *, unanswered: bool = False, stalled: bool = False) -> None:
         super().__init__(message)
@@ -62,9 +64,10 @@ class Call:
     """One request to an engine, from sending until its answer ends, fails or is cancelled."""
 
     def __init__(self, pool: EnginePool, address: Address, message: bytes, sink: Sink, *,
-                 stall: float | None = None) -> None:
+                 stall: float | None = None, first_byte: float | None = None) -> None:
         self.pool, self.address, self.message, self.sink = pool, address, message, sink
         self.stall = stall  # s the engine may send nothing before the call fails; None: unbounded
+        self.first_byte = stall if first_byte is None else first_byte  # s until the answer's first byte
         self.conn: EngineConnection | None = None
         self.task: asyncio.Task[None] | None = None  # making a fresh connection, when one was needed
         self.paused = self.retried = False
@@ -142,9 +145,9 @@ class EngineConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(call.message)
         self._unwatch()
-        if call.stall is not None:
+        if call.first_byte is not None:
             self.heard = time.monotonic()
-            self.watch = asyncio.get_running_loop().call_later(call.stall, self._check_stall)
+            self.watch = asyncio.get_running_loop().call_later(call.first_byte, self._check_stall)
 
     def reading(self, on: bool) -> None:
         if self.transport is not None and not self.closed and on == self.paused:
@@ -240,18 +243,20 @@ class EngineConnection(asyncio.Protocol):
             self.ended = True
 
     def _check_stall(self) -> None:
-        """The call's bound: fail it once its engine has been silent that long (while reading)."""
+        """The call's bound: fail it once its engine has been silent that long (while reading):
+        `first_byte` until the answer's first byte, `stall` after it (none: no bound)."""
         call, self.watch = self.call, None
-        if call is None or call.stall is None:
+        bound = None if call is None else call.stall if self.answered else call.first_byte
+        if bound is None:
             return
         quiet = time.monotonic() - self.heard
-        if self.paused or quiet < call.stall:
-            self.watch = asyncio.get_running_loop().call_later(call.stall - (0 if self.paused else quiet),
+        if self.paused or quiet < bound:
+            self.watch = asyncio.get_running_loop().call_later(bound - (0 if self.paused else quiet),
                                                                self._check_stall)
             return
         self.call = None
         self.close()
-        call.sink.failed(UpstreamError(f"the engine sent nothing for {call.stall:g} s", stalled=True,
+        call.sink.failed(UpstreamError(f"the engine sent nothing for {bound:g} s", stalled=True,
                                        unanswered=not self.answered))
 
     def _unwatch(self) -> None:

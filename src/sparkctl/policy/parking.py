@@ -12,6 +12,12 @@ On a Spark the GPU and the CPU share one pool, so vLLM's sleep mode does not fre
 `choose` picks the deepest-keeping level whose peaks and result fit under the ceiling: level 1
 (fastest wake), else level 2, else stop (a cold start later). All figures are fractions of the
 machine's memory.
+
+On GB10 a sleep is safe only in a narrow band (vLLM #50011): a level-1 wake that re-mapped a
+37 GiB KV region worked, one that re-mapped 78 GiB killed the engine and twice froze the host, and
+two sleep-enabled servers on one Spark took it down. `kv_budget` gives each engine an absolute KV
+size (vLLM's --kv-cache-memory-bytes) instead of a fraction vLLM fills during start-up (vLLM
+#46307), and `sleep_refusal` says why a stack must not sleep under those rules.
 """
 
 from __future__ import annotations
@@ -73,3 +79,28 @@ def choose(setting: Park, stack: Footprint, *, beside: float, after: float, ceil
     if setting is Park.STOP:
         return Choice(Park.STOP, "stop: the stack's switch.park setting")
     return Choice(Park.STOP, f"stop: {'; '.join(misses)}, over the ceiling {ceiling:.2f}")
+
+
+def kv_budget(fraction: float, *, usable: int, weights: int, overhead: int) -> int:
+    """The KV cache an engine may hold, in bytes: its fraction of the usable memory, less its
+    weights (target and draft) and the engine's own overhead (activations, CUDA graphs, context).
+    Not positive: the weights leave no room at this fraction."""
+    return int(fraction * usable) - weights - overhead
+
+
+def sleep_refusal(stack: str, *, kv_bytes: int | None, kv_limit: int, sleeping: tuple[str, ...] = ()) -> str | None:
+    """Why `stack` must park by stopping under GB10's sleep rules, if it must: its KV region is
+    above the wake bound (or unknown: vLLM sized it), or another engine sleeps already (`sleeping`,
+    none when the one-at-a-time rule is off)."""
+    gib = 1 << 30
+    if kv_bytes is None:
+        return ("stop: its KV region is not bounded (the image's vLLM has no --kv-cache-memory-bytes), so a "
+                "level-1 wake's re-map is unknown (vLLM #50011)")
+    if kv_bytes > kv_limit:
+        return (f"stop: a wake would re-map its {kv_bytes / gib:.1f} GiB KV region, over the safe bound "
+                f"{kv_limit / gib:.1f} GiB (SPARKCTL_WAKE_KV_MAX_GIB; vLLM #50011 froze a Spark at 78 GiB)")
+    others = [s for s in sleeping if s != stack]
+    if others:
+        return (f"stop: {others[0]} sleeps already, and on unified memory one engine sleeps at a time "
+                "(SPARKCTL_SLEEP_ONE_AT_A_TIME; two sleeping servers took a Spark down, vLLM #50011)")
+    return None

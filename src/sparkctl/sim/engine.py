@@ -44,6 +44,11 @@ class Faults:
     empty: bool = False  # completions are empty
     wake_keeps_backup: bool = False  # a level-1 wake frees the host copy last (vLLM #50011)
     queue_while_asleep: bool = False  # requests wait for /wake_up, as real vLLM's do, instead of a 503
+    hang_requests: bool = False  # completions are read and never answered (a wedged engine core)
+    # Start-up profiling on unified memory peaks this fraction of host memory above
+    # --gpu-memory-utilization while it sizes the KV cache from it (vLLM #46307: 0.70 reached
+    # ~112 of 119 GiB, 0.24 above); an absolute --kv-cache-memory-bytes skips that sizing.
+    profile_overshoot: float = 0.0
     # Once this many requests have finished, the engine stops generating for good: running and new
     # requests freeze, /health stays 200 (the deadlock of eugr/spark-vllm-docker #260).
     deadlock_after: int | None = None
@@ -114,13 +119,14 @@ class Memory:
     """Real host memory standing in for the engine's share of unified memory.
 
     Each region (`weights`, `kv_cache`, `backup`, the weights' host copy while asleep at level 1,
-    and `growth`, the `grow_mib` fault's) is a private anonymous mmap with every page written, so MemAvailable (and the
-    process's RssAnon) really move; unmapping releases it. Sizes of 0 (no memory scale) hold
-    nothing and only take time.
+    and `profile`, start-up profiling's transient peak, and `growth`, the `grow_mib` fault's) is a
+    private anonymous mmap with every page written, so MemAvailable (and the process's RssAnon)
+    really move; unmapping releases it. Sizes of 0 (no memory scale) hold nothing and only take
+    time.
     """
 
-    def __init__(self, *, weights: int = 0, kv_cache: int = 0) -> None:
-        self.sizes = {"weights": weights, "kv_cache": kv_cache, "backup": weights, "growth": 0}
+    def __init__(self, *, weights: int = 0, kv_cache: int = 0, profile: int = 0) -> None:
+        self.sizes = {"weights": weights, "kv_cache": kv_cache, "backup": weights, "profile": profile, "growth": 0}
         self._regions: dict[str, mmap.mmap] = {}
         self._touched = dict.fromkeys(self.sizes, 0)  # fixed keys: read from the event loop mid-allocation
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     speculative = _speculative(args)
     profile = _profile(args.sim_profile or auto_profile(_model_name(model_dir), speculative))
     _preflight(args, model_dir, profile, speculative)
-    memory = _memory(args, model_dir, speculative, float(os.environ.get("SPARKCTL_SIM_MEMORY_SCALE", "0")))
+    memory = _memory(args, model_dir, speculative, float(os.environ.get("SPARKCTL_SIM_MEMORY_SCALE", "0")), faults)
     scale = float(os.environ.get("SPARKCTL_SIM_TIME_SCALE", "1"))
     _load(profile, float(os.environ.get("SPARKCTL_SIM_LOAD_SCALE", scale)), faults, memory)
     vocab = Vocabulary(model_dir, seed=args.sim_seed)
@@ -89,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-model-len", type=int, default=131072)
     s.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    s.add_argument("--kv-cache-memory-bytes", type=_size)
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
     s.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     s.add_argument("--attention-backend")
@@ -135,6 +137,15 @@ def vllm_package_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("ModuleNotFoundError: No module named 'vllm'")
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _size(text: str) -> int:
+    """vLLM's human-readable integer: `40000000000`, `40G` (10^9), `40GiB` (2^30)."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)(i?)b?", text.strip().lower())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    number, unit, binary = found.groups()
+    return int(float(number) * (1024 if binary else 1000) ** " kmgt".index(unit or " "))
 
 
 def _fraction(text: str) -> float:
@@ -218,20 +229,28 @@ def host_memory_bytes() -> int:
     raise RuntimeError("MemTotal missing from /proc/meminfo")
 
 
-def _memory(args: argparse.Namespace, model_dir: Path, speculative: dict, scale: float) -> Memory:
-    """The memory the engine holds awake: --gpu-memory-utilization of (host memory x scale),
-    the weight files' real size (the draft's too) and the rest as KV cache. Scale 0 holds none."""
+def _memory(args: argparse.Namespace, model_dir: Path, speculative: dict, scale: float, faults: Faults) -> Memory:
+    """The memory the engine holds awake: the weight files' real size (the draft's too) and the KV
+    cache: --kv-cache-memory-bytes as given (a planner that sees a Spark of host memory x scale
+    sizes it in this machine's bytes), else what --gpu-memory-utilization of (host memory x scale)
+    leaves; plus, sized from the fraction only, start-up profiling's overshoot (a fault). Scale 0
+    holds none."""
     if not scale:
         return Memory()
     weights = weight_bytes(model_dir)
     draft = speculative.get("model")
     if draft and Path(draft).is_dir():
         weights += weight_bytes(Path(draft))
+    if args.kv_cache_memory_bytes is not None:
+        _log(f"Reserved {args.kv_cache_memory_bytes / 2**30:.2f} GiB memory for KV Cache as specified by "
+             "kv_cache_memory_bytes config and skipped memory profiling")
+        return Memory(weights=weights, kv_cache=args.kv_cache_memory_bytes)
     kv_cache = int(args.gpu_memory_utilization * host_memory_bytes() * scale) - weights
     if kv_cache <= 0:
         _die("ValueError: No available memory for the cache blocks. Try increasing "
              "`gpu_memory_utilization` when initializing the engine.")
-    return Memory(weights=weights, kv_cache=kv_cache)
+    profile = int((args.gpu_memory_utilization + faults.profile_overshoot) * host_memory_bytes() * scale) - weights
+    return Memory(weights=weights, kv_cache=kv_cache, profile=profile if faults.profile_overshoot else 0)
 
 
 def _load(profile: Profile, scale: float, faults: Faults, memory: Memory) -> None:
@@ -250,6 +269,10 @@ def _load(profile: Profile, scale: float, faults: Faults, memory: Memory) -> Non
     compiled = Path(root) / "torch_compile_cache" / f"sim-{profile.name}" if root else None
     cached = compiled is not None and compiled.is_dir()
     compile_s = profile.cached_compile_s if cached else profile.compile_s
+    if memory.sizes["profile"]:  # sizing the KV cache from the fraction: profiling's peak, then freed
+        _log(f"Memory profiling took {memory.sizes['profile'] / 2**30:.2f} GiB beside the weights")
+        memory.allocate("profile", compile_s * scale / 2)
+        memory.free("profile")
     memory.allocate("kv_cache", compile_s * scale)
     if cached:
         _log(f"Directly load the compiled graph(s) from the cache, took {compile_s:.3f} s")

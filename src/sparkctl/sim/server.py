@@ -102,6 +102,8 @@ class Api:
             # Real vLLM queues the request until /wake_up; the sim answers at once.
             return _error(503, "The engine is sleeping; POST /wake_up to serve requests again.",
                           "ServiceUnavailableError")
+        if self.engine.faults.hang_requests:
+            await asyncio.Event().wait()  # until the client leaves (or the engine stops)
         reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length,
                        token_ids=bool(body.get("return_token_ids")))
         steps = self.engine.generate(prompt=ids, length=length)

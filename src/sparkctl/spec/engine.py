@@ -3,7 +3,9 @@ arguments and container, or an existing compose project.
 
 `render.py` turns them into a container plan and the deploy pipeline fetches what they name;
 `models.py` puts them together into a Stack. Engines run offline, so no section may carry a
-Hugging Face token.
+Hugging Face token; and a section may not set what sparkctl sets itself (a compose project's
+variables, the engine's offline and dev-mode switches, vLLM's `--config` file, whose flags no
+check would see): a stack file can only add to what sparkctl gives the engine, never replace it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,20 @@ from pydantic import Field, field_validator, model_validator
 
 from sparkctl.settings import SECRET_ENV
 from sparkctl.spec.base import SIZE, Port, RelativePath, Revision, Spec
-from sparkctl.spec.risks import is_root, reaches_docker_socket
+from sparkctl.spec.risks import flag_values, is_root, reaches_docker_socket
+
+# The variables sparkctl gives a compose project (`Launch.compose`): a stack's `compose.env` adds
+# to them and may not replace one (a base image the policy never judged, the engine's address,
+# the folders it mounts).
+COMPOSE_VARIABLES = frozenset({"BASE_IMAGE", "IMAGE", "FINGERPRINT", "HOST", "PORT", "HF_HUB_OFFLINE",
+                               "SERVED_MODEL_NAME", "HF_HUB_CACHE_DIR", "COMPILE_CACHE", "GPU_MEMORY_UTILIZATION",
+                               "MODEL_ID"})
+# The engine variables sparkctl sets (render.py, ranks.py): offline, sleep mode's dev routes, a
+# rank's address (its interfaces are replaced in a rank's env anyway). `container.env` may not set them.
+ENGINE_VARIABLES = frozenset({"HF_HUB_OFFLINE", "VLLM_SERVER_DEV_MODE", "VLLM_HOST_IP"})
+DEFAULT_ENTRYPOINT = ("vllm",)
+# Compose's own rule for a service's name (compose-spec: `^[a-zA-Z0-9._-]+$`), starting with a letter or digit.
+SERVICE = r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$"
 
 
 class Image(Spec):
@@ -37,7 +52,9 @@ class Weights(Spec):
 
     repo: str | None = Field(default=None, pattern=r"^[\w.-]+/[\w.-]+$")
     revision: Revision = "main"
-    path: str | None = None
+    # A folder on the host that runs the engine: outside sparkctl's own folders it needs
+    # `allow: [host-path]` (deploy/binds.py judges it where it is mounted).
+    path: str | None = Field(default=None, pattern=r"^/")
 
     @model_validator(mode="after")
     def _one_source(self) -> Weights:
@@ -84,6 +101,16 @@ class VllmArgs(Spec):
     speculative: Speculative | None = None
     extra_args: tuple[str, ...] = ()
 
+    @field_validator("extra_args")
+    @classmethod
+    def _no_config_file(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        """vLLM reads `--config FILE` as more flags, from a file inside the container that no check
+        here can read: its flags go in this section or in `extra_args`, where they are judged."""
+        if flag_values(args, "--config"):
+            raise ValueError("--config makes vLLM read more flags from a file no check of sparkctl's sees: "
+                             "put those flags in the stack's `vllm` section or in `extra_args` instead")
+        return args
+
 
 class Mount(Spec):
     source: str = Field(min_length=1)
@@ -113,22 +140,42 @@ def no_secret_names(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def not_ours(env: dict[str, str], ours: frozenset[str], where: str) -> dict[str, str]:
+    taken = sorted(ours & env.keys())
+    if taken:
+        raise ValueError(f"{taken[0]} is set by sparkctl itself ({where}): a stack may add variables, not replace "
+                         f"these: {', '.join(sorted(ours))}")
+    return env
+
+
 class Container(Spec):
-    # Some engine images (aeon) have /bin/bash as ENTRYPOINT: always name `vllm` explicitly.
-    entrypoint: tuple[str, ...] | None = ("vllm",)
+    # Some engine images (aeon) have /bin/bash as ENTRYPOINT: always name `vllm` explicitly. Any
+    # other (a wrapper, or None: the image's own) needs `allow: [entrypoint]`: it can rewrite the
+    # command sparkctl judged.
+    entrypoint: tuple[str, ...] | None = DEFAULT_ENTRYPOINT
     ipc: Literal["host", "private", "shareable"] = "host"
+    # The engine's own /dev/shm (`ipc: private|shareable`) is carved from unified memory: it counts
+    # in the stack's footprint. Docker ignores it with `ipc: host` (the host's /dev/shm is used).
     shm_size: str = Field(default="16g", pattern=SIZE.pattern)
     gpus: Literal["all", "none"] | Annotated[int, Field(ge=1)] = "all"
     env: dict[str, str] = {}
     mounts: tuple[Mount, ...] = ()
     compile_cache: str | None = Field(default=None, pattern=r"^/")
 
-    _no_secrets = field_validator("env")(no_secret_names)
+    @field_validator("env")
+    @classmethod
+    def _adds_only(cls, env: dict[str, str]) -> dict[str, str]:
+        return not_ours(no_secret_names(env), ENGINE_VARIABLES, "offline mode, sleep mode, a rank's address")
+
+    @property
+    def vllm_env(self) -> list[str]:
+        """The vLLM settings this section sets by environment (`VLLM_*`): `allow: [vllm-env]`."""
+        return sorted(k for k in self.env if k.upper().startswith("VLLM_"))
 
 
 class ComposeProject(Spec):
     project: RelativePath  # a directory under the compose dir
-    service: str = Field(min_length=1)  # the service that serves the endpoint
+    service: str = Field(pattern=SERVICE)  # the service that serves the endpoint
     served_model_name: str = Field(min_length=1)
     port: Port
     env: dict[str, str] = {}
@@ -140,5 +187,8 @@ class ComposeProject(Spec):
         for key, value in env.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or "\n" in value or "\r" in value:
                 raise ValueError(f"{key!r}: names are identifiers and values one line (no newline)")
-        return no_secret_names(env)
+            if key.upper().startswith(("COMPOSE_", "DOCKER_")):  # compose reads these from the env file as its own
+                raise ValueError(f"{key} would configure docker compose itself (its files, profiles, endpoint), "
+                                 "not the project: sparkctl sets how compose runs")
+        return not_ours(no_secret_names(env), COMPOSE_VARIABLES, "its image, address, folders and weights")
 

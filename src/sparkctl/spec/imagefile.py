@@ -184,7 +184,7 @@ def _round_trip(path: Path, apply: Callable[[CommentedMap], None]) -> None:
     yaml.width = 4096
     with open(path.with_suffix(".yaml.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        doc = yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None
+        doc = yamlfile.read_commented(path, yaml)
         doc = doc if isinstance(doc, CommentedMap) else CommentedMap()
         apply(doc)
         tmp = path.with_suffix(".yaml.tmp")

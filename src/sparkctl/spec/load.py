@@ -250,6 +250,9 @@ def _validate(model: type[M], data: dict, path: Path) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise _spec_error(model, e, path) from None
+    except Exception as e:  # noqa: BLE001 - a check that breaks on this file leaves it out, not the catalog
+        raise SpecError(str(path), "", f"could not be checked ({type(e).__name__}: {e}); a sparkctl bug: "
+                                       "report it with the file") from None
 
 
 def _spec_error(model: type[BaseModel], error: ValidationError, path: Path) -> SpecError:

@@ -17,7 +17,7 @@ from pydantic import Field, JsonValue, model_validator
 from sparkctl.policy.parking import Park
 from sparkctl.spec import risks
 from sparkctl.spec.base import Fraction, Name, Port, Seconds, Spec
-from sparkctl.spec.engine import ComposeProject, Container, Image, VllmArgs, Weights
+from sparkctl.spec.engine import DEFAULT_ENTRYPOINT, ComposeProject, Container, Image, VllmArgs, Weights
 
 
 class Kind(StrEnum):
@@ -28,12 +28,19 @@ class Kind(StrEnum):
 WILDCARD = frozenset({"0.0.0.0", "::", "localhost"})  # reached at 127.0.0.1
 # What a stack must opt into by name (`allow:`): sometimes right, never by accident.
 # `prefix-caching`: prefix caching on a stack whose draft does not support it (its patch set's `limits`).
-Risk = Literal["docker-socket", "all-interfaces", "remote-code", "prefix-caching"]
+# `host-path`: a bind of a host folder outside sparkctl's own (judged where it is mounted: deploy/binds.py).
+Risk = Literal["docker-socket", "all-interfaces", "remote-code", "prefix-caching", "host-path", "entrypoint",
+               "vllm-env"]
 
 
 class Resources(Spec):
     # vLLM reserves this fraction of unified memory up front; admission sums it.
     gpu_memory_utilization: Fraction = 0.80
+    # "planned": sparkctl gives the engine its KV cache in bytes (--kv-cache-memory-bytes, vLLM
+    # 0.11 on: every shipped image), the fraction less the weights and overhead, so start-up
+    # profiling cannot overshoot (vLLM #46307). "engine": vLLM sizes it from the fraction, for an
+    # image whose vLLM predates the flag; its KV region is then unknown, so it parks by stopping.
+    kv_cache: Literal["planned", "engine"] = "planned"
     # GB read from memory per decoded token (the weights; for MoE the active experts), for the
     # report's decode efficiency against the bandwidth bound. An estimate; None leaves it out.
     read_per_token_gb: float | None = Field(default=None, gt=0)
@@ -208,6 +215,13 @@ class Stack(Spec):
         found = []
         if any(m.docker_socket for m in self.container.mounts):
             found.append(("docker-socket", "container.mounts: the Docker socket gives the engine root on the host"))
+        if self.container.entrypoint != DEFAULT_ENTRYPOINT:
+            found.append(("entrypoint", "container.entrypoint: an entrypoint other than `vllm` can rewrite the command "
+                                        "sparkctl checked (its address, its flags)"))
+        if self.container.vllm_env:
+            found.append(("vllm-env", f"container.env: {', '.join(self.container.vllm_env)} set vLLM settings no "
+                                      "check of sparkctl's reads (some open dev routes, LoRA loading from any path, "
+                                      "pickled messages)"))
         if self.vllm is not None:
             args = self.vllm.extra_args
             # An empty host is vLLM's default: every interface. None: `--host` with no value fails the start.

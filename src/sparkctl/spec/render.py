@@ -133,11 +133,13 @@ def spec_hash(stack: Stack) -> str:
 def render(
     stack: Stack, sources: Sources, *, image: str | None = None, fingerprint: str | None = None,
     gpus: bool = True, env: dict[str, str] | None = None, instance: str = instances.DEFAULT, sleep: bool = True,
-    placed: bool = False, rank: Rank | None = None,
+    placed: bool = False, rank: Rank | None = None, kv_cache_bytes: int | None = None,
 ) -> ContainerPlan:
     """The container that serves `stack`; `image` overrides the ref (e.g. pinned by digest);
-    `sleep=False` leaves sleep mode out where the image is known not to have it; `rank`: the
-    container of one rank of a multi-node stack, with its flags and its host's network env."""
+    `sleep=False` leaves sleep mode out (the image has none, or GB10's sleep rules refuse it);
+    `kv_cache_bytes`: the engine's KV cache as planned (None: vLLM sizes it from the fraction);
+    `rank`: the container of one rank of a multi-node stack, with its flags and its host's
+    network env."""
     if stack.kind is not Kind.VLLM or stack.vllm is None:
         raise ValueError(f"stack {stack.name} is a {stack.kind} stack; only vllm stacks render to a container")
     labels = {LABEL_STACK: stack.name, instances.LABEL: instance, LABEL_SPEC_HASH: spec_hash(stack),
@@ -148,7 +150,7 @@ def render(
         labels[LABEL_PLACED] = "fleet"
         if rank is None or not rank.headless:  # its host's agent relays it to the head's gateway
             labels[LABEL_RELAY] = str(stack.port)
-    args = vllm_args(stack, sources.draft_subpath, sleep)
+    args = vllm_args(stack, sources.draft_subpath, sleep, kv_cache_bytes)
     sleep_env = dict(what.split("=", 1) for what, _ in additions(stack, sleep) if not what.startswith("--"))
     env = {**(env or {}), **sleep_env, **stack.container.env}
     if rank is not None:
@@ -173,7 +175,8 @@ def render(
 
 
 
-def vllm_args(stack: Stack, draft_subpath: str = "", sleep: bool = True) -> list[str]:
+def vllm_args(stack: Stack, draft_subpath: str = "", sleep: bool = True, kv_cache_bytes: int | None = None
+              ) -> list[str]:
     """`vllm serve` flags for the stack, in a fixed order."""
     v = stack.vllm
     assert v is not None
@@ -201,20 +204,29 @@ def vllm_args(stack: Stack, draft_subpath: str = "", sleep: bool = True) -> list
             config["model"] = _inside(DRAFT_DIR, draft_subpath)
         config |= v.speculative.model_dump(exclude={"method"}, exclude_none=True)
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-    args += [what for what, _ in additions(stack, sleep) if what.startswith("--")]  # after the seeds' own flags
+    # after the seeds' own flags
+    args += [what for what, _ in additions(stack, sleep, kv_cache_bytes) if what.startswith("--")]
     return args + list(v.extra_args)
 
 
-def additions(stack: Stack, sleep: bool = True) -> list[tuple[str, str]]:
+def additions(stack: Stack, sleep: bool = True, kv_cache_bytes: int | None = None) -> list[tuple[str, str]]:
     """What sparkctl adds to the engine's command and environment beyond the stack file's values,
-    each with the setting that causes it: (`--flag` or `VAR=value`, cause). Parking by sleep
-    needs vLLM's sleep mode, and vLLM registers /sleep, /wake_up and /is_sleeping only in its dev
-    mode (the engine listens on loopback, and the gateway forwards none of them). `switch.park:
-    stop` adds nothing: the engine runs the seed's command."""
-    if not (stack.sleeps and sleep):
-        return []
-    cause = f"switch.park: {stack.switch.park}: parks by sleeping; `switch.park: stop` leaves it out"
-    return [("--enable-sleep-mode", cause), ("VLLM_SERVER_DEV_MODE=1", cause)]
+    each with the setting that causes it: (`--flag`, `--flag=value` or `VAR=value`, cause).
+    - The KV cache as an absolute size, planned from the usable memory: vLLM fills its fraction
+      during start-up profiling, which on unified memory overshot to the whole host (vLLM #46307).
+    - Parking by sleep needs vLLM's sleep mode, and vLLM registers /sleep, /wake_up and
+      /is_sleeping only in its dev mode (the engine listens on loopback, and the gateway forwards
+      none of them). `switch.park: stop`, or GB10's sleep rules (`policy/parking.sleep_refusal`),
+      leave both out."""
+    added = []
+    if kv_cache_bytes is not None:
+        added.append((f"--kv-cache-memory-bytes={kv_cache_bytes}",
+                      "resources.gpu_memory_utilization of the usable memory, less the weights and "
+                      "SPARKCTL_ENGINE_OVERHEAD_GIB: the engine's memory bounded by construction (vLLM #46307)"))
+    if stack.sleeps and sleep:
+        cause = f"switch.park: {stack.switch.park}: parks by sleeping; `switch.park: stop` leaves it out"
+        added += [("--enable-sleep-mode", cause), ("VLLM_SERVER_DEV_MODE=1", cause)]
+    return added
 
 
 def _inside(mount: str, subpath: str) -> str:

@@ -7,7 +7,9 @@ socket as surely as `/var/run/docker.sock` does, and vLLM reads `--trust_remote_
 `--trust-remote-code`. So paths are folded (`.`, `..`, repeated and leading slashes; `/var/run`
 is a symlink to `/run` on Debian) and flags normalised (`_` is `-` in a flag's name, `=` splits
 off its value) before `Stack.risks` and `Mount` judge them. Pure functions of strings; the
-models call them.
+models call them. Spelling is all a stack file holds, so this is the early word (`stacks
+validate`, with no host at hand); what a bind really reaches is judged where the engine runs,
+on the path the host resolves (`deploy/binds.py`).
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ class Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600, exist_ok=True)
         path.chmod(0o600)  # private (older versions made it 0644): it names stacks, digests and history
+        self.path = path
         # The daemon shares one store between its threads: one connection, one lock.
         self.db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
@@ -128,7 +129,9 @@ class Database:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error), for a connection in autocommit mode."""
+        """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error, a failed COMMIT's included: the
+        connection is shared, so a transaction left open would show its rows to every read and
+        refuse every later write), for a connection in autocommit mode."""
         with self.lock:
             try:
                 self.db.execute("BEGIN IMMEDIATE")
@@ -137,10 +140,18 @@ class Database:
                                      "sparkctl writing to the same state dir? Retry, or stop it", delay=1.0) from None
             try:
                 yield self.db
+                self._commit()
             except BaseException:
-                self.db.execute("ROLLBACK")
+                if self.db.in_transaction:  # a failed COMMIT leaves it open; SQLITE_FULL may have ended it
+                    self.db.execute("ROLLBACK")
                 raise
+
+    def _commit(self) -> None:
+        try:
             self.db.execute("COMMIT")
+        except sqlite3.Error as e:  # a full disk, an I/O error, a deferred constraint
+            raise SparkctlError(f"{self.path}: the state database could not commit a write ({e}); nothing of it "
+                                "was kept. Free space in the state dir if it is full, and retry") from e
 
     def integrity_ok(self) -> bool:
         return self.one("PRAGMA integrity_check")[0] == "ok"

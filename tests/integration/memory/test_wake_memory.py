@@ -47,7 +47,7 @@ def heavy(world, name: str, *, fraction: float, weights: int, port_: int, env: s
     with (model / "model.safetensors").open("wb") as f:
         f.truncate(weights)  # sized, not filled: the sim and the planner only measure it
     (world / "stacks" / f"{name}.yaml").write_text(
-        f"name: {name}\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\n"
+        f"name: {name}\nextends: qwen36-nvfp4-stock\nmodel: {{repo: null, path: {model}}}\nallow: [host-path]\n"
         f"vllm: {{port: {port_}, served_model_name: {name}}}\n"
         f"resources: {{gpu_memory_utilization: {fraction}}}\nswitch: {{bench: 'off'}}\n"
         f"container: {{env: {{SPARKCTL_SIM_MEMORY_SCALE: '{UNIFIED / meminfo('MemTotal')!r}'{env}}}}}\n")
@@ -68,6 +68,7 @@ def memory_world(world, start_daemon, monkeypatch):
     """A daemon whose fractions are of UNIFIED, parked stacks keeping a residue of 0.05 of it."""
     monkeypatch.setenv("SPARKCTL_MEMORY_TOTAL_GIB", repr(UNIFIED / GIB))
     monkeypatch.setenv("SPARKCTL_PARK_RESIDUE_GIB", repr(0.05 * UNIFIED / GIB))
+    monkeypatch.setenv("SPARKCTL_ENGINE_OVERHEAD_GIB", "0")  # a KV cache of the whole fraction but the weights
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "SPARKCTL_SIM_TIME_SCALE=0.01,SPARKCTL_SIM_LOAD_SCALE=0.002")
     (world / "state").mkdir(exist_ok=True)
     (world / "state" / "desired.yaml").write_text("stacks: [a]\naliases: {primary: a}\n")

@@ -42,7 +42,8 @@ class Aliases:
             leaving = Leaving()
             if old in self.ctx.machine.catalog().stacks and old in memory.held and old not in memory.parked:
                 old_spec = self.ctx.machine.catalog().stack(old)
-                leaving = Leaving(old_spec.switch.park, view.footprint(old), self.parking.cannot_sleep(old_spec))
+                leaving = Leaving(old_spec.switch.park, view.footprint(old),
+                                  self.parking.cannot_sleep(old_spec, waking=spec.name))
             # a stack a routed alias names is still named: the switch leaves it running
             named = desired.aliases | {f"{a}[{i}]": r.stack for a, rules in desired.routes.items()
                                        for i, r in enumerate(rules)}

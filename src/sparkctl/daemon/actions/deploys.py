@@ -4,6 +4,7 @@ desired leaves it not desired (the reconciler does not retry what the user saw f
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -19,8 +20,9 @@ class Deploys:
     ctx: Context
     parking: Parking
 
-    def up(self, stack: str, *, refresh: bool = False, replace: bool = False, ticket: int | None = None
-           ) -> UpDone:
+    def up(self, stack: str, *, refresh: bool = False, replace: bool = False, ticket: int | None = None,
+           stop: threading.Event | None = None) -> UpDone:
+        """`stop`, set (a cancel of this `up`), ends its fetch streams: the deploy fails."""
         started = time.time()
         if stack in self.ctx.machine.desired().parked:  # `up` wants it serving: wake it (in its turn), then confirm it
             self.parking.wake(stack, ticket=ticket)
@@ -32,11 +34,10 @@ class Deploys:
             result = None
             try:
                 with self.ctx.reconciler.holding(stack):
-                    result = self.ctx.machine.deploy(stack, refresh=refresh, replace=replace)
+                    result = self.ctx.machine.deploy(stack, refresh=refresh, replace=replace, stop=stop)
             except SparkctlError as e:  # a stack new to desired leaves it, as it was (the reconciler
-                cancelled = stack in self.ctx.machine.cancelled  # would retry it), unless the daemon's stop
-                self.ctx.machine.cancelled.discard(stack)  # ended its fetch: the next daemon resumes the `up`
-                if not was_desired and (cancelled or not isinstance(e, Stopped)):
+                resumed = isinstance(e, Stopped) and self.ctx.machine.stopping  # would retry it), unless the
+                if not was_desired and not resumed:  # daemon's stop ended its fetch: the next daemon resumes it
                     self.ctx.machine.update_desired(lambda d: d.without_stack(stack))
                 self.ctx.metrics.outcome(stack, ok=False)
                 raise
@@ -52,20 +53,13 @@ class Deploys:
         return UpDone(stack, result.fingerprint, unchanged=not result.changed, url=result.url,
                       acceptance=result.acceptance)
 
-    def pull(self, stack: str, *, refresh: bool = False, ticket: int | None = None) -> PullDone:
+    def pull(self, stack: str, *, refresh: bool = False, ticket: int | None = None,
+             stop: threading.Event | None = None) -> PullDone:
         """Fetch and patch the stack, start nothing: it is not made desired, and shows as
-        `fetched` until an `up` starts it."""
+        `fetched` until an `up` starts it. `stop`: as `up`'s."""
         with self.ctx.turns.turn(stack, ticket):
-            try:
-                prepared = self.ctx.machine.fetch(stack, refresh=refresh)
-            finally:
-                self.ctx.machine.cancelled.discard(stack)  # a `cancel` of this pull is seen
+            prepared = self.ctx.machine.fetch(stack, refresh=refresh, stop=stop)
         return PullDone(stack, prepared.fingerprint)
-
-    def cancel(self, stack: str) -> bool:
-        """Stop the fetch of the stack's deploy or pull under way; the deploy fails, and an `up`
-        of a stack that was not desired before leaves it not desired (`up`'s `Stopped`)."""
-        return self.ctx.machine.stop_fetching(stack, cancel=True)
 
     def down(self, stack: str, *, ticket: int | None = None) -> DownDone:
         self.ctx.machine.stop_fetching(stack)  # before its turn: a deploy fetching holds it

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon import planner
 from sparkctl.daemon.actions.context import Context
+from sparkctl.deploy.memory import GIB
 from sparkctl.errors import SparkctlError
-from sparkctl.policy.parking import Park, choose
+from sparkctl.policy.parking import Park, choose, sleep_refusal
 from sparkctl.results import ParkDone, WakeDone
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Kind, Stack
@@ -125,8 +126,9 @@ class Parking:
         else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
             self.ctx.routes.refresh()
 
-    def cannot_sleep(self, stack: Stack) -> str | None:
-        """Why the stack's engine cannot be parked with sleep mode, if it cannot."""
+    def cannot_sleep(self, stack: Stack, *, waking: str | None = None) -> str | None:
+        """Why the stack's engine cannot be parked with sleep mode, if it cannot. `waking`: a
+        parked stack that wakes as this one parks (a switch's new stack), so it is no other sleeper."""
         if stack.kind is Kind.COMPOSE:
             return "stop: a compose project's engine is not run by sparkctl, so it does not sleep"
         if not stack.sleeps:
@@ -135,6 +137,14 @@ class Parking:
         refused = imagefile.policy_for(self.ctx.settings).wake_refused(latest.parts.get("image") if latest else None)
         if refused:
             return f"stop: {refused}"
+        settings, desired = self.ctx.settings, self.ctx.machine.desired()
+        kv = self.ctx.memory().kv_bytes(stack) if stack.resources.kv_cache == "planned" else None
+        sleeping = tuple(s for s, level in desired.parked.items()
+                         if level and s != waking) if settings.sleep_one_at_a_time else ()
+        refused = sleep_refusal(stack.name, kv_bytes=kv, kv_limit=int(settings.wake_kv_max_gib * GIB),
+                                sleeping=sleeping)
+        if refused:
+            return refused
         try:
             available = SleepMode(stack.url).available()
         except SparkctlError as e:

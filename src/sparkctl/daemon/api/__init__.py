@@ -14,15 +14,20 @@ from aiohttp import web
 from sparkctl.daemon.api import actions as on_action
 from sparkctl.daemon.api import http
 from sparkctl.daemon.api import queries as on_query
-from sparkctl.daemon.api.service import CLOSING, COMMANDS, QUERIES, Commands, Queries
+from sparkctl.daemon.api.service import CLOSING, COMMANDS, FOLLOWS, QUERIES, Commands, Gauge, Queries
 
 
-def build(commands: Commands, queries: Queries, *, token: str | None = None) -> web.Application:
-    """The API app; with `token`, every request must carry `Authorization: Bearer <token>`."""
+def build(commands: Commands, queries: Queries, *, token: str | None = None,
+          follows: Gauge | None = None, underway: dict[str, on_action.Underway] | None = None) -> web.Application:
+    """The API app; with `token`, every request must carry `Authorization: Bearer <token>`.
+    `follows`: the count of log follows, and `underway`: the actions under way by name (what a
+    cancel names), each shared by every listener of the daemon's API."""
     middlewares = [http.errors] + ([http.bearer(token)] if token else [])
     app = web.Application(client_max_size=http.MAX_BODY, middlewares=middlewares)
     app[COMMANDS], app[QUERIES] = commands, queries
     app[CLOSING] = asyncio.Event()
+    app[FOLLOWS] = follows if follows is not None else Gauge()
+    app[on_action.UNDERWAY] = underway if underway is not None else {}
     app.on_shutdown.append(http.closing)
     app.router.add_get("/v1/status", on_query.status)
     app.router.add_get("/v1/stacks", on_query.stacks)

@@ -1,15 +1,17 @@
-"""The API's actions: each request checked, a ticket for its stack's (or alias's) turn taken as it
-arrives, then the action run on a worker thread while its events stream back as NDJSON, ending
-with its outcome."""
+"""The API's actions: each request checked and named (`Underway`), a ticket for its stack's (or
+alias's) turn taken as it arrives, then the action run on a worker thread while its events stream
+back as NDJSON, ending with its outcome. A cancel names one action under way, never a stack."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
+import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
@@ -21,71 +23,99 @@ from sparkctl.errors import SparkctlError
 from sparkctl.log import redact
 from sparkctl.policy.parking import Park
 
-_actions = itertools.count(1)  # numbers the streamed actions, so each finds its own end
+UNDERWAY = web.AppKey("underway", dict)  # name -> the action `Underway`: what a cancel can name
+
+
+@dataclass
+class Underway:
+    """An action the API accepted, from its arrival until its worker ends: what a cancel that
+    names it needs."""
+
+    name: str  # the client's (`wire.Asked.action`), or the daemon's
+    key: str  # the queue it takes its turn in: its stack, `alias:NAME` or `retest:`
+    ticket: int
+    stop: threading.Event | None  # a cancel sets it: its fetch streams end (None: nothing to stop)
+    task: asyncio.Future | None = None  # its worker, once started
 
 
 async def up(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.UpRequest, lambda actions, ask, stack, ticket: actions.deploys.up(
-        stack, refresh=ask.refresh, replace=ask.replace, ticket=ticket))
+    return await _on_stack(request, wire.UpRequest, lambda actions, ask, stack, this: actions.deploys.up(
+        stack, refresh=ask.refresh, replace=ask.replace, ticket=this.ticket, stop=this.stop), stoppable=True)
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.PullRequest, lambda actions, ask, stack, ticket: actions.deploys.pull(
-        stack, refresh=ask.refresh, ticket=ticket))
+    return await _on_stack(request, wire.PullRequest, lambda actions, ask, stack, this: actions.deploys.pull(
+        stack, refresh=ask.refresh, ticket=this.ticket, stop=this.stop), stoppable=True)
 
 
 async def cancel(request: web.Request) -> web.Response:
-    """Stop the fetch streams of the stack's deploy or pull under way (the CLI's Ctrl-C); not in
-    the stack's turn, which that deploy holds."""
+    """Cancel the action the request names (a CLI's Ctrl-C), and say what came of it. Still
+    waiting for its turn: it leaves the queue and never runs. Running: an `up` or `pull` still
+    fetching has its own fetch streams stopped (no other action's), and the answer waits for its
+    end, so that `cancelled` is the truth; past its fetch (the pipeline sets `stop` as its fetch
+    ends), or any other action, it runs to its end."""
     ask = await http.parse_body(request, wire.CancelRequest)
-    stopped = await asyncio.to_thread(request.app[COMMANDS].deploys.cancel, ask.stack)
-    return web.json_response({"stack": ask.stack, "stopped": stopped})
+    this = request.app[UNDERWAY].get(ask.action)
+    if this is None:
+        done = results.CancelDone(ask.action, False, "no such action under way: it ended, or never reached the daemon")
+    elif request.app[COMMANDS].turns.withdraw(this.key, this.ticket):
+        done = results.CancelDone(ask.action, True, "it left the queue before its turn: it did not run")
+    elif this.stop is None or this.stop.is_set() or this.task is None:
+        done = results.CancelDone(ask.action, False, "it is under way past anything a cancel stops (its fetch): "
+                                                     "it runs to its end")
+    else:
+        this.stop.set()
+        await asyncio.wait([this.task])
+        error = this.task.exception()
+        done = results.CancelDone(ask.action, error is not None, f"it stopped: {_failure(error)}" if error
+                                  else "it had fetched all it needed and ran to its end")
+    return web.json_response(results.encode_done(done))
 
 
 async def down(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.DownRequest,
-                           lambda actions, ask, stack, ticket: actions.deploys.down(stack, ticket=ticket))
+                           lambda actions, ask, stack, this: actions.deploys.down(stack, ticket=this.ticket))
 
 
 async def switch(request: web.Request) -> web.StreamResponse:
     ask = await http.parse_body(request, wire.SwitchRequest)
     actions, reads = request.app[COMMANDS], request.app[QUERIES]
-    async with _queued(actions, f"alias:{ask.alias}") as ticket:
+    async with _queued(request, ask, f"alias:{ask.alias}") as this:
         stack = await asyncio.to_thread(reads.check_stack, ask.stack)
         old = (await asyncio.to_thread(reads.desired)).aliases.get(ask.alias)
-    return await _stream_action(request, (stack, ask.alias, *filter(None, [old])),
-                                lambda: actions.aliases.switch(ask.alias, stack, ticket=ticket))
+    return await _stream_action(request, this, (stack, ask.alias, *filter(None, [old])),
+                                lambda: actions.aliases.switch(ask.alias, stack, ticket=this.ticket))
 
 
 async def route(request: web.Request) -> web.StreamResponse:
     ask = await http.parse_body(request, wire.RouteRequest)
     actions = request.app[COMMANDS]
-    async with _queued(actions, f"alias:{ask.alias}") as ticket:
+    async with _queued(request, ask, f"alias:{ask.alias}") as this:
         pass
-    return await _stream_action(request, (ask.alias,),
-                                lambda: actions.aliases.route(ask.alias, ask.rules, ticket=ticket))
+    return await _stream_action(request, this, (ask.alias,),
+                                lambda: actions.aliases.route(ask.alias, ask.rules, ticket=this.ticket))
 
 
 async def park(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.ParkRequest,
-                           lambda actions, ask, stack, ticket: actions.parking.park(stack, how=Park(ask.how),
-                                                                                   ticket=ticket),
+                           lambda actions, ask, stack, this: actions.parking.park(stack, how=Park(ask.how),
+                                                                                 ticket=this.ticket),
                            check=lambda ask: ask.how in set(Park) or f"`how` must be one of {', '.join(Park)}")
 
 
 async def wake(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, wire.WakeRequest,
-                           lambda actions, ask, stack, ticket: actions.parking.wake(stack, ticket=ticket))
+                           lambda actions, ask, stack, this: actions.parking.wake(stack, ticket=this.ticket))
 
 
 async def retest(request: web.Request) -> web.StreamResponse:
     """One retest at a time; its events are those of the trial of the stack it measures with."""
     ask = await http.parse_body(request, wire.RetestRequest)
     trials = request.app[COMMANDS].trials
-    async with _queued(request.app[COMMANDS], "retest:") as ticket:
+    async with _queued(request, ask, "retest:") as this:
         trial, stack = await asyncio.to_thread(trials.retest_target, ask.ref, ask.stack)
-    return await _stream_action(request, (trial, stack),
-                                lambda: trials.retest(ask.ref, stack=stack, force=ask.force, ticket=ticket))
+    return await _stream_action(request, this, (trial, stack),
+                                lambda: trials.retest(ask.ref, stack=stack, force=ask.force, ticket=this.ticket))
 
 
 async def compare(request: web.Request) -> web.Response:
@@ -99,57 +129,69 @@ async def compare(request: web.Request) -> web.Response:
     return web.json_response(results.encode_done(written))
 
 
-async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Commands, Any, str, int], Any],
-                    check: Callable[[Any], bool | str] = lambda ask: True) -> web.StreamResponse:
+async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Commands, Any, str, Underway], Any],
+                    check: Callable[[Any], bool | str] = lambda ask: True, stoppable: bool = False
+                    ) -> web.StreamResponse:
     """An action on one stack: the request checked, a ticket for the stack's turn taken as it
     arrives, the stack name checked, then the action streamed."""
     ask = await http.parse_body(request, kind)
     if (problem := check(ask)) is not True:
         raise http.bad(400, str(problem))
     actions = request.app[COMMANDS]
-    async with _queued(actions, ask.stack) as ticket:
+    async with _queued(request, ask, ask.stack, stoppable=stoppable) as this:
         stack = await asyncio.to_thread(request.app[QUERIES].check_stack, ask.stack)
-    return await _stream_action(request, (stack,), lambda: act(actions, ask, stack, ticket))
+    return await _stream_action(request, this, (stack,), lambda: act(actions, ask, stack, this))
 
 
 @contextlib.asynccontextmanager
-async def _queued(actions: Commands, key: str) -> AsyncIterator[int]:
-    """A ticket for `key`'s next turn, taken as the request arrives (so actions on a stack take
-    effect in arrival order). If the request is refused before its action runs, the turn is
-    passed on in the background, so the requests behind it are not stuck."""
-    ticket = actions.turns.ticket(key)
+async def _queued(request: web.Request, ask: wire.Asked, key: str, *, stoppable: bool = False
+                  ) -> AsyncIterator[Underway]:
+    """The action under way, named, with a ticket for `key`'s next turn taken as the request
+    arrives (so actions on a stack take effect in arrival order). If the request is refused
+    before its action runs, its ticket leaves the queue, so the requests behind it are not stuck."""
+    underway, turns = request.app[UNDERWAY], request.app[COMMANDS].turns
+    name = ask.action or uuid.uuid4().hex
+    if name in underway:
+        raise http.bad(400, f"an action named {name!r} is under way already: name each action anew")
+    this = underway[name] = Underway(name, key, turns.ticket(key), threading.Event() if stoppable else None)
     try:
-        yield ticket
+        yield this
     except BaseException:
-        asyncio.get_running_loop().run_in_executor(None, actions.turns.skip, key, ticket)
+        turns.withdraw(key, this.ticket)
+        del underway[name]
         raise
 
 
-async def _stream_action(request: web.Request, names: tuple[str, ...],
+async def _stream_action(request: web.Request, this: Underway, names: tuple[str, ...],
                          work: Callable[[], results.Done]) -> web.StreamResponse:
     """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with
     the outcome. The work starts before the response does: it holds a ticket that must be used.
     Its last event is its own `Finished`, published after all of its others: the stream ends
-    there, whenever the thread's result reaches the loop."""
-    stack, action = names[0], next(_actions)
-    bus = request.app[COMMANDS].bus
+    there, whenever the thread's result reaches the loop. The action stays under way (a cancel
+    finds it) until its worker ends, whether or not its client still reads."""
+    stack, bus = names[0], request.app[COMMANDS].bus
     since = bus.last
 
     def run() -> results.Done:
         try:
             return work()
         finally:
-            bus.publish(wire.Finished(stack, action))
+            bus.publish(wire.Finished(stack, this.name))
 
-    task = asyncio.get_running_loop().run_in_executor(None, run)
+    task = this.task = asyncio.get_running_loop().run_in_executor(None, run)
+    task.add_done_callback(lambda _: request.app[UNDERWAY].pop(this.name, None))
     response = await http.ndjson(request)
+    if request.app[COMMANDS].turns.waiting(this.key, this.ticket):  # its client hears why nothing happens yet
+        waiting = wire.Note(stack, f"waiting for its turn: an earlier action on {this.key} is under way")
+        await response.write(json.dumps({"kind": waiting.kind, **asdict(waiting), "time": time.time()}).encode()
+                             + b"\n")
     finished = False
     while not finished:
         events = await bus.wait_after(since, timeout=0 if task.done() else 15)
         finished = task.done() and not events  # its Finished fell out of the bus's memory
         for event in events:
             since = event["seq"]
-            finished = finished or (event["kind"] == "finished" and event["action"] == action)
+            finished = finished or (event["kind"] == "finished" and event["action"] == this.name)
             if event.get("stack") in names and event["kind"] in wire.STREAMED:
                 await response.write(json.dumps(event).encode() + b"\n")
     await asyncio.wait([task])
@@ -157,9 +199,13 @@ async def _stream_action(request: web.Request, names: tuple[str, ...],
     if error is None:
         outcome = wire.Outcome(stack, True, result=task.result())
     else:
-        outcome = wire.Outcome(stack, False, error=redact(str(error) if isinstance(error, SparkctlError)
-                                                          else f"internal error: {error!r}"))
+        outcome = wire.Outcome(stack, False, error=_failure(error))
     line = outcome.to_json() | {"time": time.time()}
     await response.write(json.dumps(line).encode() + b"\n")
     await response.write_eof()
     return response
+
+
+def _failure(error: BaseException) -> str:
+    """What an action's failure says to its client."""
+    return redact(str(error) if isinstance(error, SparkctlError) else f"internal error: {error!r}")

@@ -5,18 +5,21 @@ and the two long-lived streams (events, an engine's log)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 
 from aiohttp import web
 
 from sparkctl.daemon.api import http
-from sparkctl.daemon.api.service import COMMANDS, QUERIES, Queries
+from sparkctl.daemon.api.service import COMMANDS, FOLLOWS, QUERIES, Queries
 from sparkctl.log import redact
 
 TYPES = {".md": "text/markdown; charset=utf-8", ".png": "image/png", ".json": "application/json",
          ".csv": "text/csv; charset=utf-8"}  # of report files; anything else is sent as bytes
 
+
+KEEPALIVE = 5.0  # seconds without a log line before a keep-alive, which finds a client that left
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
@@ -64,31 +67,40 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def logs(request: web.Request) -> web.StreamResponse:
-    """The stack's engine log, its last `tail` lines then each new one, until the client leaves."""
+    """The stack's engine log, its last `tail` lines then each new one, until the client leaves.
+    Docker's stream is read on the loop, so a follow holds no worker thread; with no new line for
+    `KEEPALIVE` seconds a keep-alive is written, so a client that left is noticed without one."""
     try:
         tail = min(10_000, max(1, int(request.query.get("tail", "200"))))
     except ValueError:
         raise http.bad(400, "`tail` must be a number of lines") from None
-    stream = await asyncio.to_thread(request.app[QUERIES].logs, request.query.get("stack", ""), tail)
-    loop, lines = asyncio.get_running_loop(), asyncio.Queue()
-
-    def pump() -> None:  # on a worker thread: docker's stream blocks until a line comes
-        try:
-            for chunk in stream:
-                loop.call_soon_threadsafe(lines.put_nowait, chunk)
-        finally:
-            loop.call_soon_threadsafe(lines.put_nowait, None)
-
-    loop.run_in_executor(None, pump)
-    try:
-        response, write = await http.lines(request)
-        while (chunk := await http.unless_closing(request, lines.get())) is not None:
-            for line in redact(chunk.decode(errors="replace")).splitlines():
-                await write({"line": line})
-    finally:
-        stream.close()  # ends the pump's iteration
+    with request.app[FOLLOWS].held():
+        stream = await asyncio.to_thread(request.app[QUERIES].logs, request.query.get("stack", ""), tail)
+        async with contextlib.aclosing(stream):
+            await anext(stream)  # Docker accepted the follow: a refusal is answered as an error, not a cut stream
+            response, write = await http.lines(request)
+            next_chunk = asyncio.ensure_future(anext(stream, None))
+            try:
+                while (done := await http.unless_closing(request, _within(next_chunk, KEEPALIVE))) is not None:
+                    if not done:
+                        await write(None)
+                        continue
+                    if (chunk := next_chunk.result()) is None:
+                        break
+                    next_chunk = asyncio.ensure_future(anext(stream, None))
+                    for line in redact(chunk.decode(errors="replace")).splitlines():
+                        await write({"line": line})
+            finally:  # the pending read is over before the stream closes
+                next_chunk.cancel()
+                await asyncio.gather(next_chunk, return_exceptions=True)
     await response.write_eof()
     return response
+
+
+async def _within(step: asyncio.Future, seconds: float) -> bool:
+    """Whether `step` is done within `seconds`; it goes on either way."""
+    await asyncio.wait({step}, timeout=seconds)
+    return step.done()
 
 
 async def report_file(request: web.Request) -> web.FileResponse:

@@ -1,11 +1,15 @@
 """The API's two faces, as its handlers see them: `Commands` (the actions, `daemon/actions/`) and
-`Queries` (the read model, `daemon/reads.py`), held by the app under COMMANDS and QUERIES."""
+`Queries` (the read model, `daemon/reads.py`), held by the app under COMMANDS and QUERIES; and
+the count of log follows open (`Gauge`, under FOLLOWS), one for every listener of the API."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
@@ -56,7 +60,7 @@ class Queries(Protocol):
 
     def metrics_text(self) -> str: ...
 
-    def logs(self, stack: str, tail: int) -> Any: ...
+    def logs(self, stack: str, tail: int) -> AsyncIterator[bytes]: ...
 
     def runs(self) -> tuple[answers.RunRow, ...]: ...
 
@@ -69,6 +73,32 @@ class Queries(Protocol):
     def report_file(self, report: str, path: str) -> Path: ...
 
 
+MAX_FOLLOWS = 32  # log follows open at once, in all: each holds a connection to Docker and two sockets
+
+
+class Gauge:
+    """The long-lived reads open at once, up to `limit`; counted on the loop only."""
+
+    def __init__(self, limit: int = MAX_FOLLOWS) -> None:
+        self.limit, self.open = limit, 0
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """One more open for the block's length; a 503 when `limit` are open already."""
+        if self.open >= self.limit:
+            raise web.HTTPServiceUnavailable(content_type="application/json", headers={"Retry-After": "5"},
+                                             text=json.dumps({"error": {
+                                                 "message": f"{self.open} log follows are open, the most the daemon "
+                                                            "serves at once: close one, or read without following",
+                                                 "type": "too_many_follows"}}))
+        self.open += 1
+        try:
+            yield
+        finally:
+            self.open -= 1
+
+
 COMMANDS = web.AppKey("commands", Commands)
 QUERIES = web.AppKey("queries", Queries)
 CLOSING = web.AppKey("closing", asyncio.Event)  # set as the API stops: the long-lived streams end
+FOLLOWS = web.AppKey("follows", Gauge)  # the log follows open, on every listener of the API

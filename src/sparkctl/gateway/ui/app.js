@@ -3,7 +3,14 @@
 // line holds can run here.
 "use strict";
 
-const TOKEN = document.querySelector('meta[name="sparkctl-token"]').content;
+// The owner's session: a login URL sends the browser here with it in the address's fragment; it
+// moves to this origin's storage (this port's alone, unlike a cookie) and out of the address.
+const SESSION = "sparkctl-session";
+if (location.hash.startsWith("#session=")) {
+  localStorage.setItem(SESSION, decodeURIComponent(location.hash.slice("#session=".length)));
+  history.replaceState(null, "", location.pathname + location.search);
+}
+const TOKEN = localStorage.getItem(SESSION) || "";
 const COLORS = ["#0b5cad", "#b35900", "#6e3a9e", "#1a7f37", "#a40e26", "#0a7b83"];
 const $ = (id) => document.getElementById(id);
 let desired = { stacks: [], aliases: {}, parked: {}, routes: {} };
@@ -34,7 +41,7 @@ async function api(path) {
 // for a report, answers with one JSON object).
 async function act(path, body, onEvent = () => {}) {
   const reply = await fetch("/ui/api" + path, {
-    method: "POST", credentials: "same-origin",
+    method: "POST", credentials: "same-origin",  // the API key, as HTTP Basic; the session goes in the header
     headers: { "Content-Type": "application/json", "X-Sparkctl-Token": TOKEN }, body: JSON.stringify(body),
   });
   if (!reply.ok) {
