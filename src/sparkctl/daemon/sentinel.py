@@ -204,6 +204,8 @@ class Sentinel:
     # --- the hang watch ---------------------------------------------------------------------------------
     async def _watch(self, readings: dict[str, dict[str, float] | None], urls: dict[str, str], now: float) -> None:
         self.progress = {s: p for s, p in self.progress.items() if s in readings}
+        for stack in [s for s in self.held if s not in readings]:  # taken down meanwhile: out of the table
+            self.gateway.restore_engine(self.held.pop(stack).url)
         for stack, counters in readings.items():
             if stack in self.held:
                 await self._restarted(stack, counters)
