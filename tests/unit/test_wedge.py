@@ -122,3 +122,29 @@ def test_a_written_record_is_on_disk(tmp_path: Path) -> None:
     words = LastWords(tmp_path)
     words.append({"at": 1.0})
     assert os.path.getsize(tmp_path / lastwords.FILE) > 0
+
+
+def test_a_kernel_log_file_is_read_from_its_end_and_a_pipe_that_ends_says_so(tmp_path: Path) -> None:
+    from sparkctl.adapters.kernellog import open_log, probe
+
+    file = tmp_path / "kmsg"
+    file.write_text("old line, before the daemon\n")
+    log = open_log(str(file))
+    assert not isinstance(log, str) and not log.pollable
+    with file.open("a") as f:
+        f.write(f"{NVRM}\nhalf a li")
+    assert log.read() == [NVRM] and not log.ended  # a regular file at its end is not over
+    log.close()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so the writer can open
+    writer = os.open(fifo, os.O_WRONLY)
+    piped = open_log(str(fifo))
+    assert not isinstance(piped, str) and piped.pollable
+    os.write(writer, f"{NVRM}\n".encode())
+    assert piped.read() == [NVRM]
+    os.close(writer)
+    assert piped.read() == [] and piped.ended
+    piped.close()
+    os.close(keep)
+    assert probe(str(tmp_path / "missing"))[0] is None

@@ -34,6 +34,7 @@ class KernelLog:
     process: subprocess.Popen | None = None
     _partial: bytes = field(default=b"", repr=False)
     records: bool = False  # /dev/kmsg: each read is one record
+    ended: bool = False  # a pollable source that will say nothing more (journalctl exited)
 
     def read(self) -> list[str]:
         lines: list[str] = []
@@ -45,6 +46,7 @@ class KernelLog:
             except BrokenPipeError:  # /dev/kmsg: records were overwritten before we read them
                 continue
             if not chunk:
+                self.ended = self.pollable  # a pipe's writer is gone; a regular file is only at its end
                 break
             if self.records:
                 lines.append(chunk.decode(errors="replace").rstrip("\n"))

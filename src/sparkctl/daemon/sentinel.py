@@ -132,6 +132,10 @@ class Sentinel:
         assert self._log is not None
         for line in self._log.read():
             self._line(line)
+        if self._log.ended:  # else the loop would call this again and again on the closed pipe
+            asyncio.get_running_loop().remove_reader(self._log.fd)
+            log.warning("kernel_log_unreadable", reason=f"{self._log.source} ended",
+                        note="the sentinel watches memory only")
 
     async def _follow(self) -> None:
         """A regular file (tests) cannot be waited on: read what was appended, every FOLLOW s."""
