@@ -26,6 +26,7 @@ from sparkctl.deploy.health import http_status
 from sparkctl.gateway.proxy import Gateway
 from tests import leftovers, neighbours, teardown
 from tests.fakes import sandbox
+from tests.fakes.registry import SIM_IMAGE  # sparkctl-sim:latest, or SPARKCTL_TEST_SIM_IMAGE's
 from tests.neighbours import TEST_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +145,12 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("SPARKCTL_COMPOSE_DIR", str(tmp_path / "compose"))
     monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("SPARKCTL_HF_CACHE_DIR", str(tmp_path / "hf"))
+    # The sentinel reads a kernel log and a meminfo of the test's own (a still copy of the host's):
+    # the machine's, which other tests drain, must not make it stop this test's engines.
+    (tmp_path / "kmsg").touch()
+    (tmp_path / "meminfo").write_text(Path("/proc/meminfo").read_text())
+    monkeypatch.setenv("SPARKCTL_KERNEL_LOG", str(tmp_path / "kmsg"))
+    monkeypatch.setenv("SPARKCTL_MEMINFO_PATH", str(tmp_path / "meminfo"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("SPARKCTL_HF_TOKEN", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -252,7 +259,6 @@ def tiny_image(engine) -> Iterator:
         engine.client.images.remove(name, force=True)
 
 
-SIM_IMAGE = "sparkctl-sim:latest"
 VLLM_CPU_IMAGE = "sparkctl-test/vllm-cpu:0.32.0"
 
 

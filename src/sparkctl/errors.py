@@ -23,6 +23,26 @@ class TransientError(SparkctlError):
         self.delay = delay
 
 
+class Unreachable(TransientError):
+    """A server sparkctl fetches from (a registry, the Hub) could not be reached: `problem` says
+    how ("does not resolve": the Spark is offline, or its DNS is), `setting` points elsewhere."""
+
+    def __init__(self, what: str, *, host: str, problem: str, setting: str) -> None:
+        self.host, self.problem, self.setting = host, problem, setting
+        super().__init__(f"{what}: {host} {problem}; check the network, or set {setting} to a mirror", delay=2.0)
+
+
+def unreachable_problem(reason: object) -> str:
+    """How a connection failed, in words: a name that does not resolve is an offline machine
+    (or one without DNS), not a bug."""
+    text = str(reason)
+    if any(s in text for s in ("Name or service not known", "Temporary failure in name resolution",
+                               "nodename nor servname", "No address associated", "[Errno -2]", "[Errno -3]",
+                               "[Errno -5]")):
+        return "does not resolve (no DNS answer: this Spark looks offline)"
+    return f"did not answer ({text.splitlines()[0][:200] if text else 'no reason given'})"
+
+
 class SpecError(SparkctlError):
     """A stack or patch file is wrong: names the file, the line when known, the key and what is
     allowed."""

@@ -87,8 +87,17 @@ class Settings(BaseSettings):
     # What a parked (sleeping) engine keeps at either level: its process, CUDA context and graphs.
     park_residue_gib: float = Field(default=2.0, ge=0)
     # While a parked stack wakes, the daemon kills it (and starts it cold) if MemAvailable falls
-    # under this: a dead engine is recoverable, a host frozen by a unified-memory wake is not.
+    # under this; the sentinel stops the engine that grew last when MemAvailable falls under it, or
+    # falls fast towards it: a dead engine is recoverable, a host frozen by unified memory is not.
     wake_memory_floor_gib: float = Field(default=4.0, ge=0)
+    # The sentinel's kernel log: "auto" (/dev/kmsg, which needs CAP_SYSLOG, else `journalctl -k`),
+    # "none", or a path (a file or FIFO; tests append NVRM lines to one). MemAvailable is read from
+    # `meminfo_path`. A stack whose engine generates no token for `hang_after` seconds while
+    # requests run is restarted.
+    sentinel: bool = True
+    kernel_log: str = "auto"
+    meminfo_path: Path = Path("/proc/meminfo")
+    hang_after: float = Field(default=60.0, gt=0)
     # "auto": give engines the GPU when Docker has the NVIDIA runtime (a Spark), else run without.
     gpus: Literal["auto", "all", "none"] = "auto"
     # Extra environment for every engine container (e.g. VLLM_LOGGING_LEVEL=DEBUG, or

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -20,7 +21,10 @@ from pathlib import Path
 
 from tests.fakes.sandbox import free_port
 
-SIM_IMAGE = "sparkctl-sim:latest"
+# The sim image the tests publish; an engineer whose branch changes the sim builds it under a tag of
+# their own (scripts/build-image.sh TAG src/sparkctl/sim/image --with-sim) and names it here, so
+# two branches' sims never replace each other on a shared machine.
+SIM_IMAGE = os.environ.get("SPARKCTL_TEST_SIM_IMAGE", "sparkctl-sim:latest")
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG = "application/vnd.docker.container.image.v1+json"
 LAYER = "application/vnd.docker.image.rootfs.diff.tar"  # uncompressed: its digest is the diff id

@@ -94,7 +94,7 @@ def test_a_registry_that_refuses(world, cli, monkeypatch) -> None:
     code, report = doctor(cli, "qwen36-dflash", "--only", "registry,disk")
     refused = report["image ghcr.io/aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix"]
     assert code == 1 and refused["status"] == "fail" and "refused" in refused["detail"].lower()
-    assert refused["detail"].startswith(f"127.0.0.1:{port}: read the manifest")
+    assert refused["detail"].startswith(f"127.0.0.1:{port} did not answer")  # the host, and how
     assert "SPARKCTL_REGISTRY_MIRRORS" in refused["fix"]
 
 
@@ -131,3 +131,63 @@ def test_the_running_daemons_gateway_is_ours(world, cli, start_daemon) -> None:
 def test_an_unknown_area_is_refused(world, cli, area: str) -> None:
     code, _, err = cli("doctor", "--only", area)
     assert code == 1 and "no check area nosuch" in err and "docker" in err
+
+
+def test_an_offline_spark_is_named_as_such_and_its_disk_still_reported(world, cli, monkeypatch) -> None:
+    """No network: the registry's and the Hub's names do not resolve. Each check says which host
+    and the setting that points elsewhere (not "the check itself failed"); free disk is local, so it
+    is reported, naming what could not be sized; in the table each fix is a row of its own."""
+    monkeypatch.setenv("SPARKCTL_REGISTRY_MIRRORS", "ghcr.io=registry.nosuch.invalid:5000")
+    monkeypatch.setenv("SPARKCTL_HF_ENDPOINT", "http://hub.nosuch.invalid")
+    code, report = doctor(cli, "qwen36-dflash", "--only", "registry,hub,disk")
+    image = report["image ghcr.io/aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix"]
+    assert image["status"] == "fail" and image["detail"].startswith("registry.nosuch.invalid:5000 does not resolve")
+    assert "offline" in image["detail"] and "SPARKCTL_REGISTRY_MIRRORS" in image["fix"]
+    assert "SPARKCTL_REGISTRY_MIRRORS" not in image["detail"]  # said once, in the fix
+    hub = report["hub AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-NVFP4"]
+    assert hub["status"] == "fail" and "hub.nosuch.invalid does not resolve" in hub["detail"], hub
+    assert "SPARKCTL_HF_ENDPOINT" in hub["fix"]
+    assert not any("the check itself failed" in c["detail"] for c in report.values()), report
+    disk = [c for n, c in report.items() if n.startswith("disk ")]
+    assert disk and all("GB free" in c["detail"] for c in disk), disk
+    unsized = " ".join(c["detail"] for c in disk)
+    assert "could not be sized" in unsized and "aeon-vllm-ultimate" in unsized
+    assert "AEON-7/Qwen3.6-27B-AEON-Ultimate-Uncensored-NVFP4" in unsized
+    code, out, _ = cli("doctor", "qwen36-dflash", "--only", "registry,hub,disk")
+    fixes = [line for line in out.splitlines() if "fix:" in line]
+    assert fixes and all(not line.split("fix:")[0].strip() for line in fixes), out
+
+
+def test_an_unpinned_image_names_the_real_bench_command(world, cli) -> None:
+    (world / "stacks" / "unpinned.yaml").write_text(
+        "name: unpinned\nextends: qwen36-nvfp4-stock\n"
+        "image:\n  repository: docker.io/vllm/vllm-openai\n  tag: v0.99.0\n")
+    _, report = doctor(cli, "unpinned", "--only", "stacks")
+    check = report["stack unpinned"]
+    assert check["status"] == "warn" and "not pinned" in check["detail"], check
+    assert "`sparkctl bench run unpinned`" in check["fix"]
+
+
+def test_a_taken_port_at_the_daemons_start_names_the_program(world, cli) -> None:
+    """Any command that starts the daemon while another program listens on the gateway's port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(os.environ["SPARKCTL_GATEWAY_PORT"])))
+        taken.listen()
+        code, _, err = cli("status")
+    assert code == 1 and "internal error" not in err and "OSError" not in err, err
+    assert f"pid {os.getpid()}" in err and "SPARKCTL_GATEWAY_PORT" in err, err
+
+
+def test_the_gb10_checks_and_a_kernel_log_the_sentinel_cannot_read(world, cli, monkeypatch) -> None:
+    code, report = doctor(cli, "qwen36-dflash", "--only", "spark,sentinel")
+    assert code == 0, report
+    for check in ("logind RemoveIPC", "driver", "usable memory", "swap", "shm qwen36-dflash",
+                  "allocator qwen36-dflash", "kernel log", "last words"):
+        assert check in report, (check, report)
+    assert report["driver"]["status"] == "warn" and "nvidia-smi" in report["driver"]["detail"]  # no GPU here
+    assert report["kernel log"]["status"] == "ok" and str(world / "kmsg") in report["kernel log"]["detail"]
+    assert report["shm qwen36-dflash"]["detail"].startswith("ipc: host")  # the host's /dev/shm, not shm_size
+    monkeypatch.setenv("SPARKCTL_KERNEL_LOG", str(world / "no-such-log"))
+    _, report = doctor(cli, "--only", "sentinel")
+    assert report["kernel log"]["status"] == "warn" and "can read no kernel log" in report["kernel log"]["detail"]
+    assert "CAP_SYSLOG" in report["kernel log"]["fix"]

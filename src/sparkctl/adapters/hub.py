@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from sparkctl.adapters.retry import transient
-from sparkctl.errors import SparkctlError, TransientError
+from sparkctl.errors import SparkctlError, TransientError, Unreachable, unreachable_problem
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -23,6 +24,7 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 # first eight files; 16 keeps every shard of a ~30B bf16 checkpoint (a dozen 5 GB shards) in
 # flight, each its own HTTP stream over a network. No slower on loopback (8, 16, 32 measure alike).
 WORKERS = 16
+HUB = "https://huggingface.co"  # huggingface_hub's endpoint when SPARKCTL_HF_ENDPOINT is unset
 # snapshot_download's second byte bar: bytes received from the network, whose total it grows as
 # it goes (with hf_xet those differ from the bytes written); only the bytes-written bar is reported.
 _TRANSFER_BAR = "huggingface_hub.snapshot_download.transfer"
@@ -69,7 +71,7 @@ class HubClient:
         from huggingface_hub import HfApi
 
         _no_telemetry()
-        with _translated(repo, revision):
+        with _translated(repo, revision, self.endpoint):
             info = HfApi(endpoint=self.endpoint, token=self._token or False).model_info(
                 repo, revision=revision, files_metadata=True)
         return Snapshot(repo, info.sha, {s.rfilename: s.size or 0 for s in info.siblings or []})
@@ -86,7 +88,7 @@ class HubClient:
         from huggingface_hub import snapshot_download
 
         _no_telemetry()
-        with _translated(snapshot.repo, snapshot.commit):
+        with _translated(snapshot.repo, snapshot.commit, self.endpoint):
             path = snapshot_download(snapshot.repo, revision=snapshot.commit, cache_dir=self.cache_dir,
                                      endpoint=self.endpoint, token=self._token or False, max_workers=WORKERS,
                                      tqdm_class=_bar_class(progress) if progress else None)
@@ -138,11 +140,14 @@ def _bar_class(progress: Progress) -> type:
 
 
 @contextmanager
-def _translated(repo: str, revision: str) -> Iterator[None]:
+def _translated(repo: str, revision: str, endpoint: str | None) -> Iterator[None]:
     """Turn huggingface_hub's exceptions into errors a Spark owner can act on."""
     try:
         yield
     except Exception as error:
+        if _unreachable(error):  # httpx's: neither an OSError nor one of huggingface_hub's
+            raise Unreachable(f"read {repo}@{revision} at the Hub", host=urlsplit(endpoint or HUB).netloc,
+                              problem=unreachable_problem(error), setting="SPARKCTL_HF_ENDPOINT") from None
         from huggingface_hub.errors import (
             GatedRepoError,
             HfHubHTTPError,

@@ -19,8 +19,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import SparkctlError, Unreachable, unreachable_problem
 from sparkctl.policy.images import DEFAULT_REGISTRY, mirrored, parse_ref
 
 TIMEOUT = 10.0  # s for each request
@@ -59,9 +60,12 @@ def _get(url: str, ref: str, token: str | None = None) -> dict[str, Any]:
         if e.code == 401 and token is None and challenge.lower().startswith("bearer"):
             return _get(url, ref, _anonymous_token(dict(CHALLENGE.findall(challenge)), ref))
         raise SparkctlError(f"read the manifest of {ref}: its registry said {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise SparkctlError(f"read the manifest of {ref}: {getattr(e, 'reason', e)}; check the network, "
-                            "or set SPARKCTL_REGISTRY_MIRRORS") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise Unreachable(f"read the manifest of {ref}", host=urlsplit(url).netloc,
+                          problem=unreachable_problem(getattr(e, "reason", e)),
+                          setting="SPARKCTL_REGISTRY_MIRRORS") from None
+    except ValueError as e:
+        raise SparkctlError(f"read the manifest of {ref}: its registry's answer is not JSON ({e})") from None
 
 
 def _anonymous_token(challenge: dict[str, str], ref: str) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparkctl.cli import views
-from sparkctl.cli.console import ConsoleReporter, through_daemon
+from sparkctl.cli.console import ConsoleReporter, say, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -104,11 +104,16 @@ def wake(ctx: typer.Context, stack: str) -> None:
 
 def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory; below, how
-    many full-context requests each engine's KV cache holds, and what falls short."""
+    many full-context requests each engine's KV cache holds, and what falls short; and the last
+    words of a daemon run that did not stop cleanly (a host that froze)."""
     from sparkctl import answers
+    from sparkctl.state import lastwords
 
     rt = runtime(ctx)
     views.status(answers.Status.from_json(rt.daemon.get("/v1/status")), as_json=as_json)
+    ending = lastwords.previous(rt.settings.state_dir, daemon_running=True)  # the daemon just answered
+    if ending is not None and not as_json:
+        say("warning", "yellow", rest=f" {ending.summary()}")
 
 
 def logs(

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from sparkctl.doctor import Report
     from sparkctl.doctor.host import DaemonFacts
 
-AREAS = ("docker", "compose", "nvidia", "gpu", "memory", "registry", "hub", "stacks", "disk", "daemon", "port")
+AREAS = ("docker", "compose", "nvidia", "gpu", "memory", "registry", "hub", "stacks", "disk", "daemon", "port",
+         "spark", "sentinel")
 STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
 
 
@@ -27,7 +28,9 @@ def doctor(ctx: typer.Context,
            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Check this Spark is ready before the first `up`: Docker, compose, the NVIDIA runtime and GPU,
     memory, registries and the Hub (and the HF token's access), each stack's image, disk, the
-    daemon and the gateway's port. Exit 1 when a check fails; each failure names its fix."""
+    daemon and the gateway's port; what has frozen GB10 hosts (logind's RemoveIPC, the driver,
+    usable memory, swap, /dev/shm, the allocator), the kernel log the sentinel can read, and the
+    last words of a daemon run that did not stop cleanly. Exit 1 when a check fails; each failure names its fix."""
     rt = runtime(ctx)
     areas = {a.strip() for a in only.split(",") if a.strip()}
     if unknown := areas - set(AREAS):
@@ -42,7 +45,7 @@ def doctor(ctx: typer.Context,
 
 
 def diagnose(rt: Runtime, named: tuple[str, ...], areas: set[str]) -> Report:
-    from sparkctl.doctor import examine
+    from sparkctl.doctor import examine, gb10
     from sparkctl.doctor import host as on_host
     from sparkctl.doctor import stacks as for_stacks
     from sparkctl.doctor.spark import Spark
@@ -56,6 +59,11 @@ def diagnose(rt: Runtime, named: tuple[str, ...], areas: set[str]) -> Report:
         ("hub", lambda: for_stacks.hub(spark)), ("stacks", lambda: for_stacks.stacks(spark)),
         ("disk", lambda: for_stacks.disk(spark)), ("daemon", lambda: on_host.daemon(facts)),
         ("port", lambda: on_host.port(spark, facts)),
+        ("spark", lambda: gb10.logind(spark)), ("spark", lambda: gb10.driver(spark)),
+        ("spark", lambda: gb10.usable_memory(spark)), ("spark", lambda: gb10.swap(spark)),
+        ("spark", lambda: gb10.shm(spark)), ("spark", lambda: gb10.alloc_conf(spark)),
+        ("sentinel", lambda: gb10.kernel_log(spark)),
+        ("sentinel", lambda: gb10.last_words(spark, daemon_running=facts.holder is not None)),
     ], only=areas)
 
 
@@ -76,8 +84,9 @@ def _print(rt: Runtime, report: Report) -> None:
 
     table = Table(show_header=False, box=None, pad_edge=False)
     for check in report.checks:
-        fix = f" [bold]fix:[/] {escape(check.fix)}" if check.fix else ""
-        table.add_row(STYLE[check.status], escape(check.name), escape(check.detail) + fix)
+        table.add_row(STYLE[check.status], escape(check.name), escape(check.detail))
+        if check.fix:  # a row of its own: run into the detail it read as more of the finding
+            table.add_row("", "", f"[bold]fix:[/] {escape(check.fix)}")
     rt.console.print(table)
     failed = len(report.failed)
     rt.console.print(f"[red]{failed} check{'s' if failed > 1 else ''} failed[/]" if failed

@@ -6,6 +6,7 @@ containers keep running when it stops: a restarted daemon adopts them by label.
 from __future__ import annotations
 
 import asyncio
+import errno
 import faulthandler
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from sparkctl.adapters import hub, processes
+from sparkctl.adapters import hub, listeners, processes
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions
 from sparkctl.daemon.actions.context import Context
@@ -31,6 +32,7 @@ from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.reads import Reads
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.sentinel import Sentinel
 from sparkctl.daemon.series import Recorder, readings
 from sparkctl.daemon.switch import recover
 from sparkctl.daemon.turns import Turns
@@ -77,7 +79,8 @@ class Daemon:
                                      settled=lambda: self.loops.kick())
         self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired,
                              placed=lambda: placement.read_book(s.fleet_dir),
-                             engine_auth=lambda: membership.relay_auth(s))
+                             engine_auth=lambda: membership.relay_auth(s),
+                             restarting=lambda: self.sentinel.restarting())
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
                            instance=s.instance, resync=s.resync_interval, after_pass=self._after_pass)
         self.limits = Limits(connections=min(s.gateway_max_connections, processes.open_files() - 128),
@@ -105,6 +108,11 @@ class Daemon:
 
         self.recorder = Recorder(engines=lambda: readings(self.routes.table), memory=memory,
                                  requests=self.gateway.ledger.snapshot)
+        self.sentinel = Sentinel(gateway=self.gateway, routes=self.routes, machine=self.machine, state_dir=s.state_dir,
+                                 kernel_log=s.kernel_log, meminfo_path=s.meminfo_path,
+                                 floor=int(s.wake_memory_floor_gib * GIB), hang_after=s.hang_after,
+                                 started=lambda: self._started(context.serving_since),
+                                 failed=lambda name: bool(self.reconciler.history.get(name, planner.History()).failed))
         self.follows = Gauge()  # the log follows open, on both listeners of the API
         self.underway: dict[str, Underway] = {}  # the API's actions under way by name, on both listeners
         self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics, self.recorder, memory)
@@ -112,6 +120,13 @@ class Daemon:
             fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
             wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
             served_name=lambda name: wiring.catalog().stack(name).served_name, policy=policy)
+
+    def _started(self, serving_since: dict[str, float]) -> dict[str, float]:
+        """Each running engine of this instance, not parked: when it last started or woke (epoch s),
+        for the sentinel to stop the one that grew last."""
+        parked, shift = self.machine.desired().parked, time.time() - time.monotonic()
+        return {c.stack: max(c.created, serving_since.get(c.stack, 0.0) + shift) for c in self.docker.containers()
+                if c.running and not c.placed and c.stack not in parked}
 
     def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
@@ -154,7 +169,16 @@ class Daemon:
         """The agent-facing OpenAI endpoint (SPARKCTL_GATEWAY_HOST:PORT, loopback by default)."""
         s = self.settings
         handed = process.handed_socket()
-        server = await self.gateway.serve(s.gateway_host, s.gateway_port, sock=handed)
+        try:
+            server = await self.gateway.serve(s.gateway_host, s.gateway_port, sock=handed)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise SparkctlError(f"the gateway cannot listen on {s.gateway_url}: {e.strerror}; set "
+                                    "SPARKCTL_GATEWAY_HOST to an address of this machine") from None
+            found = listeners.holders(s.gateway_port)
+            who = ", ".join(h.describe() for h in found) if found else "another program (`sudo ss -ltnp` names it)"
+            raise SparkctlError(f"the gateway cannot listen on {s.gateway_url}: {who} already listens on port "
+                                f"{s.gateway_port}; stop it, or set SPARKCTL_GATEWAY_PORT to a free port") from None
         log.info("gateway_listening", address=str(handed.getsockname() if handed else (s.gateway_host, s.gateway_port)),
                  max_connections=self.limits.connections, socket="handed over by systemd" if handed else "own")
         asyncio.get_running_loop().create_task(self._report_refusals(self.limits))
@@ -221,6 +245,7 @@ class Daemon:
         loop.run_in_executor(None, hub.load)  # the Hub client, loaded before a first `up` needs it
         self.loops.start()
         sampling = asyncio.create_task(self.recorder.run())
+        watching = asyncio.create_task(self.sentinel.run()) if self.settings.sentinel else None
         if self.fleet_watch is not None:
             self.fleet_watch.start()
         stop = asyncio.Event()
@@ -237,6 +262,10 @@ class Daemon:
             self.fleet_watch.stop()
         sampling.cancel()
         await asyncio.gather(sampling, return_exceptions=True)
+        if watching is not None:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            self.sentinel.stopped()
         await self.loops.stop()
         await runner.cleanup()
         gateway.close()

@@ -174,6 +174,18 @@ class DockerMachine:
                 raise
             self.store.events.record(stack, "parked", f"level {level}" if level else "stopped")
 
+    def halt(self, stack: str, why: str) -> list[str]:
+        """Stop the stack's engine at once (killed), outside its turn: the sentinel's stop when the
+        host is at risk, and what holds the turn (a deploy's startup, a wake) may be what grows.
+        Recorded parked (stopped) first, so the reconciler leaves it and its death is no crash; a
+        request wakes it again once the gateway admits them."""
+        self.update_desired(lambda d: d.park(stack, 0))
+        running = [c.id for c in self.docker.containers(stack) if c.running and not c.placed]
+        for container in running:
+            self.docker.kill(container)
+        self.store.events.record(stack, "parked", f"stopped by the sentinel: {why}")
+        return running
+
     def wake(self, stack: str) -> WakeDone:
         """Wake a parked stack and warm it up with one token, under the wake watchdog. A wake that
         fails, or brings MemAvailable under the floor, is killed at once and the stack started

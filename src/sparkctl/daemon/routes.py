@@ -30,6 +30,9 @@ class Routes:
     desired: Callable[[], Desired]
     placed: Callable[[], dict[str, Placed]] = dict
     engine_auth: Callable[[], str] = lambda: ""  # what placed engines' relays ask for (`membership.relay_auth`)
+    # Stacks whose hung engine is restarting (the sentinel's): kept routed, their replica held out,
+    # so their requests wait for the restart instead of meeting a 404.
+    restarting: Callable[[], set[str]] = set
     table: RouteTable = field(default_factory=RouteTable)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # a rebuild from older reads must not land last
 
@@ -39,6 +42,7 @@ class Routes:
             running = {c.stack for c in self.docker.containers() if c.running and not c.placed
                        and c.stack not in desired.parked
                        and c.fingerprint in self.store.deployments.healthy_fingerprints(c.stack)}
+            running |= self.restarting() & set(desired.stacks)
             stacks = {s.name: upstream_of(s) for s in self.catalog().deployable()}
             placed = self.placed()
             serving = placement.serving(placed)

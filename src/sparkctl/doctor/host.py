@@ -5,13 +5,12 @@ judges through `Spark` (doctor/spark.py), once; each returns its `Check`s."""
 from __future__ import annotations
 
 import errno
-import os
 import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkctl.adapters import compose
+from sparkctl.adapters import compose, listeners
 from sparkctl.bench import environment
 from sparkctl.deploy.memory import GIB, meminfo
 from sparkctl.doctor import Check, fail, ok, warn
@@ -127,22 +126,16 @@ def port(spark: Spark, facts: DaemonFacts) -> list[Check]:
             if e.errno != errno.EADDRINUSE:
                 return [fail("port", "gateway port", f"cannot listen on {s.gateway_url}: {e.strerror}",
                              "set SPARKCTL_GATEWAY_HOST to an address of this machine")]
-    if facts.holder is not None and _listens(facts.holder, s.gateway_port):
+    if facts.holder is not None and listeners.holds(facts.holder, listeners.listening(s.gateway_port)):
         return [ok("port", "gateway port", f"{s.gateway_url} is this instance's gateway")]
-    return [fail("port", "gateway port", f"another program listens on {s.gateway_url}",
-                 f"stop it (`ss -ltnp 'sport = :{s.gateway_port}'` names it), or set SPARKCTL_GATEWAY_PORT")]
+    return [fail("port", "gateway port", f"{port_taken(s.gateway_port)} listens on {s.gateway_url}",
+                 "stop it, or set SPARKCTL_GATEWAY_PORT to a free port")]
 
 
-def _listens(pid: int, port: int) -> bool:
-    """Whether process `pid` holds a socket listening on TCP `port` (its own, or the one systemd
-    handed it): the listening sockets' inodes in /proc/net, against the process's open files."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{fields[9]}]")
-    try:
-        return any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return False  # it ended, or is not ours to read
+def port_taken(port: int) -> str:
+    """Who holds the port, as a person would name it."""
+    found = listeners.holders(port)
+    if not found:
+        return "another program (not readable by this user: `sudo ss -ltnp` names it)"
+    return "another program, " + ", ".join(h.describe() for h in found) + ","
+

@@ -14,7 +14,7 @@ from sparkctl.deploy.image import PULL_FACTOR
 from sparkctl.deploy.weights import HEADROOM, existing
 from sparkctl.doctor import Check, fail, ok, warn
 from sparkctl.doctor.spark import Spark
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import SparkctlError, Unreachable
 from sparkctl.policy.images import check as policy_check
 
 
@@ -22,9 +22,13 @@ def registries(spark: Spark) -> list[Check]:
     checks = []
     for ref, size in sorted(spark.image_bytes.items()):
         where = spark.source(ref)
-        if isinstance(size, SparkctlError):
+        if isinstance(size, Unreachable):
+            checks.append(fail("registry", f"image {ref}", f"{size.host} {size.problem}",
+                               f"connect this Spark to the network, or set {size.setting} to a mirror that has it"))
+        elif isinstance(size, SparkctlError):
             checks.append(fail("registry", f"image {ref}", f"{where}: {size}",
-                               "check the network, or set SPARKCTL_REGISTRY_MIRRORS to a mirror that has it"))
+                               "fix the image reference in the stack, or set SPARKCTL_REGISTRY_MIRRORS to a mirror "
+                               "that has it"))
         else:
             checks.append(ok("registry", f"image {ref}", f"{where} serves it, {size / 1e9:.2f} GB compressed"))
     return checks
@@ -36,7 +40,11 @@ def hub(spark: Spark) -> list[Check]:
     token = "with the HF token" if spark.settings.hf_token else "without an HF token"
     checks = []
     for (repo, revision), snapshot in sorted(spark.snapshots.items()):
-        if isinstance(snapshot, SparkctlError):
+        if isinstance(snapshot, Unreachable):
+            checks.append(fail("hub", f"hub {repo}", f"the Hub at {snapshot.host} {snapshot.problem} ({token})",
+                               f"connect this Spark to the network, or set {snapshot.setting} to a Hub mirror; "
+                               "with the weights already in the cache, HF_HUB_OFFLINE=1 needs no network"))
+        elif isinstance(snapshot, SparkctlError):
             gated = "gated" in str(snapshot)
             fix = ("accept the model's terms on its Hub page, then set SPARKCTL_HF_TOKEN to a token with read "
                    "access" if gated else "check the network, SPARKCTL_HF_ENDPOINT, or the repo and revision")
@@ -64,7 +72,7 @@ def stacks(spark: Spark) -> list[Check]:
         digest = stack.image.digest or (pin.digest if pin else None)
         if digest is None:
             checks.append(warn("stacks", name, f"{ref} is not pinned: the first `up` pins what the tag names then",
-                               f"`sparkctl up {stack.name}`, then `sparkctl bench {stack.name}` to vouch for it"))
+                               f"`sparkctl up {stack.name}`, then `sparkctl bench run {stack.name}` to vouch for it"))
             continue
         trust = ("known good" if pin and pin.known_good else "first seen, not yet vouched for by a benchmark"
                  if pin and pin.first_seen else "pinned")
@@ -74,30 +82,49 @@ def stacks(spark: Spark) -> list[Check]:
 
 def disk(spark: Spark) -> list[Check]:
     """Free space against what is still to fetch: images the engine lacks, at PULL_FACTOR times
-    their compressed size, in its root dir; weights not yet in the HF cache, in the cache."""
+    their compressed size, in its root dir; weights not yet in the HF cache, in the cache. Free
+    space is local: it is reported even when a registry or the Hub cannot be reached, with what
+    could then not be sized."""
     facts = spark.engine
     needs: dict[Path, list[tuple[str, int]]] = {}
-    if not isinstance(facts, SparkctlError) and Path(facts.root_dir).is_dir():
-        for ref, size in spark.image_bytes.items():
-            if isinstance(size, int) and spark.wiring.docker.image(ref) is None:
-                needs.setdefault(existing(Path(facts.root_dir)), []).append((ref, size * PULL_FACTOR))
+    unsized: dict[Path, list[str]] = {}
     hub = spark.wiring.hub()
-    for snapshot in spark.snapshots.values():
-        if not isinstance(snapshot, SparkctlError) and (missing := hub.missing_bytes(snapshot)):
-            needs.setdefault(existing(hub.cache_dir), []).append((snapshot.repo, missing))
+    if not isinstance(facts, SparkctlError) and Path(facts.root_dir).is_dir():
+        root = existing(Path(facts.root_dir))
+        needs[root] = []
+        for ref, size in spark.image_bytes.items():
+            if spark.wiring.docker.image(ref) is not None:
+                continue
+            if isinstance(size, int):
+                needs[root].append((ref, size * PULL_FACTOR))
+            else:
+                unsized.setdefault(root, []).append(ref)
+    cache = existing(hub.cache_dir)
+    needs.setdefault(cache, [])
+    for (repo, _), snapshot in spark.snapshots.items():
+        if isinstance(snapshot, SparkctlError):
+            unsized.setdefault(cache, []).append(repo)
+        elif missing := hub.missing_bytes(snapshot):
+            needs[cache].append((snapshot.repo, missing))
     checks = []
     for folder, wanted in _by_device(needs).items():
         free, total = shutil.disk_usage(folder).free, sum(size for _, size in wanted)
-        listed = ", ".join(f"{what} {size / 1e9:.1f} GB" for what, size in wanted)
+        blind = [what for f, whats in unsized.items() if f.stat().st_dev == folder.stat().st_dev for what in whats]
+        found = f"{free / 1e9:.1f} GB free, " + (
+            f"{total / 1e9:.1f} GB to fetch: " + ", ".join(f"{what} {size / 1e9:.1f} GB" for what, size in wanted)
+            if wanted else "nothing to fetch here")
+        if blind:
+            found += f"; could not be sized (unreachable): {', '.join(blind)}"
         if total + HEADROOM > free:
-            checks.append(fail("disk", f"disk {folder}", f"{free / 1e9:.1f} GB free, {total / 1e9:.1f} GB to fetch "
-                               f"(+{HEADROOM / 1e9:.1f} GB headroom): {listed}",
+            checks.append(fail("disk", f"disk {folder}", f"{found} (+{HEADROOM / 1e9:.1f} GB headroom)",
                                f"free space on {folder}, or point SPARKCTL_HF_CACHE_DIR (weights) or Docker's "
                                "data-root (images) at a larger disk"))
+        elif blind:
+            checks.append(warn("disk", f"disk {folder}", found, "once the network is back, `sparkctl doctor` sizes "
+                               "what is left"))
         else:
-            checks.append(ok("disk", f"disk {folder}", f"{free / 1e9:.1f} GB free, {total / 1e9:.1f} GB to fetch: "
-                             f"{listed}"))
-    return checks or [ok("disk", "disk", "nothing to fetch: every image and weight is here")]
+            checks.append(ok("disk", f"disk {folder}", found))
+    return checks
 
 
 def _sleep(spark: Spark, digest: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -82,6 +83,7 @@ class Gateway:
         self.waker = waker
         self.waking: dict[str, asyncio.Task] = {}  # stack -> its wake on demand
         self.counters = counters
+        self.refusing: dict[str, tuple[str, float]] = {}  # stack -> why, until (monotonic): the sentinel's
         self.pages = Pages(routes, self.holds, self.ledger).by_path
         self.ui = ui
 
@@ -160,6 +162,11 @@ class Gateway:
     def restore_engine(self, url: str) -> None:
         self.replicas.restore(url)
 
+    def refuse(self, stack: str, reason: str, seconds: float) -> None:
+        """Answer the stack's new requests 503 (Retry-After: `seconds`) for `seconds`, a parked
+        one's without waking it: the sentinel's answer to memory pressure."""
+        self.refusing[stack] = (reason, time.monotonic() + seconds)
+
     def restore_host(self, address: str) -> None:
         """The host's replicas are back in routing; requests held for them go."""
         self.replicas.restore_host(address)
@@ -208,6 +215,8 @@ class Gateway:
             exchange.wait(self._by_length(exchange, rules))
             return
         upstream = table.resolve(model)
+        if self._refused(exchange, upstream.stack if upstream else table.parked.get(model)):
+            return
         if upstream is None and model in table.parked and self.waker is not None:
             exchange.wait(self._after_hold(exchange, self._wake(model, table.parked[model])))
             return
@@ -222,6 +231,14 @@ class Gateway:
         exchange.payload["model"] = upstream.served_name
         exchange.upstream = upstream
         self.inflight.send(exchange)
+
+    def _refused(self, exchange: Proxied, stack: str | None) -> bool:
+        reason, until = self.refusing.get(stack or "", ("", 0.0))
+        if (left := until - time.monotonic()) <= 0:
+            return False
+        error(exchange.conn, 503, f"{stack} admits no new request: {reason}; retry later", "memory_pressure",
+              headers=[("Retry-After", str(math.ceil(left)))])
+        return True
 
     async def _by_length(self, exchange: Proxied, rules: tuple[Rule, ...]) -> None:
         """Route a routed alias's request to its rule's stack, by the prompt's tokens; a prompt

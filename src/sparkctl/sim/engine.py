@@ -27,6 +27,7 @@ from sparkctl.sim.profiles import Profile, kv_capacity
 
 VERSION = "0.23.0+sparkctl.sim"
 KV_BLOCK_SIZE = 16  # tokens per KV-cache block: vLLM's default on CUDA
+PREFILL_CHUNK = 8192  # prompt tokens prefilled per step (vLLM's max_num_batched_tokens on a Spark's stacks)
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -48,6 +49,13 @@ class Faults:
     # --gpu-memory-utilization while it sizes the KV cache from it (vLLM #46307: 0.70 reached
     # ~112 of 119 GiB, 0.24 above); an absolute --kv-cache-memory-bytes skips that sizing.
     profile_overshoot: float = 0.0
+    # Once this many requests have finished, the engine stops generating for good: running and new
+    # requests freeze, /health stays 200 (the deadlock of eugr/spark-vllm-docker #260).
+    deadlock_after: int | None = None
+    # Once serving, the engine grows by this many MiB of real memory over `grow_s` seconds and holds
+    # it: a startup's profiling or a wake that overshoots its plan (vLLM #46307), for the sentinel.
+    grow_mib: int | None = None
+    grow_s: float = 10.0
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -111,13 +119,14 @@ class Memory:
     """Real host memory standing in for the engine's share of unified memory.
 
     Each region (`weights`, `kv_cache`, `backup`, the weights' host copy while asleep at level 1,
-    and `profile`, start-up profiling's transient peak) is a private anonymous mmap with every page
-    written, so MemAvailable (and the process's RssAnon) really move; unmapping releases it. Sizes
-    of 0 (no memory scale) hold nothing and only take time.
+    and `profile`, start-up profiling's transient peak, and `growth`, the `grow_mib` fault's) is a
+    private anonymous mmap with every page written, so MemAvailable (and the process's RssAnon)
+    really move; unmapping releases it. Sizes of 0 (no memory scale) hold nothing and only take
+    time.
     """
 
     def __init__(self, *, weights: int = 0, kv_cache: int = 0, profile: int = 0) -> None:
-        self.sizes = {"weights": weights, "kv_cache": kv_cache, "backup": weights, "profile": profile}
+        self.sizes = {"weights": weights, "kv_cache": kv_cache, "backup": weights, "profile": profile, "growth": 0}
         self._regions: dict[str, mmap.mmap] = {}
         self._touched = dict.fromkeys(self.sizes, 0)  # fixed keys: read from the event loop mid-allocation
 
@@ -257,19 +266,21 @@ class Engine:
             m.requests_waiting -= 1
         self.kv_used += need
         self._admit()
-        m.prompt_tokens += prompt_tokens
         try:
             cached = 0
             if self.prefix_cache is not None:
                 cached = self.prefix_cache.hit(prompt)
                 m.prefix_queries += prompt_tokens
                 m.prefix_hits += cached
-            await self._spend("prefill", (prompt_tokens - cached) / self.profile.prefill_tps(prompt_tokens))
+            m.prompt_tokens += cached
+            await self._prefill(prompt_tokens - cached, self.profile.prefill_tps(prompt_tokens))
             if self.prefix_cache is not None:
                 self.prefix_cache.keep(prompt)
             clock = last = time.monotonic()
             emitted = 0
             while emitted < length:
+                if self.deadlocked:
+                    await asyncio.Event().wait()  # never set: the engine stopped generating
                 if not self._stepping.is_set():
                     await self._stepping.wait()
                     clock = time.monotonic()
@@ -361,10 +372,28 @@ class Engine:
                 self.prefix_cache.clear()
             return True
 
-    async def _spend(self, phase: str, seconds: float) -> None:
-        """`seconds` of a Spark's time in `phase`, at the time scale."""
-        self.metrics.engine_s[phase] += seconds
-        await asyncio.sleep(seconds * self.scale)
+    async def grow(self) -> None:
+        """The `grow_mib` fault: real memory taken over `grow_s` seconds, and held."""
+        if self.faults.grow_mib:
+            self.memory.sizes["growth"] = self.faults.grow_mib << 20
+            log(f"growing by {self.faults.grow_mib} MiB over {self.faults.grow_s:g} s (injected)")
+            await self._allocate("growth", self.faults.grow_s)
+
+    @property
+    def deadlocked(self) -> bool:
+        after = self.faults.deadlock_after
+        return after is not None and self.metrics.requests_finished >= after
+
+    async def _prefill(self, tokens: int, tps: float) -> None:
+        """Prefill `tokens` at `tps`, counting prompt tokens chunk by chunk as vLLM's chunked
+        prefill does: a long prefill moves `vllm:prompt_tokens_total` while it runs."""
+        clock = time.monotonic()
+        for done in range(0, tokens, PREFILL_CHUNK):
+            chunk = min(PREFILL_CHUNK, tokens - done)
+            self.metrics.engine_s["prefill"] += chunk / tps
+            clock += chunk / tps * self.scale
+            await asyncio.sleep(max(0.0, clock - time.monotonic()))
+            self.metrics.prompt_tokens += chunk
 
     async def _park(self, level: int) -> None:
         p, s = self.profile, self.scale

@@ -306,6 +306,7 @@ async def _serve(engine: Engine, args: argparse.Namespace, *, dev_mode: bool) ->
         _die(f"OSError: [Errno {e.errno}] error while attempting to bind on address "
              f"('{args.host}', {args.port}): address already in use")
     _log(f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+    await engine.grow()
     await asyncio.Event().wait()
 
 
