@@ -517,3 +517,18 @@ def test_nothing_more_is_answered_or_read_while_the_client_does_not_read() -> No
         assert transport.reading
 
     asyncio.run(run())
+
+
+def test_a_connection_closed_from_this_side_is_let_go_at_once() -> None:
+    """An idle connection the gateway closes (to make room at the cap, or the relay's door for a
+    newcomer) keeps no keep-alive timer: one would hold it in memory for KEEP_ALIVE seconds after
+    it is gone."""
+    async def run() -> Connection:
+        conn, transport = connect()
+        conn.close(now=True)
+        assert transport.closed
+        conn.connection_lost(None)
+        return conn
+
+    conn = asyncio.run(run())
+    assert conn.closed and conn.timer is not None and conn.timer.cancelled()

@@ -123,8 +123,6 @@ class RelayConnection(Connection):
     def connection_lost(self, exc: Exception | None) -> None:
         self.door.leave(self)
         super().connection_lost(exc)
-        if self.timer is not None:  # a connection closed from this side would otherwise live to its keep-alive timer
-            self.timer.cancel()
 
     def _admit(self, request: Request) -> Answer | None:
         refusal = self.relay.admit(request)

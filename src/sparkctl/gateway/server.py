@@ -350,12 +350,12 @@ class Connection(asyncio.Protocol):
 
     def _gone(self) -> None:
         self.limits.leave(self)
+        if self.timer is not None:  # else a connection closed from this side lives on to its keep-alive timer
+            self.timer.cancel()
         if self.closed and self.exchange is None:
             return
         self.closed = True
         self._release()
-        if self.timer is not None:
-            self.timer.cancel()
         exchange, self.exchange = self.exchange, None
         if exchange is not None:
             exchange.cancel()
