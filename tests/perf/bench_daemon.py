@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SPARKCTL, figure, load, runs, sparkctl, spread, world  # noqa: E402
+from world import SPARKCTL, figure, idle_cpu, load, runs, sparkctl, spread, world  # noqa: E402
 
 from sparkctl.instance import container_name  # noqa: E402
 from tests.teardown import stop  # noqa: E402
@@ -78,20 +78,7 @@ def idle(env: dict[str, str], pid: int) -> tuple[list[float], float]:
     for stack in THREE:
         sparkctl(env, "up", stack)
     time.sleep(5)
-    ticks = os.sysconf("SC_CLK_TCK")
-
-    def cpu() -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / ticks
-
-    percents = []
-    for _ in range(IDLE_WINDOWS):
-        start_cpu, start = cpu(), time.monotonic()
-        time.sleep(IDLE_S)
-        percents.append(100 * (cpu() - start_cpu) / (time.monotonic() - start))
-    rss_kb = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                  if line.startswith("VmRSS"))
-    return percents, rss_kb / 1024
+    return idle_cpu(pid, windows=IDLE_WINDOWS, seconds=IDLE_S)
 
 
 def timed(env: dict[str, str], n: int, *args: str) -> list[float]:

@@ -34,51 +34,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from world import figure, load, runs  # noqa: E402
 
+from tests.fakes import relayprocess  # noqa: E402
 from tests.teardown import stop  # noqa: E402
 
 KEY = "bench-relay-key"
 HEAD, LAN = "127.0.0.1", "127.0.0.2"
 FLOOD, SECONDS = runs(2000, smoke=305), runs(20, smoke=3)
 PROBE_EVERY = 0.05
-RELAY = r"""
-import http.server, resource, sys, threading
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-from sparkctl.gateway.relay import Relays
-from sparkctl.settings import Settings
-
-class Engine(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *args):
-        pass
-
-engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-threading.Thread(target=engine.serve_forever, daemon=True).start()
-s = Settings()
-relays = Relays(sys.argv[2], unauthenticated=s.fleet_relay_unauthenticated,
-                credential_within=s.fleet_relay_credential_within)
-relays.ensure("127.0.0.1", int(sys.argv[1]), f"http://127.0.0.1:{engine.server_address[1]}")
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
 def main() -> None:
     print(load())
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, FLOOD + 512)), hard))  # the flood's own files
     root = Path(tempfile.mkdtemp(prefix="sparkctl-relay-flood-"))
     port, out = _free_port(), root / "relay.log"
-    with out.open("wb") as log:
-        relay = subprocess.Popen([sys.executable, "-c", RELAY, str(port), KEY], stdin=subprocess.PIPE, stdout=log,
-                                 stderr=subprocess.STDOUT, env={**os.environ, "SPARKCTL_STATE_DIR": str(root / "s")})
+    relay = relayprocess.start(port, KEY, log=out, state_dir=root / "s")
     try:
-        deadline = time.monotonic() + 60
-        while b"ready" not in out.read_bytes():
-            if relay.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the relay did not start:\n{out.read_text()[-2000:]}")
-            time.sleep(0.05)
         before = _sample(relay.pid)
         samples: list[dict[str, float]] = []
         probes: dict[str, list[float | None]] = {"new connection": [], "keep-alive": []}

@@ -28,7 +28,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SPARKCTL, figure, load, runs, sparkctl, spread, world  # noqa: E402
+from world import SPARKCTL, figure, idle_cpu, load, runs, sparkctl, spread, world  # noqa: E402
 
 from sparkctl.instance import container_name  # noqa: E402
 from tests.teardown import stop  # noqa: E402
@@ -116,24 +116,12 @@ def idle(env: dict[str, str], log: Path, *, sentinel: bool) -> tuple[list[float]
         for stack in THREE:
             sparkctl(env, "up", stack)
         time.sleep(5)
-        ticks = os.sysconf("SC_CLK_TCK")
-
-        def cpu() -> float:
-            fields = Path(f"/proc/{daemon.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / ticks
-
-        percents = []
-        for _ in range(IDLE_WINDOWS):
-            start_cpu, start = cpu(), time.monotonic()
-            time.sleep(IDLE_S)
-            percents.append(100 * (cpu() - start_cpu) / (time.monotonic() - start))
-        rss_kb = next(int(line.split()[1]) for line in Path(f"/proc/{daemon.proc.pid}/status").read_text()
-                      .splitlines() if line.startswith("VmRSS"))
+        percents, rss = idle_cpu(daemon.proc.pid, windows=IDLE_WINDOWS, seconds=IDLE_S)
         watching = daemon.events("sentinel_watching")
         assert not sentinel or (watching and watching[0]["kernel_log"] == "/dev/kmsg"), watching
     finally:
         daemon.stop()
-    return percents, rss_kb / 1024
+    return percents, rss
 
 
 def main() -> None:

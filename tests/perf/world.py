@@ -122,3 +122,22 @@ def sparkctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
         raise RuntimeError(f"sparkctl {' '.join(args)} exited {done.returncode}:\n{done.stdout[-2000:]}"
                            f"{done.stderr[-4000:]}")
     return done
+
+
+def idle_cpu(pid: int, *, windows: int, seconds: float) -> tuple[list[float], float]:
+    """A process's CPU % over each of `windows` idle windows of `seconds`, and its RSS (MB) after
+    the last (the daemon's idle figure)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    percents = []
+    for _ in range(windows):
+        start_cpu, start = cpu(), time.monotonic()
+        time.sleep(seconds)
+        percents.append(100 * (cpu() - start_cpu) / (time.monotonic() - start))
+    rss_kb = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith("VmRSS"))
+    return percents, rss_kb / 1024

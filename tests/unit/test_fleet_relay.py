@@ -9,8 +9,6 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,33 +17,10 @@ from structlog.testing import capture_logs
 
 from sparkctl.gateway.relay import LOG_EVERY, LoopErrors, RelayConnection, Relays
 from sparkctl.settings import Settings
+from tests.fakes import relayprocess
 
 KEY = "relay-test-key"
 HEAD, LAN = "127.0.0.1", "127.0.0.2"  # the head, and another machine on the network
-RELAY = r"""
-import http.server, resource, sys, threading
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-from sparkctl.gateway.relay import Relays
-from sparkctl.settings import Settings
-
-class Engine(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *args):
-        pass
-
-engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-threading.Thread(target=engine.serve_forever, daemon=True).start()
-s = Settings()
-relays = Relays(sys.argv[2], unauthenticated=s.fleet_relay_unauthenticated,
-                credential_within=s.fleet_relay_credential_within)
-relays.ensure("127.0.0.1", int(sys.argv[1]), f"http://127.0.0.1:{engine.server_address[1]}")
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HEAD, 0))
@@ -70,16 +45,9 @@ def test_idle_connections_from_the_lan_cannot_starve_the_heads_probe(tmp_path: P
     """305 idle connections without the credential (what exhausted the agent's 256 files): the
     head's probe is answered within a second, the relay holds few files, and its log stays small."""
     port, out = free_port(), tmp_path / "relay.log"
-    env = {**os.environ, "SPARKCTL_STATE_DIR": str(tmp_path / "state")}
-    with out.open("wb") as log:
-        relay = subprocess.Popen([sys.executable, "-c", RELAY, str(port), KEY], stdin=subprocess.PIPE, stdout=log,
-                                 stderr=subprocess.STDOUT, env=env)
+    relay = relayprocess.start(port, KEY, log=out, state_dir=tmp_path / "state", within=30)
     flood: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 30
-        while b"ready" not in out.read_bytes():
-            assert relay.poll() is None and time.monotonic() < deadline, out.read_text()[-2000:]
-            time.sleep(0.05)
         flood = [connect(port, LAN) for _ in range(305)]
         time.sleep(0.5)  # the relay accepts them all
         started = time.monotonic()
