@@ -69,6 +69,9 @@ def memory_world(world, start_daemon, monkeypatch):
     monkeypatch.setenv("SPARKCTL_MEMORY_TOTAL_GIB", repr(UNIFIED / GIB))
     monkeypatch.setenv("SPARKCTL_PARK_RESIDUE_GIB", repr(0.05 * UNIFIED / GIB))
     monkeypatch.setenv("SPARKCTL_ENGINE_OVERHEAD_GIB", "0")  # a KV cache of the whole fraction but the weights
+    # The wake watchdog alone is under test: the sentinel shares its floor (set high here) and reads the
+    # workspace's still copy of meminfo, so it would stop an engine first (test_sentinel_memory.py is its own).
+    monkeypatch.setenv("SPARKCTL_SENTINEL", "0")
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "SPARKCTL_SIM_TIME_SCALE=0.01,SPARKCTL_SIM_LOAD_SCALE=0.002")
     (world / "state").mkdir(exist_ok=True)
     (world / "state" / "desired.yaml").write_text("stacks: [a]\naliases: {primary: a}\n")
