@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SPARKCTL, figure, idle_cpu, load, runs, sparkctl, spread, world  # noqa: E402
+from world import SPARKCTL, figure, idle_cpu, load, runs, sparkctl, spread, wait, world  # noqa: E402
 
 from sparkctl.instance import container_name  # noqa: E402
 from tests.teardown import stop  # noqa: E402
@@ -41,14 +41,6 @@ def docker_json(*args: str) -> dict:
 def started(name: str) -> float:
     raw = docker_json(name)["State"]["StartedAt"]
     return dt.datetime.fromisoformat(raw.replace("Z", "")[:26]).replace(tzinfo=dt.UTC).timestamp()
-
-
-def wait(check, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        time.sleep(0.02)
 
 
 def running(name: str) -> bool:

@@ -28,7 +28,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from world import SPARKCTL, figure, idle_cpu, load, runs, sparkctl, spread, world  # noqa: E402
+from world import SPARKCTL, figure, idle_cpu, load, runs, sparkctl, spread, wait, world  # noqa: E402
 
 from sparkctl.instance import container_name  # noqa: E402
 from tests.teardown import stop  # noqa: E402
@@ -42,14 +42,6 @@ NVRM = "3,{seq},{usec},-;NVRM: _memdescAllocInternal: nvAssertFailedNoLog: Asser
 def running(name: str) -> bool:
     done = subprocess.run(["docker", "inspect", "-f", "{{.State.Status}}", name], capture_output=True, text=True)
     return done.stdout.strip() == "running"
-
-
-def wait(check, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        time.sleep(0.02)
 
 
 class Daemon:

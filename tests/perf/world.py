@@ -141,3 +141,12 @@ def idle_cpu(pid: int, *, windows: int, seconds: float) -> tuple[list[float], fl
     rss_kb = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                   if line.startswith("VmRSS"))
     return percents, rss_kb / 1024
+
+
+def wait(check, timeout: float = 60) -> None:
+    """Until `check()` holds; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(0.02)
