@@ -16,6 +16,9 @@ network namespace (`/proc/PID/net/tcp`, `tcp6`). With host networking that names
 so the inodes are what tell the container's sockets from everyone else's. Reading another user's
 `/proc/PID/fd` needs root (or CAP_SYS_PTRACE).
 
+Who holds a port is read the same way, across every process this user may read: what the daemon
+names when its gateway's port is taken, and `doctor`'s port check.
+
 The limit on open files is raised by the long-lived processes that hold many connections (the
 daemon's gateway, a host agent's relays) at their start.
 """
@@ -87,7 +90,7 @@ def listening(pids: Iterable[int]) -> list[Listener]:
     for pid in pids:
         try:
             inodes = _socket_inodes(pid)
-            table = {**_listening(PROC / str(pid) / "net" / "tcp"), **_listening(PROC / str(pid) / "net" / "tcp6")}
+            table = _namespace(PROC / str(pid) / "net")
         except (FileNotFoundError, ProcessLookupError):
             continue
         except PermissionError as e:
@@ -138,6 +141,28 @@ def stop(session: Session, *, grace: float, sig: signal.Signals = signal.SIGTERM
         for handle in handles.values():
             os.close(handle)
     return [p.pid for p in handles]
+
+
+def holders(port: int) -> list[tuple[int, str]]:
+    """Every process this user may read that holds a socket listening on TCP `port` (any address
+    of this network namespace): (pid, its command line, shortened)."""
+    inodes = {inode for inode, (_, listened) in _namespace(PROC / "net").items() if listened == port}
+    found = []
+    for entry in PROC.iterdir() if inodes else ():
+        try:
+            if entry.name.isdigit() and _socket_inodes(int(entry.name)) & inodes:
+                found.append((int(entry.name), _command(entry)))
+        except OSError:  # it ended, or is not ours to read
+            continue
+    return found
+
+
+def who_holds(port: int) -> str:
+    """Who listens on TCP `port`, as a person would name it."""
+    found = holders(port)
+    if not found:
+        return "another program (not readable by this user: `sudo ss -ltnp` names it)"
+    return "another program (" + "; ".join(f"pid {pid}: {command}" for pid, command in found) + ")"
 
 
 def open_files() -> int:
@@ -200,6 +225,22 @@ def _socket_inodes(pid: int) -> set[int]:
         if target.startswith("socket:["):
             inodes.add(int(target[8:-1]))
     return inodes
+
+
+def _namespace(net: Path) -> dict[int, tuple[str, int]]:
+    """inode -> (address, port) of the listening TCP sockets of a network namespace (its `net/`
+    folder in /proc); a namespace without IPv6 has no tcp6 table."""
+    tables = [net / "tcp"] + [net / "tcp6"] * (net / "tcp6").exists()
+    return {inode: found for table in tables for inode, found in _listening(table).items()}
+
+
+def _command(entry: Path) -> str:
+    try:
+        argv = (entry / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(a.decode(errors="replace") for a in argv if a)
+    return (text[:120] + "…") if len(text) > 120 else text or "?"
 
 
 def _listening(table: Path) -> dict[int, tuple[str, int]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from sparkctl.adapters import hub, listeners, processes
+from sparkctl.adapters import hub, processes
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions
 from sparkctl.daemon.actions.context import Context
@@ -175,8 +175,7 @@ class Daemon:
             if e.errno != errno.EADDRINUSE:
                 raise SparkctlError(f"the gateway cannot listen on {s.gateway_url}: {e.strerror}; set "
                                     "SPARKCTL_GATEWAY_HOST to an address of this machine") from None
-            found = listeners.holders(s.gateway_port)
-            who = ", ".join(h.describe() for h in found) if found else "another program (`sudo ss -ltnp` names it)"
+            who = processes.who_holds(s.gateway_port)
             raise SparkctlError(f"the gateway cannot listen on {s.gateway_url}: {who} already listens on port "
                                 f"{s.gateway_port}; stop it, or set SPARKCTL_GATEWAY_PORT to a free port") from None
         log.info("gateway_listening", address=str(handed.getsockname() if handed else (s.gateway_host, s.gateway_port)),

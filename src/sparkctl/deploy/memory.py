@@ -36,24 +36,29 @@ SIZES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def usable_memory(settings: Settings, *, engines_running: bool) -> int:
-    """The memory engines' fractions are of: SPARKCTL_MEMORY_TOTAL_GIB, else what CUDA reports
-    free while none of this instance's engines run (kept in the state dir for starts when they
-    do), else MemTotal (no CUDA: a machine without an NVIDIA driver)."""
+    """The memory engines' fractions are of, in bytes (`usable`)."""
+    return usable(settings, engines_running=engines_running)[0]
+
+
+def usable(settings: Settings, *, engines_running: bool) -> tuple[int, str]:
+    """The memory engines' fractions are of, and where the figure comes from: SPARKCTL_MEMORY_TOTAL_GIB,
+    else what CUDA reports free while none of this instance's engines run (measured now, or kept in
+    the state dir from the last time), else MemTotal (no CUDA: a machine without an NVIDIA driver)."""
     if settings.memory_total_gib:
-        return int(settings.memory_total_gib * GIB)
+        return int(settings.memory_total_gib * GIB), "SPARKCTL_MEMORY_TOTAL_GIB"
     kept = settings.state_dir / USABLE
     free = None if engines_running else cuda.free_memory(settings.cuda_library)
     if free:
-        usable = min(free, meminfo("MemTotal"))
+        measured = min(free, meminfo("MemTotal"))
         kept.parent.mkdir(parents=True, exist_ok=True)
         tmp = kept.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"bytes": usable, "source": "cuMemGetInfo"}))
+        tmp.write_text(json.dumps({"bytes": measured, "source": "cuMemGetInfo"}))
         os.replace(tmp, kept)
-        return usable
+        return measured, "CUDA's free memory, measured now"
     try:
-        return int(json.loads(kept.read_text())["bytes"])
+        return int(json.loads(kept.read_text())["bytes"]), "CUDA's free memory, as the daemon measured it"
     except (OSError, ValueError, KeyError, TypeError):
-        return meminfo("MemTotal")
+        return meminfo("MemTotal"), "MemTotal: not measured yet (no CUDA, or no daemon has planned)"
 
 
 def kv_plan(stack: Stack, settings: Settings, *, weights: int, usable: int) -> int | None:

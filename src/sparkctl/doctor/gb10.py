@@ -7,13 +7,12 @@ the sentinel's last words of a daemon run that did not stop cleanly. The parsing
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from sparkctl.adapters import kernellog
 from sparkctl.bench import environment
-from sparkctl.deploy.memory import GIB, USABLE, meminfo, size_bytes
+from sparkctl.deploy.memory import GIB, meminfo, size_bytes, usable
 from sparkctl.doctor import Check, ok, warn
 from sparkctl.doctor.spark import Spark
 from sparkctl.fleet import local
@@ -79,17 +78,11 @@ def driver(spark: Spark) -> list[Check]:
 
 
 def usable_memory(spark: Spark) -> list[Check]:
-    """What the planner divides (`deploy.memory.usable_memory`: the setting, else CUDA's free memory
-    as the daemon last measured it, else MemTotal) against MemTotal. Read only: the daemon measures."""
+    """What the planner divides (`deploy.memory.usable`: the setting, else CUDA's free memory as the
+    daemon last measured it, else MemTotal) against MemTotal. Read only: the daemon measures."""
     total = meminfo("MemTotal", spark.meminfo) / GIB
-    if spark.settings.memory_total_gib:
-        divided, source = spark.settings.memory_total_gib, "SPARKCTL_MEMORY_TOTAL_GIB"
-    else:
-        try:
-            divided, source = json.loads((spark.settings.state_dir / USABLE).read_text())["bytes"] / GIB, \
-                "CUDA's free memory, as the daemon measured it"
-        except (OSError, ValueError, KeyError, TypeError):
-            divided, source = total, "MemTotal: not measured yet (no CUDA, or no daemon has planned)"
+    planned, source = usable(spark.settings, engines_running=True)
+    divided = planned / GIB
     found = f"MemTotal {total:.1f} GiB; the planner divides {divided:.1f} GiB ({source})"
     if total > GB10_TOTAL_GIB and divided > CUDA_USABLE_GIB:
         return [warn("spark", "usable memory", f"{found}, but CUDA's free memory at boot on GB10 has measured "

@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkctl.adapters import compose, listeners
+from sparkctl.adapters import compose, processes
 from sparkctl.bench import environment
 from sparkctl.deploy.memory import GIB, meminfo
 from sparkctl.doctor import Check, fail, ok, warn
@@ -126,16 +126,8 @@ def port(spark: Spark, facts: DaemonFacts) -> list[Check]:
             if e.errno != errno.EADDRINUSE:
                 return [fail("port", "gateway port", f"cannot listen on {s.gateway_url}: {e.strerror}",
                              "set SPARKCTL_GATEWAY_HOST to an address of this machine")]
-    if facts.holder is not None and listeners.holds(facts.holder, listeners.listening(s.gateway_port)):
+    if facts.holder is not None and facts.holder in {pid for pid, _ in processes.holders(s.gateway_port)}:
         return [ok("port", "gateway port", f"{s.gateway_url} is this instance's gateway")]
-    return [fail("port", "gateway port", f"{port_taken(s.gateway_port)} listens on {s.gateway_url}",
+    return [fail("port", "gateway port", f"{processes.who_holds(s.gateway_port)} listens on {s.gateway_url}",
                  "stop it, or set SPARKCTL_GATEWAY_PORT to a free port")]
-
-
-def port_taken(port: int) -> str:
-    """Who holds the port, as a person would name it."""
-    found = listeners.holders(port)
-    if not found:
-        return "another program (not readable by this user: `sudo ss -ltnp` names it)"
-    return "another program, " + ", ".join(h.describe() for h in found) + ","
 
