@@ -8,11 +8,15 @@ daemon must not suffer.
 Token authentication is always on: the token is read from a 0600 file whose path (not the token)
 goes to Ray in its environment, so it is in no command line, log or error. Called by the `fleet`
 layer through the `FleetBackend` protocol.
+
+Ray is the `fleet` extra, not a base dependency: `RayBackend` checks once that it is installed and
+otherwise says how to add it to this very install, before any child would fail importing it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import socket
@@ -40,6 +44,7 @@ RESULT = "SPARKCTL-RESULT "  # the child's answer: the last stdout line starting
 UNPLACEABLE = "could not be placed within"
 WATCH_EVERY = 0.1  # s between two reads of the node table by `watch`
 AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
+RAY = "ray==2.60.0"  # pyproject's `fleet` extra: one pinned version on every Spark
 
 
 class RayBackend:
@@ -47,6 +52,7 @@ class RayBackend:
     named placement groups apart from anyone else's."""
 
     def __init__(self, *, token_file: Path, timeout: float, namespace: str) -> None:
+        require_ray()
         self.token_file, self.timeout, self.namespace = token_file, timeout, namespace
         self.launcher: Sequence[str] = raynode.LAUNCHER  # what runs `ray start`
 
@@ -166,6 +172,20 @@ class NodeWatch:
     def close(self) -> None:
         self.child.kill()
         self.child.wait()
+
+
+def require_ray() -> None:
+    """Refuse, saying what to install, when this install of sparkctl has no Ray (the `fleet` extra).
+    PyPI's `sparkctl` is another project: the advice adds Ray to this environment, never by name."""
+    if importlib.util.find_spec("ray") is not None:
+        return
+    prefix = Path(sys.prefix)
+    if (prefix / "pipx_metadata.json").is_file():  # pipx's venv, named after the package
+        how = f"pipx inject {prefix.name} '{RAY}'"
+    else:
+        how = f"{sys.executable} -m pip install '{RAY}'"
+    raise SparkctlError(f"the fleet runs on Ray, which this install of sparkctl leaves out (the `fleet` extra); "
+                        f"add it with: {how}")
 
 
 def _nodes(answer: list[dict[str, Any]]) -> list[Node]:

@@ -37,6 +37,13 @@ WAIT = typer.Option(10.0, "--wait", min=0.5, help="Seconds each host's agent has
                                                   "named unreachable.")
 
 
+@app.callback()
+def _ray() -> None:  # every fleet command runs on Ray, the `fleet` extra: without it, one line saying what to install
+    from sparkctl.adapters.ray import require_ray
+
+    require_ray()
+
+
 @app.command("init")
 def init(ctx: typer.Context, host: str | None = HOST, address: str | None = ADDRESS, port: int | None = PORT) -> None:
     """Start the fleet's head on this Spark, with token authentication on."""
