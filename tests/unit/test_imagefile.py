@@ -144,7 +144,7 @@ def test_image_list_shows_the_last_retest_of_a_ban(workspace: Path, cli) -> None
                                         f"    - {{date: 2026-07-01, digest: '{D1}', verdict: 'fail: canary', "
                                         "deployment: 3}\n"))
     code, out, _ = cli("image", "list")
-    cells = " ".join(line.split("│")[4].strip() for line in out.splitlines() if line.count("│") == 5)
+    cells = " ".join(line.split("│")[3].strip() for line in out.splitlines() if line.count("│") == 4)
     assert code == 0 and "2026-07-01 sha256:aaaaaaaaaaaa: fail: canary (1 in all)" in cells
 
 

@@ -8,36 +8,42 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
+from sparkctl.cli.console import OUTPUT, Column, Output, table
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
+    from sparkctl.policy.images import Ban
     from sparkctl.results import RetestDone
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
 
 UNSETTLED = "(none yet: the first `up` records it)"  # a known-good tag whose digest was never published
+PINS = (Column("pinned ref"), Column("digest", wide=True), Column("known good"), Column("provenance", wide=True),
+        Column("since"))
+BANS = (Column("blacklisted ref or digest"), Column("reason"), Column("date", wide=True), Column("last retest"))
+WAKES = (Column("digest"), Column("sleeps and wakes"), Column("reason", wide=True), Column("date", wide=True))
 
 
 @app.command("list")
-def list_(ctx: typer.Context) -> None:
+def list_(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """Show pins, the blacklist, and how each digest's first watched wake from sleep mode went."""
     rt = runtime(ctx)
-    pins = Table("pinned ref", "digest", "known good", "provenance", "since", title="pins")
-    for ref, pin in rt.policy.pins.items():
-        first_seen = f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""
-        pins.add_row(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else first_seen, pin.provenance,
-                     str(pin.pinned or ""))
-    bans = Table("blacklisted ref or digest", "reason", "date", "last retest", title="blacklist")
-    for ref, ban in rt.policy.blacklist.items():
-        last = ban.retests[-1] if ban.retests else None
-        retested = f"{last.date} {last.digest[:19]}: {last.verdict} ({len(ban.retests)} in all)" if last else ""
-        bans.add_row(ref, ban.reason, str(ban.date or ""), retested)
-    wakes = Table("digest", "sleeps and wakes", "reason", "date", title="sleep mode")
-    for digest, wake in rt.policy.wakes.items():
-        wakes.add_row(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""))
-    rt.console.print(pins, bans, wakes)
+    pins = [(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else
+             (f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""),
+             pin.provenance, str(pin.pinned or "")) for ref, pin in rt.policy.pins.items()]
+    bans = [(ref, ban.reason, str(ban.date or ""), _last_retest(ban)) for ref, ban in rt.policy.blacklist.items()]
+    wakes = [(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""))
+             for digest, wake in rt.policy.wakes.items()]
+    rt.console.print(
+        table(PINS, pins, output=output, title="pins"), table(BANS, bans, output=output, title="blacklist"),
+        table(WAKES, wakes, output=output, title="sleep mode"))
+
+
+def _last_retest(ban: Ban) -> str:
+    last = ban.retests[-1] if ban.retests else None
+    return f"{last.date} {last.digest[:19]}: {last.verdict} ({len(ban.retests)} in all)" if last else ""
 
 
 @app.command()
