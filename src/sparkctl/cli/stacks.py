@@ -32,10 +32,10 @@ class Format(StrEnum):
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """One row per deployable stack, with what the image policy says of it."""
-    from sparkctl import answers
+    from sparkctl import messages
 
     rows = runtime(ctx).daemon.get("/v1/stacks")["stacks"]
-    views.stacks(tuple(answers.StackRow(**row) for row in rows))
+    views.stacks(tuple(messages.StackRow(**row) for row in rows))
 
 
 @app.command()
