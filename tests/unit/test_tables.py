@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sparkctl.answers import Status, StatusRow
 from sparkctl.cli import bench, fleet, images, route, views
 from sparkctl.cli.console import Output, out, table
+from sparkctl.messages import Status, StatusRow
 from sparkctl.state.store import Store
 
 LONG_STACK = "qwen36-bf16-dflash-n1-with-a-longer-name"

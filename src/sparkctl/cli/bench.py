@@ -189,8 +189,7 @@ def sweep(
     """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
     write one comparison report: seed 000's study, repeatable."""
     from sparkctl.cli.console import through_daemon
-    from sparkctl.results import DownDone, UpDone
-    from sparkctl.wire import DownRequest, UpRequest
+    from sparkctl.messages import DownDone, DownRequest, UpDone, UpRequest
 
     rt = runtime(ctx)
     chosen, entries = _profile(profile, depths, runs, temperature), []

@@ -20,7 +20,7 @@ from sparkctl.phase import Phase
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from sparkctl import wire
+    from sparkctl import messages
     from sparkctl.cli.client import DaemonClient
 
 D = TypeVar("D")
@@ -111,31 +111,31 @@ class ConsoleReporter:
         say(f"{'note':>9}", "yellow", rest=f" {stack}: {text}")
 
 
-def through_daemon(daemon: DaemonClient, path: str, request: wire.Asked, expect: type[D]) -> D:
+def through_daemon(daemon: DaemonClient, path: str, request: messages.Asked, expect: type[D]) -> D:
     """Ask the daemon, printing its progress events; returns the outcome's result, of type `expect`.
-    The action is named for the daemon (`wire.Asked.action`): a Ctrl-C cancels that action, and
+    The action is named for the daemon (`messages.Asked.action`): a Ctrl-C cancels that action, and
     no other, there (`cancel`), then ends the command (130)."""
     import secrets
     from dataclasses import asdict, replace
 
-    from sparkctl import wire
+    from sparkctl import messages
 
     request = replace(request, action=request.action or secrets.token_hex(8))
     try:
         with ConsoleReporter() as reporter:
             for line in daemon.stream(path, asdict(request)):
-                match wire.decode(line):
-                    case wire.PhaseChanged(stack, phase, detail):
+                match messages.decode(line):
+                    case messages.PhaseChanged(stack, phase, detail):
                         reporter.phase(stack, Phase(phase), detail)
-                    case wire.Progress(stack, task, done, total):
+                    case messages.Progress(stack, task, done, total):
                         reporter.progress(stack, task, done, total)
-                    case wire.Note(stack, text):
+                    case messages.Note(stack, text):
                         reporter.note(stack, text)
-                    case wire.Outcome(ok=False, error=error):
+                    case messages.Outcome(ok=False, error=error):
                         raise SparkctlError(error or "the action failed")
-                    case wire.Outcome(result=result) if isinstance(result, expect):
+                    case messages.Outcome(result=result) if isinstance(result, expect):
                         return result
-                    case wire.Outcome(result=result):
+                    case messages.Outcome(result=result):
                         raise SparkctlError(f"the daemon answered {path} with {type(result).__name__}, not "
                                             f"{expect.__name__}: restart the daemon so that it runs this sparkctl")
     except KeyboardInterrupt:
@@ -147,11 +147,11 @@ def through_daemon(daemon: DaemonClient, path: str, request: wire.Asked, expect:
 def cancel(daemon: DaemonClient, what: str, action: str) -> None:
     """Cancel `action` in the daemon and say what came of it: "cancelled" only when the daemon
     says the action left its queue, or stopped (its answer waits for that)."""
-    from sparkctl import results
+    from sparkctl import messages
 
     say(f"{what}: cancelling in the daemon", "yellow", stderr=True)
-    done = results.decode_done(daemon.post("/v1/cancel", {"action": action}))
-    if not isinstance(done, results.CancelDone):
+    done = messages.load(messages.Done, daemon.post("/v1/cancel", {"action": action}))
+    if not isinstance(done, messages.CancelDone):
         raise SparkctlError(f"the daemon answered /v1/cancel with {type(done).__name__}: restart the daemon so "
                             "that it runs this sparkctl")
     if done.cancelled:

@@ -13,8 +13,8 @@ from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
+    from sparkctl.messages import RetestDone
     from sparkctl.policy.images import Ban
-    from sparkctl.results import RetestDone
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
@@ -147,11 +147,12 @@ def retest(
     """Measure what the blacklisted tag REF names on its registry now: deployed alone as a trial of
     its stack (not desired, in no alias, removed afterwards) and judged by the stack's gate. A pass
     lifts the ban and pins the digest as known-good; a failure keeps the ban, with the measurement."""
-    from sparkctl import results, wire
+    from sparkctl import messages
     from sparkctl.cli.console import through_daemon
 
     rt = runtime(ctx)
-    result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force), results.RetestDone)
+    asked = messages.RetestRequest(ref, stack or "", force)
+    result = through_daemon(rt.daemon, "/v1/retest", asked, messages.RetestDone)
     _show_retest(rt, result)
 
 

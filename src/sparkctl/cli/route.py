@@ -15,7 +15,7 @@ from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from sparkctl.results import RouteDone
+    from sparkctl.messages import RouteDone
 
 app = typer.Typer(help="Route an alias's requests by their prompt length.", no_args_is_help=True)
 ROUTES = (Column("alias", name=True), Column("rule", wide=True), Column("prompt tokens"), Column("stack", name=True))
@@ -109,7 +109,7 @@ def _crossover(rt, fast: str, rest: str) -> int:  # noqa: ANN001 - the CLI's Run
 
 
 def _route(ctx: typer.Context, alias: str, rules: str) -> RouteDone:
-    from sparkctl import results, wire
+    from sparkctl import messages
 
     rt = runtime(ctx)
-    return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules), results.RouteDone)
+    return through_daemon(rt.daemon, "/v1/route", messages.RouteRequest(alias, rules), messages.RouteDone)

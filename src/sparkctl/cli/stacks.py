@@ -33,10 +33,10 @@ class Format(StrEnum):
 @app.command("list")
 def list_(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """One row per deployable stack, with what the image policy says of it."""
-    from sparkctl import answers
+    from sparkctl import messages
 
     rows = runtime(ctx).daemon.get("/v1/stacks")["stacks"]
-    views.stacks(tuple(answers.StackRow(**row) for row in rows), output=output)
+    views.stacks(tuple(messages.StackRow(**row) for row in rows), output=output)
 
 
 @app.command()

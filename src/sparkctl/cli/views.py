@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from sparkctl.cli.console import Column, Output, out, say, table, through_daemon
 
 if TYPE_CHECKING:
-    from sparkctl.answers import StackRow, Status, StatusRow
     from sparkctl.cli.client import DaemonClient
+    from sparkctl.messages import StackRow, Status, StatusRow
 
 
 STATUS = (Column("stack", name=True), Column("phase"), Column("endpoint", name=True),
@@ -48,9 +48,9 @@ def stacks(rows: tuple[StackRow, ...], *, output: Output | None) -> None:
 
 def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
     """`up` through the daemon: its phases as they come, then one line."""
-    from sparkctl import results, wire
+    from sparkctl import messages
 
-    done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), results.UpDone)
+    done = through_daemon(daemon, "/v1/up", messages.UpRequest(stack, refresh, replace), messages.UpDone)
     extra = f", speculative acceptance {done.acceptance:.2f}" if done.acceptance is not None else ""
     verb = "already up, unchanged" if done.unchanged else "up"
     say(f"{stack} {verb}", "green", rest=f": {done.url}/v1 (fingerprint {done.fingerprint}{extra})")

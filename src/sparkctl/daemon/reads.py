@@ -14,7 +14,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sparkctl.adapters.docker import DockerEngine
-from sparkctl.answers import (
+from sparkctl.bench import metrics
+from sparkctl.daemon import planner
+from sparkctl.daemon.charts import CHARTS, chart
+from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.metrics import DaemonMetrics
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.series import Recorder
+from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
+from sparkctl.messages import (
     BanRow,
     DeploymentRow,
     EventRow,
@@ -27,15 +36,6 @@ from sparkctl.answers import (
     Status,
     StatusRow,
 )
-from sparkctl.bench import metrics
-from sparkctl.daemon import planner
-from sparkctl.daemon.charts import CHARTS, chart
-from sparkctl.daemon.machine import DockerMachine
-from sparkctl.daemon.metrics import DaemonMetrics
-from sparkctl.daemon.reconciler import Reconciler
-from sparkctl.daemon.routes import Routes
-from sparkctl.daemon.series import Recorder
-from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.policy.switch import Memory

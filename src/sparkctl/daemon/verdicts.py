@@ -14,11 +14,11 @@ from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
 from sparkctl.daemon.events import EventBus
 from sparkctl.deploy.health import HealthError
+from sparkctl.messages import Note
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
-from sparkctl.wire import Note
 
 
 @dataclass

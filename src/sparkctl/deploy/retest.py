@@ -26,8 +26,8 @@ from sparkctl.bench.runner import Progress
 from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import RetestDone
 from sparkctl.policy.images import Measurement, Retrial, parse_ref, plan_retest, retest_tag, retestable
-from sparkctl.results import RetestDone
 from sparkctl.spec import imagefile
 from sparkctl.spec.engine import Image
 from sparkctl.spec.load import Catalog

@@ -12,11 +12,10 @@ from sparkctl.daemon import planner
 from sparkctl.daemon.actions.context import Context
 from sparkctl.deploy.memory import GIB
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import Note, ParkDone, WakeDone
 from sparkctl.policy.parking import Park, choose, sleep_refusal
-from sparkctl.results import ParkDone, WakeDone
 from sparkctl.spec import imagefile
 from sparkctl.spec.models import Kind, Stack
-from sparkctl.wire import Note
 
 
 @dataclass
