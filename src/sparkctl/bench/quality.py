@@ -90,7 +90,9 @@ def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRu
     assert run is not None
     verdict = judge_quality(run, quality, baseline=store.quality.last_pass(stack.name, task=run.task, items=run.items))
     store.quality.judge(run_id, verdict.describe())
-    return run, verdict
+    judged = store.quality.run(run_id)
+    assert judged is not None
+    return judged, verdict
 
 
 def shipped(task: str) -> bool:
