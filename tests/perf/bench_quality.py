@@ -72,8 +72,8 @@ def timed(fn) -> tuple[float, float]:
 
 
 def main() -> None:
-    print(f"bench_quality: {ITEMS} items of sparkctl_arith, sim time scale {SCALE}, {quality.CONCURRENCY} at once; "
-          f"{load()}")
+    print(load())
+    print(f"bench_quality: {ITEMS} items of sparkctl_arith, sim time scale {SCALE}, {quality.CONCURRENCY} at once")
     items = arith.generate()[:ITEMS]
     with tempfile.TemporaryDirectory(prefix="sparkctl-perf-quality-") as tmp:
         root = Path(tmp)
