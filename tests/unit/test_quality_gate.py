@@ -131,3 +131,21 @@ def test_the_sim_works_out_only_integer_arithmetic(prompt) -> None:
 
 def test_the_accuracy_fault_is_a_fraction() -> None:
     assert Faults.parse("accuracy=0.3,crash_after=2") == Faults(accuracy=0.3, crash_after=2)
+
+
+# (case, lm-eval's output, words of the message)
+FAILURES = [
+    ("not-installed", "Traceback ...\nModuleNotFoundError: No module named 'lm_eval'\n",
+     "pip install 'sparkctl[quality]'"),
+    ("unknown-task", "loading...\nunknown task: lm-eval 0.4.13 has no task 'nosuch' (`lm-eval ls tasks` lists them)\n",
+     "lm-eval 0.4.13 has no task 'nosuch'"),
+    ("refused", "API request failed! Status code: 401, Response text: {\"error\": ...}. Retrying...\nTraceback\n",
+     "the endpoint refused lm-eval's requests: API request failed! Status code: 401"),
+    ("other", "a\nb\nRuntimeError: boom\n",
+     "lm-eval exited with code 1: a | b | RuntimeError: boom; see /r/lm-eval.log"),
+]
+
+
+@pytest.mark.parametrize(("output", "words"), [c[1:] for c in FAILURES], ids=[c[0] for c in FAILURES])
+def test_a_failed_lm_eval_run_says_why_and_what_to_do(output, words) -> None:
+    assert words in quality.failure(1, output, log=Path("/r/lm-eval.log"))

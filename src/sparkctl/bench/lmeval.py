@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 TASKS = Path(__file__).with_name("quality_task")  # sparkctl's own tasks (`sparkctl_arith`)
+UNKNOWN = "unknown task: "  # how the child's last line starts when lm-eval has no such task
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     # lm-eval indexes its ~15,000 shipped tasks in ~5 s: only when the task is not one of ours.
     ours = (TASKS / f"{args.task}.yaml").is_file()
     tasks = TaskManager(include_path=str(TASKS), include_defaults=not ours)
+    if args.task not in tasks.all_tasks:
+        raise SystemExit(f"{UNKNOWN}lm-eval {lm_eval.__version__} has no task {args.task!r} (`lm-eval ls tasks` "
+                         "lists them; a generation task scored by exact match is what the gate reads)")
     model_args = {"model": args.model, "base_url": args.url, "tokenizer_backend": "none",
                   "num_concurrent": args.concurrency, "max_retries": args.retries, "timeout": args.timeout}
     results = lm_eval.simple_evaluate(model="local-chat-completions", model_args=model_args, tasks=[args.task],

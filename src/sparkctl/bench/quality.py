@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkctl.bench.gate import Verdict, judge_quality
-from sparkctl.bench.lmeval import TASKS
+from sparkctl.bench.lmeval import TASKS, UNKNOWN
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
@@ -121,9 +121,9 @@ def failure(code: int, output: str, *, log: Path) -> str:
     if any("No module named 'lm_eval'" in line for line in lines):
         return ("lm-eval is not installed: the quality gate needs sparkctl's `quality` extra "
                 "(pip install 'sparkctl[quality]')")
-    unknown = next((line for line in lines if "Tasks not found" in line or "were not found" in line), None)
+    unknown = next((line for line in lines if line.startswith(UNKNOWN)), None)
     if unknown:
-        return f"lm-eval does not know the task: {unknown.strip()[:300]} (see `lm-eval ls tasks`)"
+        return unknown.removeprefix(UNKNOWN)
     refused = next((line for line in lines if "API request failed" in line), None)
     if refused:
         return f"the endpoint refused lm-eval's requests: {refused.strip()[:300]}; see {log}"
