@@ -1,5 +1,5 @@
 """The state store: the state database (`db.py`) and the repositories over it, opened once per
-process. Deployments and their transitions, benchmark runs and known-good pins, events,
+process. Deployments and their transitions, benchmark runs and known-good pins, quality runs, events,
 switches and resolved digests each have their own repository; the deploy pipeline and the
 daemon write them, `status`, `history` and the report read them. Every write is its own short
 transaction.
@@ -13,6 +13,7 @@ from sparkctl.state.bench import BenchRuns
 from sparkctl.state.db import Database
 from sparkctl.state.deployments import Deployments
 from sparkctl.state.journal import Answers, Digests, Events, Switches
+from sparkctl.state.quality import QualityRuns
 
 
 class Store:
@@ -20,6 +21,7 @@ class Store:
         self.db = Database(path, timeout=timeout)
         self.deployments = Deployments(self.db)
         self.bench = BenchRuns(self.db)
+        self.quality = QualityRuns(self.db)
         self.events = Events(self.db)
         self.switches = Switches(self.db)
         self.digests = Digests(self.db)
