@@ -41,16 +41,16 @@ def stacks(rows: tuple[StackRow, ...]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy")
+    table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy", "source")
     table.columns[0].no_wrap = True
     for row in rows:
         if row.invalid:
             table.add_row(escape(row.stack), row.kind, "-", "-", "-", "-", "-",
-                          f"[red]invalid, left out[/]: {escape(row.invalid)}")
+                          f"[red]invalid, left out[/]: {escape(row.invalid)}", row.source)
             continue
         verdict = f"[red]refused[/]: {escape(row.policy)}" if row.refused else escape(row.policy)
         table.add_row(row.stack, row.kind, row.image, row.model, row.draft, f"{row.memory:.2f}", str(row.port),
-                      verdict)
+                      verdict, row.source)
     out().print(table)
 
 
