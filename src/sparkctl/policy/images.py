@@ -205,8 +205,8 @@ class Layered:
 
     def lifted(self) -> list[tuple[str, str, Layer]]:
         """The lower layers' entries the state removed (`image unpin` of a shipped pin, ...)."""
-        return [(section, key, layer) for (section, key), layer in self.hidden.items()
-                if (section, key) not in self.origin]
+        return sorted(((section, key, layer) for (section, key), layer in self.hidden.items()
+                       if (section, key) not in self.origin), key=lambda lift: (SECTIONS.index(lift[0]), lift[1]))
 
 
 def layered(layers: Sequence[tuple[Layer, ImagePolicy]], lifted: Iterable[tuple[str, str]] = ()) -> Layered:
