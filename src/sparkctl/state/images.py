@@ -16,7 +16,6 @@ import datetime as dt
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from sqlite3 import Row
 
 from pydantic import BaseModel
 
@@ -34,7 +33,7 @@ from sparkctl.policy.images import (
     layered,
     parse_ref,
 )
-from sparkctl.spec import imagefile
+from sparkctl.spec import imagefile, kept
 from sparkctl.spec.imagefile import PolicyFiles
 from sparkctl.state.db import Database
 
@@ -49,10 +48,19 @@ class ImageRecords:
             self._import(files.shipped)
 
     def layered(self) -> Layered:
-        """The policy in force, with where each entry comes from."""
-        rows = self.db.all("SELECT section, key, entry FROM image_policy ORDER BY rowid")
-        return layered([*self.files.layers(), (Layer.STATE, _policy(rows))],
-                       [(r["section"], r["key"]) for r in rows if r["entry"] is None])
+        """The policy in force, with where each entry comes from; made again only when a file or
+        a record changed (`spec.kept`): the daemon asks for it on each status and park."""
+        rows = tuple(tuple(r) for r in self.db.all("SELECT section, key, entry FROM image_policy ORDER BY rowid"))
+
+        def make() -> Layered:
+            return layered([*self.files.layers(), (Layer.STATE, _policy(rows))],
+                           [(section, key) for section, key, entry in rows if entry is None])
+
+        try:
+            key = (self.files, kept.signature(self.files.shipped, self.files.owner), rows)
+        except OSError:  # a file replaced while we looked
+            return make()
+        return kept.cached("image policy", key, make)
 
     def policy(self) -> ImagePolicy:
         return self.layered().policy
@@ -172,12 +180,12 @@ def _canonical(policy: ImagePolicy, section: str) -> dict[str, BaseModel]:
     return {canonical(section, key): entry for key, entry in getattr(policy, section).items()}
 
 
-def _policy(rows: Sequence[Row]) -> ImagePolicy:
+def _policy(rows: Sequence[tuple[str, str, str | None]]) -> ImagePolicy:
     """The recorded entries (not the lifts) as a policy."""
     tables: dict[str, dict[str, BaseModel]] = {section: {} for section in SECTIONS}
-    for row in rows:
-        if row["entry"] is not None:
-            tables[row["section"]][row["key"]] = MODELS[row["section"]].model_validate_json(row["entry"])
+    for section, key, entry in rows:
+        if entry is not None:
+            tables[section][key] = MODELS[section].model_validate_json(entry)
     return ImagePolicy.model_validate(tables)
 
 
