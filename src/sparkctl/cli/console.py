@@ -1,11 +1,16 @@
-"""The CLI's lines for people, all through rich: coloured phase lines and notes, progress bars for
-long work, and the stream of events a daemon action sends back."""
+"""The CLI's lines for people, all through rich: coloured phase lines and notes, tables that fit the
+terminal (`table`, `-o wide` for every column), progress bars for long work, and the stream of
+events a daemon action sends back."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 
@@ -13,6 +18,8 @@ from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from sparkctl import messages
     from sparkctl.cli.client import DaemonClient
 
@@ -29,6 +36,41 @@ def out(*, stderr: bool = False) -> Console:
 def say(text: str, style: str | None = None, *, rest: str = "", stderr: bool = False) -> None:
     """One line: `text` in `style`, then `rest` as it is."""
     out(stderr=stderr).print((f"[{style}]{escape(text)}[/]" if style else escape(text)) + escape(rest))
+
+
+class Output(StrEnum):
+    WIDE = "wide"
+
+
+OUTPUT = typer.Option(None, "--output", "-o", help="wide: every column (by default a table leaves some out, "
+                                                   "so that it fits the terminal).")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: `name`, a value people copy (a stack, an alias, an endpoint), kept whole on
+    one line; `wide`, shown with `-o wide` only."""
+
+    header: str
+    name: bool = False
+    wide: bool = False
+
+
+def table(columns: Sequence[Column], rows: Iterable[Sequence[str]], *, output: Output | None,
+          title: str | None = None) -> Table:
+    """Every table the CLI prints: the `wide` columns only with `-o wide`; no value ever cut short
+    with an ellipsis. Names keep their width; every other value folds onto more lines when the
+    terminal is narrow (an image ref included: whole, over two lines)."""
+    from rich.table import Table
+
+    shown = [i for i, column in enumerate(columns) if output is Output.WIDE or not column.wide]
+    made = Table(*(columns[i].header for i in shown), title=title)
+    for i, column in zip(shown, made.columns, strict=True):
+        column.overflow = "fold"
+        column.no_wrap = columns[i].name
+    for row in rows:
+        made.add_row(*(row[i] for i in shown))
+    return made
 
 
 def fail(line: str) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparkctl.cli import views
-from sparkctl.cli.console import ConsoleReporter, say, through_daemon
+from sparkctl.cli.console import OUTPUT, ConsoleReporter, Output, say, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -102,7 +102,8 @@ def wake(ctx: typer.Context, stack: str) -> None:
     runtime(ctx).console.print(f"[green]{stack} is awake[/] ({how}, {result.seconds:.2f} s{killed})")
 
 
-def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+           output: Output | None = OUTPUT) -> None:
     """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory; below, how
     many full-context requests each engine's KV cache holds, and what falls short; and the last
     words of a daemon run that did not stop cleanly (a host that froze)."""
@@ -110,7 +111,7 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     from sparkctl.state import lastwords
 
     rt = runtime(ctx)
-    views.status(messages.load(messages.Status, rt.daemon.get("/v1/status")), as_json=as_json)
+    views.status(messages.load(messages.Status, rt.daemon.get("/v1/status")), as_json=as_json, output=output)
     ending = lastwords.previous(rt.settings.state_dir, daemon_running=True)  # the daemon just answered
     if ending is not None and not as_json:
         say("warning", "yellow", rest=f" {ending.summary()}")

@@ -8,22 +8,32 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
+from sparkctl.cli.console import OUTPUT, Column, Output, table
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
     from sparkctl.messages import RetestDone
+    from sparkctl.policy.images import Ban
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
 
 UNSETTLED = "(none yet: the first `up` records it)"  # a known-good tag whose digest was never published
+PINS = (Column("pinned ref"), Column("digest", wide=True), Column("known good"), Column("provenance", wide=True),
+        Column("since"), Column("layer"))
+BANS = (Column("blacklisted ref or digest"), Column("reason"), Column("date", wide=True), Column("last retest"),
+        Column("layer"))
+WAKES = (Column("digest"), Column("sleeps and wakes"), Column("reason", wide=True), Column("date", wide=True),
+         Column("layer"))
+LIFTS = (Column("section"), Column("ref or digest"), Column("lifted from"))
 
 
 @app.command("list")
-def list_(ctx: typer.Context) -> None:
+def list_(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """Show pins, the blacklist, and how each digest's first watched wake from sleep mode went, each
-    entry with its layer: shipped, the owner's images.yaml, or recorded in the state."""
+    entry with its layer (shipped, the owner's images.yaml, or recorded in the state); then the
+    shipped or owner's entries the state lifted."""
     rt = runtime(ctx)
     layered = rt.store.images.layered()
     policy = layered.policy
@@ -32,27 +42,24 @@ def list_(ctx: typer.Context) -> None:
         below = layered.hidden.get((section, key))
         return str(layered.origin[(section, key)]) + (f", over {below}" if below else "")
 
-    pins = Table("pinned ref", "digest", "known good", "provenance", "since", "layer", title="pins")
-    for ref, pin in policy.pins.items():
-        first_seen = f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""
-        pins.add_row(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else first_seen, pin.provenance,
-                     str(pin.pinned or ""), layer("pins", ref))
-    bans = Table("blacklisted ref or digest", "reason", "date", "last retest", "layer", title="blacklist")
-    for ref, ban in policy.blacklist.items():
-        last = ban.retests[-1] if ban.retests else None
-        retested = f"{last.date} {last.digest[:19]}: {last.verdict} ({len(ban.retests)} in all)" if last else ""
-        bans.add_row(ref, ban.reason, str(ban.date or ""), retested, layer("blacklist", ref))
-    wakes = Table("digest", "sleeps and wakes", "reason", "date", "layer", title="sleep mode")
-    for digest, wake in policy.wakes.items():
-        wakes.add_row(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""),
-                      layer("wakes", digest))
-    rt.console.print(pins, bans, wakes)
-    lifted = layered.lifted()
+    pins = [(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else
+             (f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""),
+             pin.provenance, str(pin.pinned or ""), layer("pins", ref)) for ref, pin in policy.pins.items()]
+    bans = [(ref, ban.reason, str(ban.date or ""), _last_retest(ban), layer("blacklist", ref))
+            for ref, ban in policy.blacklist.items()]
+    wakes = [(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""),
+              layer("wakes", digest)) for digest, wake in policy.wakes.items()]
+    rt.console.print(
+        table(PINS, pins, output=output, title="pins"), table(BANS, bans, output=output, title="blacklist"),
+        table(WAKES, wakes, output=output, title="sleep mode"))
+    lifted = [(section, key, str(below)) for section, key, below in layered.lifted()]
     if lifted:
-        table = Table("section", "ref or digest", "lifted from", title="removed by the owner (recorded in the state)")
-        for section, key, below in lifted:
-            table.add_row(section, key, str(below))
-        rt.console.print(table)
+        rt.console.print(table(LIFTS, lifted, output=output, title="removed by the owner (recorded in the state)"))
+
+
+def _last_retest(ban: Ban) -> str:
+    last = ban.retests[-1] if ban.retests else None
+    return f"{last.date} {last.digest[:19]}: {last.verdict} ({len(ban.retests)} in all)" if last else ""
 
 
 @app.command()

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from sparkctl.cli.console import through_daemon
+from sparkctl.cli.console import OUTPUT, Column, Output, table, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from sparkctl.messages import RouteDone
 
 app = typer.Typer(help="Route an alias's requests by their prompt length.", no_args_is_help=True)
+ROUTES = (Column("alias", name=True), Column("rule", wide=True), Column("prompt tokens"), Column("stack", name=True))
 
 
 @app.command("set")
@@ -47,16 +47,14 @@ def rm(ctx: typer.Context, alias: str) -> None:
 
 
 @app.command("show")
-def show(ctx: typer.Context) -> None:
+def show(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """Every routed alias and its rules, as the daemon has them."""
     rt = runtime(ctx)
     routes = rt.daemon.get("/v1/desired").get("routes", {})
-    table = Table("alias", "rule", "prompt tokens", "stack", title="routed aliases")
-    for alias, rules in sorted(routes.items()):
-        for index, rule in enumerate(rules):
-            limit = f"<= {rule['up_to']}" if rule["up_to"] is not None else "the rest"
-            table.add_row(escape(alias) if index == 0 else "", str(index), limit, escape(rule["stack"]))
-    rt.console.print(table if routes else "no alias is routed")
+    rows = [(escape(alias) if index == 0 else "", str(index),
+             f"<= {rule['up_to']}" if rule["up_to"] is not None else "the rest", escape(rule["stack"]))
+            for alias, rules in sorted(routes.items()) for index, rule in enumerate(rules)]
+    rt.console.print(table(ROUTES, rows, output=output, title="routed aliases") if routes else "no alias is routed")
 
 
 @app.command("suggest")

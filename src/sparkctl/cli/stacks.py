@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from sparkctl.cli import views
+from sparkctl.cli.console import OUTPUT, Output
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import ImageRefused, SpecError
 
@@ -30,12 +31,12 @@ class Format(StrEnum):
 
 
 @app.command("list")
-def list_(ctx: typer.Context) -> None:
+def list_(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """One row per deployable stack, with what the image policy says of it."""
     from sparkctl import messages
 
     rows = runtime(ctx).daemon.get("/v1/stacks")["stacks"]
-    views.stacks(tuple(messages.StackRow(**row) for row in rows))
+    views.stacks(tuple(messages.StackRow(**row) for row in rows), output=output)
 
 
 @app.command()
