@@ -52,7 +52,7 @@ def test_commands_record_in_the_state_and_never_write_the_shipped_file(workspace
         code, _, err = cli("image", "check", "eugr/spark-vllm:latest", "--allow-latest")
         assert code == 1 and "crashes at load" in err
         monkeypatch.setenv("COLUMNS", "400")
-        code, out, _ = cli("image", "list")
+        code, out, _ = cli("image", "list", "-o", "wide")
         assert code == 0
         assert ["docker.io/vllm/vllm-openai:v0.24.0", D1, "", "run 3", str(dt.date.today()), "state"] in \
             rows(out, "pins")
@@ -62,7 +62,7 @@ def test_commands_record_in_the_state_and_never_write_the_shipped_file(workspace
         assert cli("image", "unpin", "vllm/vllm-openai:v0.24.0")[0] == 0
         assert cli("image", "unblacklist", "docker.io/eugr/spark-vllm:latest")[0] == 0
         assert cli("image", "check", "eugr/spark-vllm:latest", "--allow-latest")[0] == 0
-        assert "lifted from" not in cli("image", "list")[1]  # removing its own record lifts nothing
+        assert "lifted from" not in cli("image", "list", "-o", "wide")[1]  # removing its own record lifts nothing
     finally:
         (workspace / "stacks").chmod(0o755)
     assert shipped.read_bytes() == before and not (workspace / "stacks" / "images.yaml.lock").exists()
@@ -81,12 +81,12 @@ def test_unpin_and_unblacklist_of_a_shipped_entry_are_recorded_as_the_owners_ove
     assert cli("image", "check", BANNED, "--allow-latest")[0] == 0
     assert shipped.read_bytes() == before
     monkeypatch.setenv("COLUMNS", "400")
-    out = cli("image", "list")[1]
+    out = cli("image", "list", "-o", "wide")[1]
     assert rows(out, "removed by the owner") == [["pins", V4, "shipped"], ["blacklist", BANNED, "shipped"]]
     assert not rows(out, "pins") and not rows(out, "blacklist")
     # banned again by the owner: the record replaces the lift
     assert cli("image", "blacklist", BANNED, "--reason", "still broken")[0] == 0
-    out = cli("image", "list")[1]
+    out = cli("image", "list", "-o", "wide")[1]
     assert rows(out, "blacklist")[0][:2] == [BANNED, "still broken"]
     assert rows(out, "blacklist")[0][-1] == "state, over shipped"
     assert rows(out, "removed by the owner") == [["pins", V4, "shipped"]]
@@ -105,12 +105,13 @@ def test_the_owners_images_yaml_is_laid_over_the_shipped_one_and_the_state_over_
     code, _, err = cli("image", "check", "eugr/spark-vllm:latest", "--allow-latest")
     assert code == 1 and "crashes on my Spark" in err
     monkeypatch.setenv("COLUMNS", "400")
-    out = cli("image", "list")[1]
+    out = cli("image", "list", "-o", "wide")[1]
     assert [V4, D1, "", "my own run", "", "owner, over shipped"] in rows(out, "pins")
     assert rows(out, "blacklist")[1][-1] == "owner"
+    assert rows(cli("image", "list")[1], "pins")[0][-1] == "owner, over shipped"  # shown without -o wide too
     assert cli("image", "pin", V4, "--digest", D2)[0] == 0  # the state over the owner's file
     assert cli("image", "unblacklist", "eugr/spark-vllm:latest")[0] == 0
-    out = cli("image", "list")[1]
+    out = cli("image", "list", "-o", "wide")[1]
     assert rows(out, "pins")[0][:2] == [V4, D2] and rows(out, "pins")[0][-1] == "state, over owner"
     assert ["blacklist", "docker.io/eugr/spark-vllm:latest", "owner"] in rows(out, "removed by the owner")
     assert owner.read_bytes() == before
@@ -220,7 +221,7 @@ def test_image_list_shows_the_last_retest_of_a_ban(workspace: Path, cli, monkeyp
                                         f"    - {{date: 2026-07-01, digest: '{D1}', verdict: 'fail: canary', "
                                         "deployment: 3}\n"))
     monkeypatch.setenv("COLUMNS", "400")
-    code, out, _ = cli("image", "list")
+    code, out, _ = cli("image", "list", "-o", "wide")
     assert code == 0 and rows(out, "blacklist")[0][3] == "2026-07-01 sha256:aaaaaaaaaaaa: fail: canary (1 in all)"
 
 
