@@ -452,6 +452,7 @@ class StackRow:
     refused: bool  # the image policy refuses its image
     policy: str  # the policy's verdict, or why it refuses
     invalid: str | None = None  # why its file is left out
+    source: str = "shipped"  # its layer: shipped, owner, or "owner, over shipped" (`Catalog.source`)
 
 
 @dataclass(frozen=True)

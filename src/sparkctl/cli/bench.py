@@ -78,7 +78,7 @@ def _measure(rt, spec, profile, *, skip_coherence: bool):
         result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=profile,
                                        skip_coherence=skip_coherence, docker=rt.docker,
                                        on_progress=lambda p: live.update(_progress_table(p)))
-    verdict = bench_stack.gate(spec, result, settings=rt.settings, store=rt.store)
+    verdict = bench_stack.gate(spec, result, store=rt.store)
     rt.console.print(_rows_table(result))
     return result, verdict
 

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 STATUS = (Column("stack", name=True), Column("phase"), Column("endpoint", name=True),
           Column("fingerprint", wide=True), Column("uptime"), Column("memory"))
 STACKS = (Column("stack", name=True), Column("kind", wide=True), Column("image"), Column("model", wide=True),
-          Column("draft", wide=True), Column("mem", wide=True), Column("port", wide=True), Column("policy"))
+          Column("draft", wide=True), Column("mem", wide=True), Column("port", wide=True), Column("policy"),
+          Column("source"))
 
 
 def status(report: Status, *, as_json: bool, output: Output | None) -> None:
@@ -74,6 +75,7 @@ def _stack_row(row: StackRow) -> tuple[str, ...]:
 
     if row.invalid:
         invalid = f"[red]invalid, left out[/]: {escape(row.invalid)}"
-        return (escape(row.stack), row.kind, "-", "-", "-", "-", "-", invalid)
+        return (escape(row.stack), row.kind, "-", "-", "-", "-", "-", invalid, row.source)
     verdict = f"[red]refused[/]: {escape(row.policy)}" if row.refused else escape(row.policy)
-    return (row.stack, row.kind, row.image, row.model, row.draft, f"{row.memory:.2f}", str(row.port), verdict)
+    return (row.stack, row.kind, row.image, row.model, row.draft, f"{row.memory:.2f}", str(row.port), verdict,
+            row.source)
