@@ -34,13 +34,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # Pinned for this process and everything it starts (daemons, CLI subprocesses, llama-benchy): no
 # test decides "online" by probing the internet (the corpus's `auto` would try a TCP connect to
 # Project Gutenberg), and the engines here (the sim, random weights) cannot answer llama-benchy's
-# coherence question. The one test of `auto` sets its own value (through monkeypatch). These two,
-# and the run's id (`SPARKCTL_TEST_RUN`, tests/teardown.py: every process the run starts carries it,
-# so the session's end can find what the run left), are the suite's only deliberate process-wide
-# changes to the environment: every other test changes `os.environ` through monkeypatch, so nothing
-# leaks into the tests after it.
+# coherence question. The one test of `auto` sets its own value (through monkeypatch). The owner's
+# config dir is one that cannot exist (under /dev/null): no test, daemon or CLI the run starts reads
+# the owner's ~/.config/sparkctl; a test of the owner's layer sets its own (`workspace`: one in its
+# tmp dir). These three, and the run's id (`SPARKCTL_TEST_RUN`, tests/teardown.py: every process
+# the run starts carries it, so the session's end can find what the run left), are the suite's only
+# deliberate process-wide changes to the environment: every other test changes `os.environ` through
+# monkeypatch, so nothing leaks into the tests after it.
 os.environ["SPARKCTL_BENCH_CORPUS"] = "loopback"
 os.environ["SPARKCTL_BENCH_SKIP_COHERENCE"] = "1"
+os.environ["SPARKCTL_CONFIG_DIR"] = "/dev/null/sparkctl"
 
 # Hypothesis: a failure always prints the blob that reproduces it (`@reproduce_failure`), and under
 # CI the examples are derived from each test itself, so every CI run tries the same inputs and a
@@ -131,6 +134,16 @@ def stop_daemon(state_dir: Path) -> None:
     DaemonClient(state_dir / "sparkctl.sock").stop()
 
 
+def image_policy(root: Path):
+    """The image policy in force for the workspace at `root`: its stacks' images.yaml, its config
+    dir's, and what its state recorded over them."""
+    from sparkctl.spec.imagefile import PolicyFiles
+    from sparkctl.state.store import Store
+
+    files = PolicyFiles(root / "stacks" / "images.yaml", root / "config" / "images.yaml")
+    return Store(root / "state" / "sparkctl.db", policy_files=files).images.policy()
+
+
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A copy of stacks/ and patches/, with settings pointed at it, a private state dir, and an
@@ -143,6 +156,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("SPARKCTL_STACKS_DIR", str(tmp_path / "stacks"))
     monkeypatch.setenv("SPARKCTL_PATCHES_DIR", str(tmp_path / "patches"))
     monkeypatch.setenv("SPARKCTL_COMPOSE_DIR", str(tmp_path / "compose"))
+    monkeypatch.setenv("SPARKCTL_CONFIG_DIR", str(tmp_path / "config"))  # the owner's, empty until a test writes it
     monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("SPARKCTL_HF_CACHE_DIR", str(tmp_path / "hf"))
     # The sentinel reads a kernel log and a meminfo of the test's own (a still copy of the host's):

@@ -1,3 +1,3 @@
 """sparkctl: deploy and run LLM serving stacks on NVIDIA DGX Spark."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

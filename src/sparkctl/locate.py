@@ -1,5 +1,5 @@
-"""Where an instance's state lives: the files of its state dir, the default dir of an instance,
-and how an instance and its state dir name each other (`Settings` resolves the pair with
+"""Where an instance's state lives: the files of its state dir, the default dir of an instance
+(and of the owner's config), and how an instance and its state dir name each other (`Settings` resolves the pair with
 `resolve`). Pure, stdlib only."""
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ STORE_FILE = "sparkctl.db"  # the state database
 def default_state_dir(name: str = instances.DEFAULT) -> Path:
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state")
     return base / "sparkctl" if name == instances.DEFAULT else base / f"sparkctl-{name}"
+
+
+def default_config_dir() -> Path:
+    """The owner's stacks and image policy (XDG's config dir): one for every instance."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "sparkctl"
 
 
 def resolve(name: str | None, state_dir: str | Path | None) -> tuple[str | None, Path | None]:

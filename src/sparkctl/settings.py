@@ -17,7 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sparkctl import instance as instances
-from sparkctl.locate import LOCK_FILE, SOCKET_FILE, STORE_FILE, default_state_dir, resolve
+from sparkctl.locate import LOCK_FILE, SOCKET_FILE, STORE_FILE, default_config_dir, default_state_dir, resolve
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -145,9 +145,13 @@ class Settings(BaseSettings):
     # this many seconds: a flood from the LAN cannot use up the agent's files.
     fleet_relay_unauthenticated: int = Field(default=64, ge=1)
     fleet_relay_credential_within: float = Field(default=5.0, gt=0)
+    # What sparkctl ships, read only: the stacks (and their images.yaml), patch sets and compose projects.
     stacks_dir: Path = Field(default_factory=lambda: _data_dir("stacks"))
     patches_dir: Path = Field(default_factory=lambda: _data_dir("patches"))
     compose_dir: Path = Field(default_factory=lambda: _data_dir("compose"))
+    # The owner's own, edited by hand and never written by sparkctl: stacks/*.yaml (one named like a
+    # shipped stack replaces it) and images.yaml (laid over the shipped policy).
+    config_dir: Path = Field(default_factory=default_config_dir)
 
     @model_validator(mode="before")
     @classmethod
@@ -198,7 +202,16 @@ class Settings(BaseSettings):
 
     @property
     def images_file(self) -> Path:
+        """The shipped image policy."""
         return self.stacks_dir / "images.yaml"
+
+    @property
+    def owner_stacks_dir(self) -> Path:
+        return self.config_dir / "stacks"
+
+    @property
+    def owner_images_file(self) -> Path:
+        return self.config_dir / "images.yaml"
 
     @property
     def gateway_names(self) -> list[str]:

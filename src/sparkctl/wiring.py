@@ -49,9 +49,11 @@ class Wiring:
 
     @cached_property
     def store(self) -> Store:
+        from sparkctl.spec.imagefile import PolicyFiles
         from sparkctl.state.store import Store
 
-        return Store(self.settings.store_path)
+        files = PolicyFiles(self.settings.images_file, self.settings.owner_images_file)
+        return Store(self.settings.store_path, policy_files=files)
 
     def catalog(self) -> Catalog:
         from sparkctl.spec.load import catalog_for
@@ -66,9 +68,8 @@ class Wiring:
         return catalog
 
     def policy(self) -> ImagePolicy:
-        from sparkctl.spec.imagefile import policy_for
-
-        return policy_for(self.settings)
+        """The image policy in force: the shipped file, the owner's, then what sparkctl recorded."""
+        return self.store.images.policy()
 
     def hub(self) -> HubClient:
         from sparkctl.adapters.hub import HubClient

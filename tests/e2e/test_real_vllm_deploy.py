@@ -8,12 +8,11 @@ import difflib
 import json
 
 import pytest
-from ruamel.yaml import YAML
 
 from sparkctl.deploy.patches import find_vllm
 from sparkctl.deploy.shim import apply_shim
 from sparkctl.sim.main import SHIM_ATTRIBUTES
-from tests.conftest import ours
+from tests.conftest import image_policy, ours
 from tests.integration.conftest import DaemonProcess
 
 SHIM = dict(zip(SHIM_ATTRIBUTES, ("()", "{}"), strict=True))
@@ -65,8 +64,8 @@ def test_a_stack_on_real_vllm_goes_through_every_phase_and_parks_by_stopping(wor
         assert f"Explicitly set ({round(kv / 2**30, 2)}/" in engine.client.api.logs(running["Id"]).decode()
         [row] = json.loads(cli("status", "--json")[1])
         assert row["kv"]["max_model_len"] == 2048 and row["kv"]["kv_tokens"] >= 2048
-        [(digest, wake)] = YAML(typ="safe").load((workspace / "stacks" / "images.yaml").read_text())["wakes"].items()
-        assert wake["ok"] is False and "Sleep mode is not supported on current platform" in wake["reason"]
+        [(digest, wake)] = image_policy(workspace).wakes.items()
+        assert wake.ok is False and "Sleep mode is not supported on current platform" in wake.reason
         code, out, err = cli("park", "tiny-cpu")
         assert code == 0 and f"stop: image {digest} cannot sleep and wake" in " ".join(out.split()), err + out
         assert [c["State"] for c in ours(engine, "tiny-cpu")] == ["exited"]

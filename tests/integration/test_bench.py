@@ -11,12 +11,11 @@ import re
 from pathlib import Path
 
 import pytest
-from ruamel.yaml import YAML
 
 from sparkctl.bench import corpus
 from sparkctl.sim.engine import VERSION
 from sparkctl.state.store import Store
-from tests.conftest import ours
+from tests.conftest import image_policy, ours
 
 SCALED = "SPARKCTL_SIM_TIME_SCALE=0.05,SPARKCTL_SIM_LOAD_SCALE=0.002"  # decode 20x, loading near-instant
 
@@ -47,9 +46,8 @@ def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli, monkeypa
     assert not list((tmp_path / "home" / ".cache" / "llama-benchy").iterdir())  # ...and the run removed it
     assert all(0.5 < r["acceptance"] < 0.8 and r["acceptance_length"] > 4 and len(r["per_position"]) == 8
                for r in run.rows)  # the sim's DFlash profile accepts ~65% of drafted tokens
-    pins = YAML(typ="safe").load((scaled / "stacks" / "images.yaml").read_text())["pins"]
-    [pin] = [p for ref, p in pins.items() if "aeon-vllm-ultimate" in ref]
-    assert pin["known_good"] and pin["digest"] == run.parts["image"] and f"run {run.id}" in pin["provenance"]
+    [pin] = [p for ref, p in image_policy(scaled).pins.items() if "aeon-vllm-ultimate" in ref]
+    assert pin.known_good and pin.digest == run.parts["image"] and f"run {run.id}" in pin.provenance
 
 
 def test_auto_takes_llama_benchys_cached_book(scaled, cli, monkeypatch, tmp_path) -> None:

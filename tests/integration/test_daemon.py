@@ -31,7 +31,7 @@ from sparkctl.state.store import Store
 from tests import teardown
 from tests.conftest import instance, name
 from tests.fakes.repos import QWEN_NVFP4
-from tests.integration.conftest import SMALL, containers, wait_for
+from tests.integration.conftest import SMALL, DaemonProcess, containers, wait_for
 
 
 def started_at(engine, name: str) -> str:
@@ -399,7 +399,7 @@ def test_one_daemon_per_state_dir_and_a_broken_desired_file_does_not_hide_it(sta
     assert first.client.get("/v1/status")["pid"] == first.proc.pid
     (world / "state" / "desired.yaml").write_text("stacks: [unclosed\n")
     second = subprocess.run([sys.executable, "-m", "sparkctl", "daemon"], capture_output=True, text=True, timeout=60)
-    assert second.returncode == 1 and "a daemon already answers on" in second.stderr
+    assert second.returncode == 1 and f"a sparkctl daemon (pid {first.proc.pid}) already runs on" in second.stderr
     from sparkctl.daemon.process import exclusive
 
     with pytest.raises(SparkctlError, match=f"a sparkctl daemon \\(pid {first.proc.pid}\\) already runs on"):
@@ -407,3 +407,18 @@ def test_one_daemon_per_state_dir_and_a_broken_desired_file_does_not_hide_it(sta
     assert first.client.available() and (world / "state" / "sparkctl.sock").exists()  # the socket is kept
     code, out, err = cli("up", "qwen36-dflash")
     assert code == 1 and "desired.yaml: line 2: invalid YAML" in err  # from the daemon, not a second deploy
+
+
+def test_a_daemon_whose_state_dir_is_removed_stops_and_frees_its_port(workspace, engine) -> None:
+    """A removed state dir (a test's temporary dir, a reset) ends its daemon within seconds: its
+    gateway port is free again and its log says why."""
+    daemon = DaemonProcess(workspace / "state")
+    port = int(os.environ["SPARKCTL_GATEWAY_PORT"])
+    shutil.rmtree(workspace / "state")
+    try:
+        assert daemon.proc.wait(timeout=15) == 0, daemon.logs()[-3000:]
+    finally:
+        daemon.stop()
+    assert "state_dir_gone" in daemon.logs() and "daemon_stopped" in daemon.logs()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", port))

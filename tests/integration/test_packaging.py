@@ -91,7 +91,7 @@ def installed(tmp_path_factory, published, hub, engine) -> Iterator[Installed]:
 
 
 def test_an_upgrade_in_place_keeps_the_owners_state_and_its_running_stack(installed: Installed, engine) -> None:
-    assert installed.run("version").stdout.strip() == installed.versions[1]
+    assert installed.run("version").stdout.startswith(f"sparkctl {installed.versions[1]} (commit ")
     row = installed.status()[STACK]  # the new daemon, started by this command, adopted the engine
     assert (row["state"], row["desired"]) == ("running", True), row
     assert installed.engine_container(engine) == installed.engine_before  # neither recreated nor restarted
@@ -99,14 +99,12 @@ def test_an_upgrade_in_place_keeps_the_owners_state_and_its_running_stack(instal
     assert STACK in wanted.stacks and wanted.aliases.get("primary") == STACK
     assert Store(installed.state / "sparkctl.db").deployments.latest(STACK) is not None
     assert ask_primary(installed.env) == 200  # the agent's alias still answers through the gateway
-    # The owner's stack file, in the package's stacks dir, is still there only because pip removes
-    # just the files its RECORD names: a new venv (`pipx reinstall`) would lose it (issue 48 part 1).
-    installed.run("stacks", "show", "own-dflash")
+    installed.run("stacks", "show", "own-dflash")  # the owner's stack, in the config dir, over the new shipped ones
     assert "removed 1 container" in installed.run("down", STACK).stdout
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48 part 1: pins live in the package")
 def test_pins_and_bans_survive_an_upgrade(installed: Installed) -> None:
+    """Recorded in the state, not in the package's images.yaml, which an upgrade replaces (issue 48 §1)."""
     assert installed.run("image", "unpin", PINNED, check=False).returncode == 0  # refused when it is not pinned
     assert installed.run("image", "unblacklist", BANNED, check=False).returncode == 0
 
@@ -135,29 +133,30 @@ def test_without_ray_the_fleet_and_a_daemon_heading_one_say_what_to_install(inst
 
 def owner_flow(owner: Installed) -> None:
     """What an owner does on a fresh install: a stack up and behind `primary`, an image pinned, one
-    blacklisted, a stack of their own beside the shipped ones (where `stacks_dir` says, today the
-    package's)."""
-    assert owner.run("version").stdout.strip() == owner.versions[0]
+    blacklisted, a stack of their own in their config dir."""
+    assert owner.run("version").stdout.startswith(f"sparkctl {owner.versions[0]} (commit ")
     assert f"{STACK} up: http://127.0.0.1:" in owner.run("up", STACK).stdout
     owner.run("switch", STACK)
     assert ask_primary(owner.env) == 200
     owner.run("image", "pin", PINNED, "--digest", PIN, "--provenance", "the packaging test")
     owner.run("image", "blacklist", BANNED, "--reason", "the packaging test")
-    stacks = Path(json.loads(owner.run("config", "show", "--json").stdout)["stacks_dir"])
+    stacks = Path(owner.env["SPARKCTL_CONFIG_DIR"]) / "stacks"
+    stacks.mkdir(parents=True)
     (stacks / "own-dflash.yaml").write_text(OWN_STACK)
     owner.run("stacks", "show", "own-dflash")
 
 
 def owner_environment(tmp: Path, registry: str, hub: str) -> dict[str, str]:
-    """An instance of the module's own on free ports, its state under `tmp`, images and weights from
-    the loopback registry and Hub; the package's own stacks (no SPARKCTL_STACKS_DIR)."""
+    """An instance of the module's own on free ports, its state and config dirs under `tmp`, images
+    and weights from the loopback registry and Hub; the package's own stacks (no SPARKCTL_STACKS_DIR)."""
     (tmp / "kmsg").touch()
     (tmp / "meminfo").write_text(Path("/proc/meminfo").read_text())
     # Not the checkout's path, nor CI's PYTHONDONTWRITEBYTECODE: the venv keeps the bytecode its first imports write
     dropped = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "HF_TOKEN", "SPARKCTL_HF_TOKEN")
     kept = {k: v for k, v in os.environ.items() if k not in dropped}
     return kept | sandbox.environment("pkg") | {
-        "SPARKCTL_STATE_DIR": str(tmp / "state"), "SPARKCTL_HF_CACHE_DIR": str(tmp / "hf"),
+        "SPARKCTL_STATE_DIR": str(tmp / "state"), "SPARKCTL_CONFIG_DIR": str(tmp / "config"),
+        "SPARKCTL_HF_CACHE_DIR": str(tmp / "hf"),
         "SPARKCTL_KERNEL_LOG": str(tmp / "kmsg"), "SPARKCTL_MEMINFO_PATH": str(tmp / "meminfo"),
         "SPARKCTL_REGISTRY_MIRRORS": f"ghcr.io={registry},docker.io={registry}", "SPARKCTL_HF_ENDPOINT": hub,
         "SPARKCTL_GPUS": "none", "SPARKCTL_ENGINE_ENV": FAST}

@@ -14,7 +14,7 @@ import urllib.request
 import openai
 import pytest
 
-from tests.conftest import port
+from tests.conftest import image_policy, port
 from tests.integration.agents import A, B, Load, amend, kill_during_switches, routed, switch
 from tests.integration.conftest import containers, wait_for
 
@@ -108,7 +108,7 @@ def test_a_daemon_killed_while_stacks_park_or_wake_comes_back_as_recorded(switch
     assert not awake_together.is_set()
 
 
-def test_requests_for_a_parked_stack_wake_it_on_demand(switching, engine, monkeypatch) -> None:
+def test_requests_for_a_parked_stack_wake_it_on_demand(switching, world, engine, monkeypatch) -> None:
     """A parked stack's served name, and an alias parked under it, wake it for the requests that
     name them: they are held for the wake (one wake, however many requests), then answered by it.
     A wake that does not fit in memory answers 503 with the reason."""
@@ -131,6 +131,8 @@ def test_requests_for_a_parked_stack_wake_it_on_demand(switching, engine, monkey
     assert sleeping(A) is False and daemon.client.get("/v1/desired")["parked"] == {}
     woke = [e for e in daemon.client.get("/v1/history")["events"] if e["kind"] == "woke"]
     assert [(e["stack"], e["detail"]) for e in woke] == [(A, "from level 1")]
+    [(digest, wake)] = image_policy(world).wakes.items()  # the daemon's wake ledger, in the state
+    assert wake.ok and digest.startswith("sha256:")
     # The alias's own stack, parked by hand: `primary` wakes it.
     assert last(daemon, "/v1/park", stack=B, how="auto")["ok"]
     assert agent.completions.create(model="primary", prompt="hi", max_tokens=4).model == "aeon-gemma4"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkctl.spec import imagefile
+from tests.conftest import image_policy
 
 GEMMA = "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash"
 
@@ -21,7 +21,7 @@ def test_pin_resolves_the_digest_through_the_mirror(workspace, tiny_image, mirro
     code, out, err = cli("image", "pin", f"{GEMMA}:v2", "--provenance", "test")
     assert (code, err) == (0, ""), err
     assert digest in out
-    assert imagefile.load_policy(workspace / "stacks" / "images.yaml").pin_for(f"{GEMMA}:v2").digest == digest
+    assert image_policy(workspace).pin_for(f"{GEMMA}:v2").digest == digest
 
     moved = mirrored.push(tiny_image("rebuilt"), "aeon-7/aeon-gemma-4-26b-a4b-dflash:v2")
     assert moved != digest

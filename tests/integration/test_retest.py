@@ -9,11 +9,9 @@ llama-benchy run: what the unit tests of the policy and the gate cannot show."""
 from __future__ import annotations
 
 import pytest
-from ruamel.yaml import YAML
 
-from sparkctl.spec import imagefile
 from sparkctl.state.store import Store
-from tests.conftest import ours
+from tests.conftest import image_policy, ours
 
 GEMMA = "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash"
 LATEST = "aeon-7/aeon-gemma-4-26b-a4b-dflash:latest"
@@ -33,18 +31,17 @@ def broken_latest(world, published, images, monkeypatch):
 
 def test_a_retest_keeps_the_ban_until_the_tag_moves_to_a_good_image(world, broken_latest, published, images, cli,
                                                                     engine, start_daemon) -> None:
-    images_yaml = world / "stacks" / "images.yaml"
     code, out, err = cli("image", "retest", f"{GEMMA}:latest")
     assert code == 1, out + err
     assert "still fails aeon-gemma4-v2's gate: acceptance 0." in err and "< 0.40 floor" in err
     assert "requests failed at concurrency 32, 64" in err and "the ban stays" in err
     assert "benchmark: depth 0, 64 concurrent request(s)" in out  # past the failure point
-    ban = YAML(typ="safe").load(images_yaml.read_text())["blacklist"][f"{GEMMA}:latest"]
-    assert ban["date"].isoformat() == "2026-06-10" and "use v2" in ban["reason"]  # the shipped ban, kept as it was
-    [measured] = ban["retests"]
-    assert measured["digest"] == broken_latest and measured["verdict"].startswith("fail: ")
+    ban = image_policy(world).blacklist[f"{GEMMA}:latest"]
+    assert ban.date.isoformat() == "2026-06-10" and "use v2" in ban.reason  # the shipped ban, kept as it was
+    [measured] = ban.retests
+    assert measured.digest == broken_latest and measured.verdict.startswith("fail: ")
     store = Store(world / "state" / "sparkctl.db")
-    run = store.bench.run(measured["run"])
+    run = store.bench.run(measured.run)
     assert run.stack == "aeon-gemma4-v2.retest" and run.parts["image"] == broken_latest
     assert any(r["failed"] for r in run.rows if r["concurrency"] > 16)  # the broken image fell over under load
     assert ours(engine) == []  # the trial is removed, pass or fail
@@ -58,7 +55,7 @@ def test_a_retest_keeps_the_ban_until_the_tag_moves_to_a_good_image(world, broke
     code, out, err = cli("image", "retest", f"{GEMMA}:latest")
     assert code == 0, out + err + daemon.logs()[-3000:]
     assert f"{GEMMA}:latest re-qualified" in out and fixed in out
-    policy = imagefile.load_policy(images_yaml)
+    policy = image_policy(world)
     assert policy.ban_for(f"{GEMMA}:latest", fixed) is None
     pin = policy.pin_for(f"{GEMMA}:latest")
     assert (pin.digest, pin.known_good) == (fixed, True)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sparkctl.spec import imagefile
-from tests.conftest import name, port
+from tests.conftest import image_policy, name, port
 
 V4 = "ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4"
 
 
 def test_qwen36_dflash_v4_deploys_on_its_profile_and_pins_its_first_digest(world, published, cli, engine) -> None:
     served = engine.client.images.get_registry_data(f"{published.host}/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4").id
-    assert not imagefile.load_policy(world / "stacks" / "images.yaml").pin_for(V4).settled
+    assert not image_policy(world).pin_for(V4).settled
 
     code, out, err = cli("up", "qwen36-dflash-v4")
     assert code == 0, err
@@ -25,6 +24,6 @@ def test_qwen36_dflash_v4_deploys_on_its_profile_and_pins_its_first_digest(world
     logs = engine.client.containers.get(name("qwen36-dflash-v4")).logs().decode()
     assert "sim profile qwen36-dflash-v4" in logs  # chosen from num_speculative_tokens 7
 
-    pin = imagefile.load_policy(world / "stacks" / "images.yaml").pin_for(V4)
+    pin = image_policy(world).pin_for(V4)
     assert (pin.digest, pin.known_good, pin.first_seen) == (served, False, dt.date.today())  # until a bench passes
     assert pin.provenance.startswith("seed 003:21,25") and "digest recorded at first deploy" in pin.provenance

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from ruamel.yaml import YAML
 
 from sparkctl.state.store import Store
+from tests.conftest import image_policy
 from tests.integration.agents import FAST_LOAD, A, B, Load, amend, kill_during_switches, routed, switch, switch_quietly
 from tests.integration.conftest import containers, wait_for
 
@@ -216,8 +216,8 @@ def test_a_new_tag_that_measures_badly_is_rolled_back_and_its_digest_blacklisted
     assert "acceptance" in outcome["error"] and "under the stack's floor 0.40" in outcome["error"]
     assert load.failures() == [] and {a.stack for a in load.answers} == {A}
     assert daemon.client.get("/v1/desired")["aliases"] == {"primary": A}
-    ban = YAML(typ="safe").load((world / "stacks" / "images.yaml").read_text())["blacklist"][digest]
-    assert ban["reason"].startswith("ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:next: canary speculative acceptance")
+    ban = image_policy(world).blacklist[digest]
+    assert ban.reason.startswith("ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:next: canary speculative acceptance")
     code, _, err = cli("up", "gemma-next", "--replace")
     assert code == 1 and "blacklisted" in err
     assert [c["State"] for c in containers(engine, A)] == ["running"]  # a refused image stops nothing

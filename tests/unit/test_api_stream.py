@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from sparkctl import results, wire
+from sparkctl import messages
 from sparkctl.daemon import api
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
@@ -28,10 +28,10 @@ class Actions:
     def __init__(self) -> None:
         self.bus, self.turns, self.deploys = EventBus(), Turns(), self
 
-    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: object) -> results.UpDone:
+    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: object) -> messages.UpDone:
         with self.turns.turn(stack, ticket):
-            self.bus.publish(wire.Note(stack, "deploying"))
-            return results.UpDone(stack, "f" * 12, unchanged=True)
+            self.bus.publish(messages.Note(stack, "deploying"))
+            return messages.UpDone(stack, "f" * 12, unchanged=True)
 
 
 class Reads:
@@ -125,19 +125,19 @@ class Fetching:
         self.bus, self.turns, self.deploys = EventBus(), Turns(), self
         self.release, self.ran, self.stops = threading.Event(), [], {}
 
-    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: threading.Event) -> results.UpDone:
+    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: threading.Event) -> messages.UpDone:
         self._fetch("up", stack, ticket, stop)
-        return results.UpDone(stack, "f" * 12, unchanged=False)
+        return messages.UpDone(stack, "f" * 12, unchanged=False)
 
-    def pull(self, stack: str, *, refresh: bool, ticket: int, stop: threading.Event) -> results.PullDone:
+    def pull(self, stack: str, *, refresh: bool, ticket: int, stop: threading.Event) -> messages.PullDone:
         self._fetch("pull", stack, ticket, stop)
-        return results.PullDone(stack, "f" * 12)
+        return messages.PullDone(stack, "f" * 12)
 
     def _fetch(self, kind: str, stack: str, ticket: int, stop: threading.Event) -> None:
         with self.turns.turn(stack, ticket):
             self.ran.append(kind)
             self.stops[kind] = stop
-            self.bus.publish(wire.Note(stack, f"{kind} fetching"))
+            self.bus.publish(messages.Note(stack, f"{kind} fetching"))
             while not self.release.wait(0.01):  # (the pipeline's streams look at `stop` at each progress)
                 if stop.is_set():
                     raise SparkctlError(f"{kind}: stopped")

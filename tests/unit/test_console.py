@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sparkctl import results, wire
+from sparkctl import messages
 from sparkctl.cli.console import ConsoleReporter, fail, say, through_daemon
 
 
@@ -60,7 +60,7 @@ def test_a_ctrl_c_cancels_the_commands_own_action_and_says_what_the_daemon_answe
     why = "it left the queue before its turn: it did not run" if cancelled else "it ran"
     daemon = Interrupted({"done": "cancel", "action": "x", "cancelled": cancelled, "why": why})
     with pytest.raises(KeyboardInterrupt):
-        through_daemon(daemon, "/v1/pull", wire.PullRequest("a"), results.PullDone)
+        through_daemon(daemon, "/v1/pull", messages.PullRequest("a"), messages.PullDone)
     assert len(daemon.asked["action"]) == 16  # named for the daemon, afresh
     assert daemon.cancels == [("/v1/cancel", {"action": daemon.asked["action"]})]  # that action, not the stack
     assert capsys.readouterr().err.splitlines() == ["pull a: cancelling in the daemon", said]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl import results, wire
+from sparkctl import messages
 from sparkctl.daemon.api import queries
 from sparkctl.daemon.api.service import MAX_FOLLOWS
 from sparkctl.daemon.events import EventBus
@@ -62,11 +62,11 @@ class Service:
     def status(self) -> dict:
         return {"stacks": [], "aliases": {"primary": "a"}}
 
-    def switch(self, alias: str, stack: str, *, ticket: int) -> results.SwitchDone:
+    def switch(self, alias: str, stack: str, *, ticket: int) -> messages.SwitchDone:
         with self.turns.turn(f"alias:{alias}", ticket):
-            self.bus.publish(wire.PhaseChanged(stack, "starting"))
+            self.bus.publish(messages.PhaseChanged(stack, "starting"))
             self.switched.append((alias, stack))
-            return results.SwitchDone(alias, stack, "blue/green")
+            return messages.SwitchDone(alias, stack, "blue/green")
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_events_reach_the_page_as_server_sent_events(served) -> None:
                                                       "Accept": "text/event-stream"})
     reply = conn.getresponse()
     assert reply.status == 200 and reply.getheader("Content-Type").startswith("text/event-stream")
-    service.bus.publish(wire.Note("a", "hello"))
+    service.bus.publish(messages.Note("a", "hello"))
     got = b""
     while b"\n\n" not in got:
         got += reply.read1(4096)

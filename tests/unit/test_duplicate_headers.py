@@ -11,7 +11,7 @@ import socket
 import pytest
 from aiohttp.test_utils import TestServer
 
-from sparkctl import answers
+from sparkctl import messages
 from sparkctl.daemon import api
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.request import SINGLE, _problem
@@ -84,8 +84,8 @@ def test_each_header_sent_twice_is_a_400_at_the_wire(gateway: Running, name: str
 
 
 class Reads:
-    def status(self) -> answers.Status:
-        return answers.Status((), {})
+    def status(self) -> messages.Status:
+        return messages.Status((), {})
 
 
 @pytest.mark.parametrize(("given", "status"), [

@@ -22,7 +22,7 @@ def test_a_coroutine_waits_for_events_without_a_thread() -> None:
     import threading
 
     from sparkctl.daemon.events import EventBus
-    from sparkctl.wire import Note
+    from sparkctl.messages import Note
 
     bus = EventBus()
 

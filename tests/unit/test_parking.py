@@ -1,5 +1,5 @@
 """Parking's pure parts: what each state holds and peaks at, the watchdog on a scripted
-MemAvailable, the wake ledger in images.yaml, and the planner leaving parked stacks alone."""
+MemAvailable, and the planner leaving parked stacks alone."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import pytest
 from sparkctl.daemon.machine import MemoryWatch
 from sparkctl.deploy.memory import folder_bytes, meminfo
 from sparkctl.policy.parking import Footprint, Park, choose
-from sparkctl.spec import imagefile
-
-DIGEST = "sha256:" + "ab" * 32
 
 
 def test_each_state_holds_and_peaks_as_on_unified_memory() -> None:
@@ -61,16 +58,3 @@ def test_weights_are_measured_through_the_hf_cache_links(tmp_path: Path) -> None
     (tmp_path / "snap").mkdir()
     (tmp_path / "snap" / "model.safetensors").symlink_to(tmp_path / "blobs" / "abc")
     assert folder_bytes(tmp_path / "snap") == 1000
-
-
-def test_the_wake_ledger_is_kept_in_images_yaml_with_its_comments(tmp_path: Path) -> None:
-    path = tmp_path / "images.yaml"
-    path.write_text("# my pins\npins: {}\n")
-    imagefile.record_wake(path, DIGEST, ok=False, reason="MemAvailable fell under the floor")
-    policy = imagefile.load_policy(path)
-    assert "cannot sleep and wake (MemAvailable fell under the floor" in policy.wake_refused(DIGEST)
-    assert policy.wake_refused("sha256:" + "cd" * 32) is None
-    assert path.read_text().startswith("# my pins")
-    imagefile.record_wake(path, DIGEST, ok=True)
-    assert imagefile.load_policy(path).wake_refused(DIGEST) is None
-    assert imagefile.forget_wake(path, DIGEST) and not imagefile.load_policy(path).wakes

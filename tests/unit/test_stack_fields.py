@@ -47,7 +47,7 @@ def test_compose_env_may_not_configure_compose_itself(key: str) -> None:
 
 def test_sparkctl_sets_exactly_the_variables_compose_env_may_not(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path / "state", hf_cache_dir=tmp_path / "hf")
-    launch = Launch(settings, None, None, None, placed=False, rank=None)  # type: ignore[arg-type]
+    launch = Launch(settings, None, None, None, None, placed=False, rank=None)  # type: ignore[arg-type]
     prepared = SimpleNamespace(image=SimpleNamespace(run_ref="vllm/vllm-openai@sha256:" + "0" * 64),
                                fingerprint="f" * 16)
     assert set(launch.variables(compose_stack(), prepared)) == COMPOSE_VARIABLES  # type: ignore[arg-type]

@@ -11,9 +11,9 @@ import pytest
 from sparkctl.daemon.switch import Switcher, SwitchFailed, recover
 from sparkctl.deploy.progress import RecordingReporter
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import SwitchDone
 from sparkctl.policy.parking import Footprint, Park
 from sparkctl.policy.switch import Leaving, Memory, Mode, plan_switch
-from sparkctl.results import SwitchDone
 from sparkctl.state.desired import Desired
 from sparkctl.state.store import Store
 

@@ -2,7 +2,9 @@
 known-good run. Fails on decode below the floor at depth 0, a drop past `max_drop` against the
 known-good run, speculative acceptance under the floor, or failed requests at or under the
 declared concurrency (a retest counts every level it ran: `requalifying` takes it past the
-point where the banned image fell over). Pure: the caller records the verdict and acts on it
+point where the banned image fell over). The quality gate (`judge_quality`) beside it: an
+accuracy under `expectations.quality.floor`, or more than its `max_drop` points under the
+stack's last passing run on the same questions. Pure: the caller records the verdict and acts on it
 (known-good pin, rollback, blacklist, a retest's ban kept or lifted)."""
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from dataclasses import dataclass
 
 from sparkctl.bench.profiles import PROFILES, Profile
 from sparkctl.errors import SparkctlError
-from sparkctl.spec.models import Expectations
+from sparkctl.spec.models import Expectations, Quality
 from sparkctl.state.bench import BenchRun
+from sparkctl.state.quality import QualityRun
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,31 @@ def judge(run: BenchRun, expect: Expectations, *, baseline: BenchRun | None = No
     if crashed:
         reasons.append(f"requests failed at concurrency {', '.join(map(str, crashed))}")
     return Verdict(run.id, tuple(reasons))
+
+
+def judge_quality(run: QualityRun, expect: Quality, *, baseline: QualityRun | None = None) -> Verdict:
+    """`run`'s accuracy against the floor and against `baseline`, the stack's last passing run on
+    the same task and items; the reasons name what was measured, over how many items, and by what."""
+    if run.accuracy is None:
+        return Verdict(run.id, (f"{run.task} was not measured: {run.error or 'no result'}",))
+    measured = f"{run.task} accuracy {_pct(run.accuracy)}" + (f" ± {_pct(run.stderr)}" if run.stderr else "") + \
+        f" over {run.items} items ({run.tool})"
+    reasons = []
+    if expect.floor is not None and run.accuracy < expect.floor:
+        reasons.append(f"{measured} < {_pct(expect.floor)} floor")
+    before = baseline.accuracy if baseline is not None and baseline.id != run.id else None
+    drop = round((before - run.accuracy) * 100, 6) if before is not None else 0.0  # points, without float noise
+    if expect.max_drop is not None and before is not None and drop > round(expect.max_drop * 100, 6):
+        reasons.append(f"{measured} is {drop:g} points under last passing quality run {baseline.id} "
+                       f"({_pct(before)}); at most {expect.max_drop * 100:g} allowed")
+    if reasons and run.accuracy == 0:
+        reasons.append("no answer was right: the model answers, but wrongly or in no readable form (random "
+                       "weights, a broken image, patch, quantization or draft)")
+    return Verdict(run.id, tuple(reasons))
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.1f}%"
 
 
 def requalifying(expect: Expectations, *, cap: int | None = None) -> Profile:

@@ -23,7 +23,6 @@ from sparkctl.bench.profiles import PROFILES, Profile
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
-from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
 from sparkctl.spec.render import vllm_args
 from sparkctl.state.bench import BenchRun
@@ -70,24 +69,24 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
     return found
 
 
-def gate(stack: Stack, run: BenchRun, *, settings: Settings, store: Store) -> Verdict:
+def gate(stack: Stack, run: BenchRun, *, store: Store) -> Verdict:
     """Judge `run` against the stack's expectations and its last known-good run; record the verdict."""
     verdict = judge(run, stack.expectations, baseline=store.bench.known_good(stack.name))
     store.bench.judge(run.id, verdict.describe())
     digest = run.parts.get("image", "")
     if verdict.passed and digest.startswith("sha256:"):
         store.bench.mark_known_good(stack.name, run.id, digest)
-        imagefile.pin(settings.images_file, stack.image.ref, digest=digest, known_good=True,
+        store.images.pin(stack.image.ref, digest=digest, known_good=True,
                       provenance=f"benchmark run {run.id} passed its gate")
     return verdict
 
 
-def blacklist_if_new(stack: Stack, digest: str, reason: str, *, settings: Settings, store: Store) -> bool:
+def blacklist_if_new(stack: Stack, digest: str, reason: str, *, store: Store) -> bool:
     """Blacklist `digest` for `reason` unless it is the stack's known-good image; True if it was."""
     good = store.bench.known_good(stack.name)
     if not digest.startswith("sha256:") or (good is not None and good.parts.get("image") == digest):
         return False
-    imagefile.blacklist(settings.images_file, digest, reason=f"{stack.image.ref}: {reason}")
+    store.images.blacklist(digest, reason=f"{stack.image.ref}: {reason}")
     return True
 
 

@@ -47,7 +47,7 @@ app = typer.Typer(
     cls=Root,
     help="Deploy, pin, patch, health-check, switch and benchmark LLM stacks on DGX Spark.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 app.add_typer(deploy.patch_app, name="patch")
@@ -70,8 +70,10 @@ def root(
 
 @app.command()
 def version() -> None:
-    """Print sparkctl's version."""
-    print(__version__)
+    """Print sparkctl's version and the commit it was built from."""
+    from sparkctl.origin import commit
+
+    print(f"sparkctl {__version__} (commit {commit()})")
 
 
 def command() -> NoReturn:

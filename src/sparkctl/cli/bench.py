@@ -8,6 +8,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
+from sparkctl.cli.console import OUTPUT, Column, Output, table
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -16,6 +17,8 @@ app = typer.Typer(help="Benchmark stacks (llama-benchy) and report.", no_args_is
 PROFILE_HELP = "quick | seed | concurrency (default: the stack's bench_profile)."
 TEMPERATURE_HELP = "Sample at this temperature (e.g. 1.0 for DFlash's sampled gains); default: the engine's."
 COHERENCE_HELP = "Skip llama-benchy's coherence check (for random weights or the simulated engine)."
+RUNS = (Column("run"), Column("stack", name=True), Column("profile"), Column("fingerprint", wide=True),
+        Column("depth 0 tok/s"), Column("verdict"))
 
 
 @app.command("run")
@@ -39,15 +42,14 @@ def run(
 
 
 @app.command("list")
-def list_runs(ctx: typer.Context, stack: str | None = typer.Argument(None)) -> None:
+def list_runs(ctx: typer.Context, stack: str | None = typer.Argument(None), output: Output | None = OUTPUT) -> None:
     """Stored benchmark runs, newest first."""
-    rt = runtime(ctx)
-    table = Table("run", "stack", "profile", "fingerprint", "depth 0 tok/s", "verdict")
-    for r in rt.store.bench.runs(stack):
+    rows = []
+    for r in runtime(ctx).store.bench.runs(stack):
         decode = next((row["tg_tps"] for row in r.rows if row["depth"] == 0 and row["concurrency"] == 1), None)
-        table.add_row(str(r.id), r.stack, r.profile, (r.fingerprint or "")[:12],
-                      f"{decode:.1f}" if decode is not None else "", r.error or r.verdict or "")
-    rt.console.print(table)
+        rows.append((str(r.id), r.stack, r.profile, (r.fingerprint or "")[:12],
+                     f"{decode:.1f}" if decode is not None else "", r.error or r.verdict or ""))
+    runtime(ctx).console.print(table(RUNS, rows, output=output))
 
 
 def _profile(name: str, depths: str | None, runs: int | None, temperature: float | None = None):
@@ -76,7 +78,7 @@ def _measure(rt, spec, profile, *, skip_coherence: bool):
         result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=profile,
                                        skip_coherence=skip_coherence, docker=rt.docker,
                                        on_progress=lambda p: live.update(_progress_table(p)))
-    verdict = bench_stack.gate(spec, result, settings=rt.settings, store=rt.store)
+    verdict = bench_stack.gate(spec, result, store=rt.store)
     rt.console.print(_rows_table(result))
     return result, verdict
 
@@ -187,8 +189,7 @@ def sweep(
     """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
     write one comparison report: seed 000's study, repeatable."""
     from sparkctl.cli.console import through_daemon
-    from sparkctl.results import DownDone, UpDone
-    from sparkctl.wire import DownRequest, UpRequest
+    from sparkctl.messages import DownDone, DownRequest, UpDone, UpRequest
 
     rt = runtime(ctx)
     chosen, entries = _profile(profile, depths, runs, temperature), []

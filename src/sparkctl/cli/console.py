@@ -1,11 +1,16 @@
-"""The CLI's lines for people, all through rich: coloured phase lines and notes, progress bars for
-long work, and the stream of events a daemon action sends back."""
+"""The CLI's lines for people, all through rich: coloured phase lines and notes, tables that fit the
+terminal (`table`, `-o wide` for every column), progress bars for long work, and the stream of
+events a daemon action sends back."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 
@@ -13,7 +18,9 @@ from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
 
 if TYPE_CHECKING:
-    from sparkctl import wire
+    from rich.table import Table
+
+    from sparkctl import messages
     from sparkctl.cli.client import DaemonClient
 
 D = TypeVar("D")
@@ -29,6 +36,41 @@ def out(*, stderr: bool = False) -> Console:
 def say(text: str, style: str | None = None, *, rest: str = "", stderr: bool = False) -> None:
     """One line: `text` in `style`, then `rest` as it is."""
     out(stderr=stderr).print((f"[{style}]{escape(text)}[/]" if style else escape(text)) + escape(rest))
+
+
+class Output(StrEnum):
+    WIDE = "wide"
+
+
+OUTPUT = typer.Option(None, "--output", "-o", help="wide: every column (by default a table leaves some out, "
+                                                   "so that it fits the terminal).")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: `name`, a value people copy (a stack, an alias, an endpoint), kept whole on
+    one line; `wide`, shown with `-o wide` only."""
+
+    header: str
+    name: bool = False
+    wide: bool = False
+
+
+def table(columns: Sequence[Column], rows: Iterable[Sequence[str]], *, output: Output | None,
+          title: str | None = None) -> Table:
+    """Every table the CLI prints: the `wide` columns only with `-o wide`; no value ever cut short
+    with an ellipsis. Names keep their width; every other value folds onto more lines when the
+    terminal is narrow (an image ref included: whole, over two lines)."""
+    from rich.table import Table
+
+    shown = [i for i, column in enumerate(columns) if output is Output.WIDE or not column.wide]
+    made = Table(*(columns[i].header for i in shown), title=title)
+    for i, column in zip(shown, made.columns, strict=True):
+        column.overflow = "fold"
+        column.no_wrap = columns[i].name
+    for row in rows:
+        made.add_row(*(row[i] for i in shown))
+    return made
 
 
 def fail(line: str) -> None:
@@ -69,31 +111,31 @@ class ConsoleReporter:
         say(f"{'note':>9}", "yellow", rest=f" {stack}: {text}")
 
 
-def through_daemon(daemon: DaemonClient, path: str, request: wire.Asked, expect: type[D]) -> D:
+def through_daemon(daemon: DaemonClient, path: str, request: messages.Asked, expect: type[D]) -> D:
     """Ask the daemon, printing its progress events; returns the outcome's result, of type `expect`.
-    The action is named for the daemon (`wire.Asked.action`): a Ctrl-C cancels that action, and
+    The action is named for the daemon (`messages.Asked.action`): a Ctrl-C cancels that action, and
     no other, there (`cancel`), then ends the command (130)."""
     import secrets
     from dataclasses import asdict, replace
 
-    from sparkctl import wire
+    from sparkctl import messages
 
     request = replace(request, action=request.action or secrets.token_hex(8))
     try:
         with ConsoleReporter() as reporter:
             for line in daemon.stream(path, asdict(request)):
-                match wire.decode(line):
-                    case wire.PhaseChanged(stack, phase, detail):
+                match messages.decode(line):
+                    case messages.PhaseChanged(stack, phase, detail):
                         reporter.phase(stack, Phase(phase), detail)
-                    case wire.Progress(stack, task, done, total):
+                    case messages.Progress(stack, task, done, total):
                         reporter.progress(stack, task, done, total)
-                    case wire.Note(stack, text):
+                    case messages.Note(stack, text):
                         reporter.note(stack, text)
-                    case wire.Outcome(ok=False, error=error):
+                    case messages.Outcome(ok=False, error=error):
                         raise SparkctlError(error or "the action failed")
-                    case wire.Outcome(result=result) if isinstance(result, expect):
+                    case messages.Outcome(result=result) if isinstance(result, expect):
                         return result
-                    case wire.Outcome(result=result):
+                    case messages.Outcome(result=result):
                         raise SparkctlError(f"the daemon answered {path} with {type(result).__name__}, not "
                                             f"{expect.__name__}: restart the daemon so that it runs this sparkctl")
     except KeyboardInterrupt:
@@ -105,11 +147,11 @@ def through_daemon(daemon: DaemonClient, path: str, request: wire.Asked, expect:
 def cancel(daemon: DaemonClient, what: str, action: str) -> None:
     """Cancel `action` in the daemon and say what came of it: "cancelled" only when the daemon
     says the action left its queue, or stopped (its answer waits for that)."""
-    from sparkctl import results
+    from sparkctl import messages
 
     say(f"{what}: cancelling in the daemon", "yellow", stderr=True)
-    done = results.decode_done(daemon.post("/v1/cancel", {"action": action}))
-    if not isinstance(done, results.CancelDone):
+    done = messages.load(messages.Done, daemon.post("/v1/cancel", {"action": action}))
+    if not isinstance(done, messages.CancelDone):
         raise SparkctlError(f"the daemon answered /v1/cancel with {type(done).__name__}: restart the daemon so "
                             "that it runs this sparkctl")
     if done.cancelled:

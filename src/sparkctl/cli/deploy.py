@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparkctl.cli import views
-from sparkctl.cli.console import ConsoleReporter, say, through_daemon
+from sparkctl.cli.console import OUTPUT, ConsoleReporter, Output, say, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -34,20 +34,20 @@ def pull(
 ) -> None:
     """Fetch each STACK's image, weights and draft, and patch, starting nothing: a later `up` or
     `switch` waits only for the engine. Shown as `fetched` in `status`."""
-    from sparkctl import results, wire
+    from sparkctl import messages
 
     rt = runtime(ctx)
     for stack in stacks:
-        done = through_daemon(rt.daemon, "/v1/pull", wire.PullRequest(stack, refresh), results.PullDone)
+        done = through_daemon(rt.daemon, "/v1/pull", messages.PullRequest(stack, refresh), messages.PullDone)
         rt.console.print(f"{stack} fetched (fingerprint {done.fingerprint}); `sparkctl up {stack}` starts it")
 
 
 def down(ctx: typer.Context, stack: str) -> None:
     """Stop and remove STACK's containers; state, pins and downloads are kept."""
-    from sparkctl import results, wire
+    from sparkctl import messages
 
     rt = runtime(ctx)
-    removed = through_daemon(rt.daemon, "/v1/down", wire.DownRequest(stack), results.DownDone).removed
+    removed = through_daemon(rt.daemon, "/v1/down", messages.DownRequest(stack), messages.DownDone).removed
     rt.console.print(f"{stack}: {'removed ' + str(removed) + ' container(s)' if removed else 'was not running'}")
 
 
@@ -62,9 +62,9 @@ def switch(
         raise SparkctlError(f"switch takes [ALIAS] STACK, got {' '.join(names)}")
     alias, stack = names if len(names) == 2 else ("primary", names[0])
     rt = runtime(ctx)
-    from sparkctl import results, wire
+    from sparkctl import messages
 
-    result = through_daemon(rt.daemon, "/v1/switch", wire.SwitchRequest(stack, alias), results.SwitchDone)
+    result = through_daemon(rt.daemon, "/v1/switch", messages.SwitchRequest(stack, alias), messages.SwitchDone)
     if result.up is not None:
         verb = "already up, unchanged" if result.up.unchanged else "started again"
         rt.console.print(f"[green]{alias} already names {stack}[/]: nothing to switch ({stack} {verb})")
@@ -86,31 +86,32 @@ def park(
 ) -> None:
     """Put STACK to sleep (vLLM sleep mode; its process, graphs and compiled kernels stay) or stop it.
     Its requests finish first; a later request that names it (or its alias) wakes it."""
-    from sparkctl import results, wire
+    from sparkctl import messages
 
-    result = through_daemon(runtime(ctx).daemon, "/v1/park", wire.ParkRequest(stack, how), results.ParkDone)
+    result = through_daemon(runtime(ctx).daemon, "/v1/park", messages.ParkRequest(stack, how), messages.ParkDone)
     runtime(ctx).console.print(f"{stack}: {result.why}" if result.park != "unchanged" else f"{stack} is parked already")
 
 
 def wake(ctx: typer.Context, stack: str) -> None:
     """Wake a parked STACK (under the wake watchdog) and warm it up with one token."""
-    from sparkctl import results, wire
+    from sparkctl import messages
 
-    result = through_daemon(runtime(ctx).daemon, "/v1/wake", wire.WakeRequest(stack), results.WakeDone)
+    result = through_daemon(runtime(ctx).daemon, "/v1/wake", messages.WakeRequest(stack), messages.WakeDone)
     how = f"from level {result.level}" if result.level else "cold (it was parked stopped)"
     killed = f"; [yellow]{result.killed}[/]" if result.killed else ""
     runtime(ctx).console.print(f"[green]{stack} is awake[/] ({how}, {result.seconds:.2f} s{killed})")
 
 
-def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+           output: Output | None = OUTPUT) -> None:
     """Every sparkctl container: stack, phase, endpoint, fingerprint, uptime, memory; below, how
     many full-context requests each engine's KV cache holds, and what falls short; and the last
     words of a daemon run that did not stop cleanly (a host that froze)."""
-    from sparkctl import answers
+    from sparkctl import messages
     from sparkctl.state import lastwords
 
     rt = runtime(ctx)
-    views.status(answers.Status.from_json(rt.daemon.get("/v1/status")), as_json=as_json)
+    views.status(messages.load(messages.Status, rt.daemon.get("/v1/status")), as_json=as_json, output=output)
     ending = lastwords.previous(rt.settings.state_dir, daemon_running=True)  # the daemon just answered
     if ending is not None and not as_json:
         say("warning", "yellow", rest=f" {ending.summary()}")

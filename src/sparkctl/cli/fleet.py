@@ -14,8 +14,8 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
+from sparkctl.cli.console import OUTPUT, Column, Output, table
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, local, membership, placement, survey
@@ -35,6 +35,10 @@ HEAD = typer.Option(None, "--head", help="The head's ADDR:PORT (default: the one
                                          "file's `head`).")
 WAIT = typer.Option(10.0, "--wait", min=0.5, help="Seconds each host's agent has to answer before the host is "
                                                   "named unreachable.")
+HOSTS = (Column("host", name=True), Column("state"), Column("ray address", name=True), Column("memory", wide=True),
+         Column("resources", wide=True), Column("node", wide=True), Column("notes"))
+CONTAINERS = (Column("host", name=True), Column("stack", name=True), Column("container", wide=True), Column("state"),
+              Column("image"), Column("repo digest", wide=True))
 
 
 @app.callback()
@@ -88,6 +92,7 @@ def show_status(
     ctx: typer.Context,
     head: str | None = HEAD,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    output: Output | None = OUTPUT,
 ) -> None:
     """Every host of the fleet file as Ray sees it, beside what the file expects."""
     rt = runtime(ctx)
@@ -102,7 +107,7 @@ def show_status(
     if as_json:
         print(json.dumps({"head": endpoint, "error": error, "hosts": [r.to_dict() for r in rows]}, indent=2))
     else:
-        _table(rt, endpoint, rows, error)
+        _table(rt, endpoint, rows, error, output=output)
     if error:
         raise typer.Exit(1)
 
@@ -145,7 +150,7 @@ def up(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack to p
 
 @app.command("ps")
 def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
-       as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+       as_json: bool = typer.Option(False, "--json", help="Print JSON."), output: Output | None = OUTPUT) -> None:
     """Every container of this instance on every host, as that host's Docker reports it, and
     the stacks parked across the fleet (no container; their placement kept)."""
     rt = runtime(ctx)
@@ -154,11 +159,9 @@ def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
     if as_json:
         print(json.dumps(found.to_dict() | {"parked": parked}, indent=2))
     else:
-        table = Table("host", "stack", "container", "state", "image", "repo digest", title="fleet containers")
-        for row in found.rows:
-            table.add_row(escape(row.host), escape(row.stack), escape(row.name), row.state, escape(row.image),
-                          (row.repo_digest or "-")[:19])
-        rt.console.print(table)
+        rt.console.print(table(CONTAINERS, [(escape(row.host), escape(row.stack), escape(row.name), row.state,
+                                              escape(row.image), (row.repo_digest or "-")[:19]) for row in found.rows],
+                               output=output, title="fleet containers"))
         for name, hosts in parked.items():
             rt.console.print(f"{escape(name)} is parked: no engine runs, its placement on {', '.join(hosts)} is kept")
         _print_unreachable(rt, found.unreachable, "its containers are not listed")
@@ -262,16 +265,17 @@ def _inventory(rt: Runtime) -> Fleet | None:
     return load_fleet(path)
 
 
-def _table(rt: Runtime, endpoint: str, rows: list[survey.HostRow], error: str | None) -> None:
-    table = Table("host", "state", "ray address", "memory", "resources", "node", "notes", title=f"fleet at {endpoint}")
+def _table(rt: Runtime, endpoint: str, rows: list[survey.HostRow], error: str | None, *,
+           output: Output | None) -> None:
+    shown = []
     colour = {NodeState.ALIVE: "green", NodeState.DEAD: "red", NodeState.UNKNOWN: "yellow"}
     for row in rows:
         own = {k: v for k, v in row.resources.items() if k.startswith("spark:") or k == "CPU"}
         memory = f"{row.memory_gib:g} GiB" if row.memory_gib is not None else "-"
-        table.add_row(escape(row.host), f"[{colour[row.state]}]{row.state}[/]", row.ray_address or row.expected_address
+        shown.append((escape(row.host), f"[{colour[row.state]}]{row.state}[/]", row.ray_address or row.expected_address
                       or "-", f"{memory} (ceiling {row.memory_ceiling or '-'})",
                       escape(" ".join(f"{k}={v:g}" for k, v in own.items())), (row.node_id or "-")[:8],
-                      escape("; ".join(row.problems)))
-    rt.console.print(table)
+                      escape("; ".join(row.problems))))
+    rt.console.print(table(HOSTS, shown, output=output, title=f"fleet at {endpoint}"))
     if error:
         rt.console.print(f"[red]{escape(error)}[/]")

@@ -8,36 +8,58 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
+from sparkctl.cli.console import OUTPUT, Column, Output, table
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from sparkctl.results import RetestDone
+    from sparkctl.messages import RetestDone
+    from sparkctl.policy.images import Ban
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
 
 
 UNSETTLED = "(none yet: the first `up` records it)"  # a known-good tag whose digest was never published
+PINS = (Column("pinned ref"), Column("digest", wide=True), Column("known good"), Column("provenance", wide=True),
+        Column("since"), Column("layer"))
+BANS = (Column("blacklisted ref or digest"), Column("reason"), Column("date", wide=True), Column("last retest"),
+        Column("layer"))
+WAKES = (Column("digest"), Column("sleeps and wakes"), Column("reason", wide=True), Column("date", wide=True),
+         Column("layer"))
+LIFTS = (Column("section"), Column("ref or digest"), Column("lifted from"))
 
 
 @app.command("list")
-def list_(ctx: typer.Context) -> None:
-    """Show pins, the blacklist, and how each digest's first watched wake from sleep mode went."""
+def list_(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
+    """Show pins, the blacklist, and how each digest's first watched wake from sleep mode went, each
+    entry with its layer (shipped, the owner's images.yaml, or recorded in the state); then the
+    shipped or owner's entries the state lifted."""
     rt = runtime(ctx)
-    pins = Table("pinned ref", "digest", "known good", "provenance", "since", title="pins")
-    for ref, pin in rt.policy.pins.items():
-        first_seen = f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""
-        pins.add_row(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else first_seen, pin.provenance,
-                     str(pin.pinned or ""))
-    bans = Table("blacklisted ref or digest", "reason", "date", "last retest", title="blacklist")
-    for ref, ban in rt.policy.blacklist.items():
-        last = ban.retests[-1] if ban.retests else None
-        retested = f"{last.date} {last.digest[:19]}: {last.verdict} ({len(ban.retests)} in all)" if last else ""
-        bans.add_row(ref, ban.reason, str(ban.date or ""), retested)
-    wakes = Table("digest", "sleeps and wakes", "reason", "date", title="sleep mode")
-    for digest, wake in rt.policy.wakes.items():
-        wakes.add_row(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""))
-    rt.console.print(pins, bans, wakes)
+    layered = rt.store.images.layered()
+    policy = layered.policy
+
+    def layer(section: str, key: str) -> str:
+        below = layered.hidden.get((section, key))
+        return str(layered.origin[(section, key)]) + (f", over {below}" if below else "")
+
+    pins = [(ref, pin.digest or UNSETTLED, "yes" if pin.known_good else
+             (f"not yet: first seen {pin.first_seen}, until a benchmark passes" if pin.first_seen else ""),
+             pin.provenance, str(pin.pinned or ""), layer("pins", ref)) for ref, pin in policy.pins.items()]
+    bans = [(ref, ban.reason, str(ban.date or ""), _last_retest(ban), layer("blacklist", ref))
+            for ref, ban in policy.blacklist.items()]
+    wakes = [(digest, "yes" if wake.ok else "no: parks by stopping", wake.reason, str(wake.date or ""),
+              layer("wakes", digest)) for digest, wake in policy.wakes.items()]
+    rt.console.print(
+        table(PINS, pins, output=output, title="pins"), table(BANS, bans, output=output, title="blacklist"),
+        table(WAKES, wakes, output=output, title="sleep mode"))
+    lifted = [(section, key, str(below)) for section, key, below in layered.lifted()]
+    if lifted:
+        rt.console.print(table(LIFTS, lifted, output=output, title="removed by the owner (recorded in the state)"))
+
+
+def _last_retest(ban: Ban) -> str:
+    last = ban.retests[-1] if ban.retests else None
+    return f"{last.date} {last.digest[:19]}: {last.verdict} ({len(ban.retests)} in all)" if last else ""
 
 
 @app.command()
@@ -50,35 +72,30 @@ def pin(
     """Pin REF's tag to a digest; `up` then runs exactly that digest."""
     from sparkctl.policy.images import check as check_ref
     from sparkctl.policy.images import parse_ref
-    from sparkctl.spec import imagefile
 
     rt = runtime(ctx)
     name = parse_ref(ref)
     if digest is None:
         digest = rt.docker.registry_digest(str(name), mirrors=rt.settings.registry_mirrors)
     check_ref(rt.policy, ref, digest=digest, allow_latest=True)
-    imagefile.pin(rt.settings.images_file, ref, digest=digest, provenance=provenance)
+    rt.store.images.pin(ref, digest=digest, provenance=provenance)
     rt.console.print(f"pinned {name.tagged} -> {digest}")
 
 
 @app.command("forget-wake")
 def forget_wake(ctx: typer.Context, digest: str) -> None:
     """Forget how DIGEST woke (e.g. after a fixed image or driver): its next wake is watched again."""
-    from sparkctl.spec import imagefile
-
     rt = runtime(ctx)
-    if not imagefile.forget_wake(rt.settings.images_file, digest):
+    if not rt.store.images.forget_wake(digest):
         raise SparkctlError(f"{digest} has no wake record; `sparkctl image list` shows them")
     rt.console.print(f"forgot how {digest} woke")
 
 
 @app.command()
 def unpin(ctx: typer.Context, ref: str) -> None:
-    """Remove REF's pin."""
-    from sparkctl.spec import imagefile
-
+    """Remove REF's pin (one sparkctl ships, or the owner's images.yaml holds, is lifted in the state)."""
     rt = runtime(ctx)
-    if not imagefile.unpin(rt.settings.images_file, ref):
+    if not rt.store.images.unpin(ref):
         raise SparkctlError(f"{ref} is not pinned; `sparkctl image list` shows the pins")
     rt.console.print(f"unpinned {ref}")
 
@@ -93,22 +110,19 @@ def blacklist(
 ) -> None:
     """Refuse REF (or a digest) from now on, with the reason."""
     from sparkctl.policy.images import DIGEST
-    from sparkctl.spec import imagefile
 
     rt = runtime(ctx)
     if digest is not None and not DIGEST.match(digest):
         raise SparkctlError(f"--digest takes sha256:<64 hex>, got {digest!r}")
-    imagefile.blacklist(rt.settings.images_file, ref, reason=reason, digest=digest)
+    rt.store.images.blacklist(ref, reason=reason, digest=digest)
     rt.console.print(f"blacklisted {ref}: {reason}")
 
 
 @app.command()
 def unblacklist(ctx: typer.Context, ref: str) -> None:
-    """Allow REF again."""
-    from sparkctl.spec import imagefile
-
+    """Allow REF again (a ban sparkctl ships, or the owner's images.yaml holds, is lifted in the state)."""
     rt = runtime(ctx)
-    if not imagefile.unblacklist(rt.settings.images_file, ref):
+    if not rt.store.images.unblacklist(ref):
         raise SparkctlError(f"{ref} is not blacklisted; `sparkctl image list` shows the blacklist")
     rt.console.print(f"unblacklisted {ref}")
 
@@ -141,11 +155,12 @@ def retest(
     """Measure what the blacklisted tag REF names on its registry now: deployed alone as a trial of
     its stack (not desired, in no alias, removed afterwards) and judged by the stack's gate. A pass
     lifts the ban and pins the digest as known-good; a failure keeps the ban, with the measurement."""
-    from sparkctl import results, wire
+    from sparkctl import messages
     from sparkctl.cli.console import through_daemon
 
     rt = runtime(ctx)
-    result = through_daemon(rt.daemon, "/v1/retest", wire.RetestRequest(ref, stack or "", force), results.RetestDone)
+    asked = messages.RetestRequest(ref, stack or "", force)
+    result = through_daemon(rt.daemon, "/v1/retest", asked, messages.RetestDone)
     _show_retest(rt, result)
 
 
@@ -164,7 +179,7 @@ def _show_retest(rt, result: RetestDone) -> None:  # noqa: ANN001 - the CLI's Ru
                          f"in benchmark run {result.run}; lifted {', '.join(result.lifted)} and pinned the tag "
                          "to that digest as known-good")
         return
-    kept = ("the ban stays, with this measurement added to it in images.yaml" if result.recorded
+    kept = ("the ban stays, with this measurement added to it" if result.recorded
             else "the ban was lifted by hand meanwhile, so the measurement was not recorded")
     raise SparkctlError(f"{result.ref} at {result.digest} still fails {result.stack}'s gate: "
                         f"{result.verdict.removeprefix('fail: ')}; {kept}")

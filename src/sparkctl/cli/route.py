@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from sparkctl.cli.console import through_daemon
+from sparkctl.cli.console import OUTPUT, Column, Output, table, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from sparkctl.results import RouteDone
+    from sparkctl.messages import RouteDone
 
 app = typer.Typer(help="Route an alias's requests by their prompt length.", no_args_is_help=True)
+ROUTES = (Column("alias", name=True), Column("rule", wide=True), Column("prompt tokens"), Column("stack", name=True))
 
 
 @app.command("set")
@@ -47,16 +47,14 @@ def rm(ctx: typer.Context, alias: str) -> None:
 
 
 @app.command("show")
-def show(ctx: typer.Context) -> None:
+def show(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """Every routed alias and its rules, as the daemon has them."""
     rt = runtime(ctx)
     routes = rt.daemon.get("/v1/desired").get("routes", {})
-    table = Table("alias", "rule", "prompt tokens", "stack", title="routed aliases")
-    for alias, rules in sorted(routes.items()):
-        for index, rule in enumerate(rules):
-            limit = f"<= {rule['up_to']}" if rule["up_to"] is not None else "the rest"
-            table.add_row(escape(alias) if index == 0 else "", str(index), limit, escape(rule["stack"]))
-    rt.console.print(table if routes else "no alias is routed")
+    rows = [(escape(alias) if index == 0 else "", str(index),
+             f"<= {rule['up_to']}" if rule["up_to"] is not None else "the rest", escape(rule["stack"]))
+            for alias, rules in sorted(routes.items()) for index, rule in enumerate(rules)]
+    rt.console.print(table(ROUTES, rows, output=output, title="routed aliases") if routes else "no alias is routed")
 
 
 @app.command("suggest")
@@ -111,7 +109,7 @@ def _crossover(rt, fast: str, rest: str) -> int:  # noqa: ANN001 - the CLI's Run
 
 
 def _route(ctx: typer.Context, alias: str, rules: str) -> RouteDone:
-    from sparkctl import results, wire
+    from sparkctl import messages
 
     rt = runtime(ctx)
-    return through_daemon(rt.daemon, "/v1/route", wire.RouteRequest(alias, rules), results.RouteDone)
+    return through_daemon(rt.daemon, "/v1/route", messages.RouteRequest(alias, rules), messages.RouteDone)

@@ -77,12 +77,13 @@ def daemon(ctx: typer.Context,
                   {**os.environ, "MALLOC_ARENA_MAX": "2"})
     import asyncio
 
-    from sparkctl.daemon import app
+    from sparkctl.daemon import app, process
 
     rt = runtime(ctx)
     rt.configure_logging()
-    if client.available():
-        raise SparkctlError(f"a daemon already answers on {client.path}")
+    holder = client.holder()
+    if holder is not None:
+        raise process.already_runs(holder, client.path.parent)
     asyncio.run(app.run(rt.settings))
 
 

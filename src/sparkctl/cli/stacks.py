@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from sparkctl.cli import views
+from sparkctl.cli.console import OUTPUT, Output
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import ImageRefused, SpecError
 
@@ -30,12 +31,12 @@ class Format(StrEnum):
 
 
 @app.command("list")
-def list_(ctx: typer.Context) -> None:
+def list_(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """One row per deployable stack, with what the image policy says of it."""
-    from sparkctl import answers
+    from sparkctl import messages
 
     rows = runtime(ctx).daemon.get("/v1/stacks")["stacks"]
-    views.stacks(tuple(answers.StackRow(**row) for row in rows))
+    views.stacks(tuple(messages.StackRow(**row) for row in rows), output=output)
 
 
 @app.command()
@@ -220,18 +221,19 @@ def _refuse_invalid(rt: Runtime, catalog: Catalog, wanted: set[Path]) -> None:
 
 
 def _catalog_with(rt: Runtime, paths: list[Path]) -> Catalog:
-    """The stacks dir plus extra files (so they can `extends` the shipped stacks)."""
-    from sparkctl.spec.load import POLICY_FILE, load_stacks
+    """The stacks dir and the owner's, with extra files as the owner's (so they can `extends` any stack)."""
+    from sparkctl.spec.load import POLICY_FILE, load_stacks, stack_files
 
     extra = [p for p in paths if p.name != POLICY_FILE]
     for p in extra:
         if not p.is_file():
             raise SpecError(str(p), "", "no such file")
     given = {p.resolve() for p in extra}
-    shipped = [p for p in sorted(rt.settings.stacks_dir.glob("*.yaml"))
-               if p.name != POLICY_FILE and p.resolve() not in given]
+    shipped = [p for p in stack_files(rt.settings.stacks_dir) if p.resolve() not in given]
+    owner = [p for p in stack_files(rt.settings.owner_stacks_dir) if p.resolve() not in given]
     patches = rt.settings.patches_dir
-    return load_stacks([*shipped, *extra], patch_files=sorted(patches.glob("*.yaml")) if patches.is_dir() else [])
+    return load_stacks(shipped, owner=[*owner, *extra],
+                       patch_files=sorted(patches.glob("*.yaml")) if patches.is_dir() else [])
 
 
 def _rank(rt: Runtime, stack: Stack, index: int | None) -> Rank | None:

@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sparkctl.cli.console import out, say, through_daemon
+from sparkctl.cli.console import Column, Output, out, say, table, through_daemon
 
 if TYPE_CHECKING:
-    from sparkctl.answers import StackRow, Status, StatusRow
     from sparkctl.cli.client import DaemonClient
+    from sparkctl.messages import StackRow, Status, StatusRow
 
 
-def status(report: Status, *, as_json: bool) -> None:
+STATUS = (Column("stack", name=True), Column("phase"), Column("endpoint", name=True),
+          Column("fingerprint", wide=True), Column("uptime"), Column("memory"))
+STACKS = (Column("stack", name=True), Column("kind", wide=True), Column("image"), Column("model", wide=True),
+          Column("draft", wide=True), Column("mem", wide=True), Column("port", wide=True), Column("policy"),
+          Column("source"))
+
+
+def status(report: Status, *, as_json: bool, output: Output | None) -> None:
     """Every sparkctl container of the instance, then each engine's KV headroom, then the other
     instances that share the engine (`report` as the daemon's `/v1/status` has it)."""
     rows, others = report.stacks, report.others
     if as_json:
         print(json.dumps([asdict(row) for row in rows], indent=2))
         return
-    console = out()
     if rows:
-        console.print(_status_table(rows, wide=console.width >= 100))
+        out().print(table(STATUS, (_status_row(row) for row in rows), output=output))
     else:
         say(f"no stacks are deployed (instance {report.instance})")
     for row in rows:
@@ -35,30 +41,17 @@ def status(report: Status, *, as_json: bool) -> None:
         say(f"other sparkctl instances on this engine (not touched): {listed}", "dim")
 
 
-def stacks(rows: tuple[StackRow, ...]) -> None:
+def stacks(rows: tuple[StackRow, ...], *, output: Output | None) -> None:
     """One row per deployable stack, with what the image policy says of it; one per file left
     out of the catalog, with its error."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table("stack", "kind", "image", "model", "draft", "mem", "port", "policy")
-    table.columns[0].no_wrap = True
-    for row in rows:
-        if row.invalid:
-            table.add_row(escape(row.stack), row.kind, "-", "-", "-", "-", "-",
-                          f"[red]invalid, left out[/]: {escape(row.invalid)}")
-            continue
-        verdict = f"[red]refused[/]: {escape(row.policy)}" if row.refused else escape(row.policy)
-        table.add_row(row.stack, row.kind, row.image, row.model, row.draft, f"{row.memory:.2f}", str(row.port),
-                      verdict)
-    out().print(table)
+    out().print(table(STACKS, (_stack_row(row) for row in rows), output=output))
 
 
 def up(daemon: DaemonClient, stack: str, *, refresh: bool = False, replace: bool = False) -> None:
     """`up` through the daemon: its phases as they come, then one line."""
-    from sparkctl import results, wire
+    from sparkctl import messages
 
-    done = through_daemon(daemon, "/v1/up", wire.UpRequest(stack, refresh, replace), results.UpDone)
+    done = through_daemon(daemon, "/v1/up", messages.UpRequest(stack, refresh, replace), messages.UpDone)
     extra = f", speculative acceptance {done.acceptance:.2f}" if done.acceptance is not None else ""
     verb = "already up, unchanged" if done.unchanged else "up"
     say(f"{stack} {verb}", "green", rest=f": {done.url}/v1 (fingerprint {done.fingerprint}{extra})")
@@ -72,18 +65,17 @@ def duration(seconds: float | None) -> str:
     return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s"
 
 
-def _status_table(rows: tuple[StatusRow, ...], *, wide: bool) -> Any:
-    """A narrow terminal drops the fingerprint (`--json` has it) before folding; the endpoint stays
-    whole, since it is copied from here."""
-    from rich.table import Table
+def _status_row(row: StatusRow) -> tuple[str, ...]:
+    memory = f"{row.memory:.2f}" if row.memory is not None else ""
+    return (row.stack, row.phase, row.endpoint, (row.fingerprint or "")[:12], duration(row.uptime_s), memory)
 
-    table = Table("stack", "phase", "endpoint", *(["fingerprint"] if wide else []), "uptime", "memory")
-    for column in table.columns:
-        column.overflow = "fold"
-    table.columns[2].no_wrap = True
-    table.columns[2].min_width = max(len(row.endpoint) for row in rows)
-    for row in rows:
-        fingerprint = [(row.fingerprint or "")[:12]] if wide else []
-        table.add_row(row.stack, row.phase, row.endpoint, *fingerprint, duration(row.uptime_s),
-                      f"{row.memory:.2f}" if row.memory is not None else "")
-    return table
+
+def _stack_row(row: StackRow) -> tuple[str, ...]:
+    from rich.markup import escape
+
+    if row.invalid:
+        invalid = f"[red]invalid, left out[/]: {escape(row.invalid)}"
+        return (escape(row.stack), row.kind, "-", "-", "-", "-", "-", invalid, row.source)
+    verdict = f"[red]refused[/]: {escape(row.policy)}" if row.refused else escape(row.policy)
+    return (row.stack, row.kind, row.image, row.model, row.draft, f"{row.memory:.2f}", str(row.port), verdict,
+            row.source)

@@ -250,7 +250,9 @@ class Daemon:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        gone = asyncio.create_task(process.stop_when_gone(lock, stop.set))
         await stop.wait()
+        gone.cancel()
         log.info("daemon_stopping", note="engine containers keep running")
         self.machine.stop_all()
         faulthandler.dump_traceback_later(SLOW_STOP)  # what holds a slow stop up, for its bug report

@@ -1,4 +1,4 @@
-"""The dashboard's charts as SVG, drawn by the daemon from `answers.Series` (GET /v1/chart): each
+"""The dashboard's charts as SVG, drawn by the daemon from `messages.Series` (GET /v1/chart): each
 stack's tokens/s, its median time to first token, its requests in flight and queued, and unified
 memory (awake, parked, free, under the ceiling), over the last 15 minutes with the alias switches
 marked on the time axis. Drawn here rather than in the page: no charting library to ship and keep
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from html import escape
 
-from sparkctl.answers import Series
+from sparkctl.messages import Series
 
 CHARTS = {"tps": "tokens/s", "ttft": "TTFT p50 (ms)", "requests": "requests", "memory": "share of unified memory"}
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 640, 220, 52, 12, 28, 26

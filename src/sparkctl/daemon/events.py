@@ -1,5 +1,5 @@
 """The daemon's event log: what happened, in order, for the API's streaming endpoint and the
-CLI's progress. Events are the typed records of `sparkctl.wire`; each names the stack (or
+CLI's progress. Events are the typed records of `sparkctl.messages`; each names the stack (or
 alias) it is about, so a stream shows only what its request started. Thread-safe; readers wait
 for events after a sequence number and get them in their wire form (a dict with seq, time,
 kind)."""
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from sparkctl.wire import Event, Note, PhaseChanged, Progress
+from sparkctl.messages import Event, Note, PhaseChanged, Progress
 
 
 class EventBus:

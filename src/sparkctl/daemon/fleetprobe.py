@@ -22,8 +22,8 @@ from sparkctl.adapters import engine
 from sparkctl.daemon.planner import backoff
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import membership, placement, triage
+from sparkctl.messages import Note
 from sparkctl.node import AgentAnswer, Node
-from sparkctl.wire import Note
 
 log = structlog.get_logger()
 PROBE_EVERY = 1.0  # s between two probes of a multi-node group

@@ -27,7 +27,7 @@ from sparkctl.daemon.switch import SwitchFailed
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import placement
 from sparkctl.fleet.deploy import Fleetwide
-from sparkctl.results import ParkDone, SwitchDone, WakeDone
+from sparkctl.messages import ParkDone, SwitchDone, WakeDone
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
 

@@ -31,8 +31,8 @@ from sparkctl.daemon.planner import Policy
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, placement
 from sparkctl.fleet.deploy import Fleetwide
+from sparkctl.messages import Note
 from sparkctl.node import LABEL_ADDRESS, Node
-from sparkctl.wire import Note
 
 log = structlog.get_logger()
 RETRY = 1.0  # s before watching again after the head stopped answering

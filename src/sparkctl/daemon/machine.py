@@ -29,8 +29,8 @@ from sparkctl.deploy.memory import GIB, available
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import WakeDone
 from sparkctl.policy.headroom import Headroom
-from sparkctl.results import WakeDone
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.render import spec_hash
 from sparkctl.state import desired as desired_file

@@ -1,19 +1,27 @@
-"""What the daemon needs from its process and host: the state dir's exclusive lock, a listening
-socket systemd hands over, the garbage collector kept off the objects made at start, giving freed
-memory back, and saying when it serves (its limit on open files is `adapters.processes`').
-Called by `daemon/app.py` at start and after work."""
+"""What the daemon needs from its process and host: the state dir's exclusive lock (and its stop
+when the state dir is gone), a listening socket systemd hands over, the garbage collector kept off
+the objects made at start, giving freed memory back, and saying when it serves (its limit on open
+files is `adapters.processes`'). Called by `daemon/app.py` at start and after work."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import fcntl
 import gc
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+import structlog
+
 from sparkctl.errors import SparkctlError
+
+log = structlog.get_logger()
+
+LOOK_EVERY = 2.0  # s between two looks at the state dir's lock (a stat each): how soon a daemon sees its dir gone
 
 
 def freeze_startup() -> None:
@@ -68,9 +76,34 @@ def exclusive(path: Path) -> IO[str]:
         handle.seek(0)
         owner = handle.read().strip() or "unknown"
         handle.close()
-        raise SparkctlError(f"a sparkctl daemon (pid {owner}) already runs on {path.parent}; stop it first, "
-                            "or give this one its own SPARKCTL_STATE_DIR") from None
+        raise already_runs(owner, path.parent) from None
     handle.truncate(0)
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
+
+
+def already_runs(pid: int | str, state_dir: Path) -> SparkctlError:
+    """The refusal of a second daemon on a state dir, naming the first one's pid."""
+    return SparkctlError(f"a sparkctl daemon (pid {pid}) already runs on {state_dir}; stop it first (`sparkctl "
+                         "daemon --stop`), or give this one its own SPARKCTL_STATE_DIR")
+
+
+async def stop_when_gone(lock: IO[str], stop: Callable[[], None]) -> None:
+    """Call `stop` once the state dir is no longer this daemon's: the lock file it holds
+    (`exclusive`) was removed, alone or with its dir (a test's temporary dir, a reset), or moved
+    or replaced. Left running, the daemon would hold the gateway's port on a socket and a
+    database nobody can reach, and a second daemon could start on the path beside it. Looked at
+    every LOOK_EVERY s (one stat), not watched: a move of a parent dir is no event on the dir."""
+    held = os.fstat(lock.fileno())
+    while True:
+        await asyncio.sleep(LOOK_EVERY)
+        try:
+            now = os.stat(lock.name)
+        except (FileNotFoundError, NotADirectoryError):
+            break
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            break
+    log.error("state_dir_gone", state_dir=str(Path(lock.name).parent),
+              note="the daemon stops (its engines keep running); the next command starts one on a fresh state dir")
+    stop()

@@ -14,7 +14,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sparkctl.adapters.docker import DockerEngine
-from sparkctl.answers import (
+from sparkctl.bench import metrics
+from sparkctl.daemon import planner
+from sparkctl.daemon.charts import CHARTS, chart
+from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.metrics import DaemonMetrics
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.series import Recorder
+from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
+from sparkctl.messages import (
     BanRow,
     DeploymentRow,
     EventRow,
@@ -27,20 +36,10 @@ from sparkctl.answers import (
     Status,
     StatusRow,
 )
-from sparkctl.bench import metrics
-from sparkctl.daemon import planner
-from sparkctl.daemon.charts import CHARTS, chart
-from sparkctl.daemon.machine import DockerMachine
-from sparkctl.daemon.metrics import DaemonMetrics
-from sparkctl.daemon.reconciler import Reconciler
-from sparkctl.daemon.routes import Routes
-from sparkctl.daemon.series import Recorder
-from sparkctl.errors import ImageRefused, NoSuchFile, SparkctlError
 from sparkctl.phase import Phase
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.policy.switch import Memory
 from sparkctl.settings import Settings
-from sparkctl.spec import imagefile
 from sparkctl.spec.engine import Weights
 from sparkctl.spec.load import Catalog
 from sparkctl.state.desired import Desired
@@ -85,7 +84,7 @@ class Reads:
 
     def status(self) -> Status:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
-        desired, catalog, policy = self.machine.desired(), self.machine.catalog(), imagefile.policy_for(self.settings)
+        desired, catalog, policy = self.machine.desired(), self.machine.catalog(), self.store.images.policy()
         rows = status_rows(self.machine.docker, self.store, catalog)
         seen = {r.stack for r in rows}
         history = self.reconciler.history
@@ -115,7 +114,7 @@ class Reads:
 
     def stacks(self) -> tuple[StackRow, ...]:
         """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
-        return stack_rows(self.machine.catalog(), imagefile.policy_for(self.settings))
+        return stack_rows(self.machine.catalog(), self.store.images.policy())
 
     def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> tuple[str | None, str | None, str | None]:
         """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
@@ -163,7 +162,7 @@ class Reads:
                                                 in store.deployments.transitions(d.id)))
                             for d in store.deployments.history(stack))
         bans = tuple(BanRow(ref, ban.reason, ban.date.isoformat() if ban.date else None)
-                     for ref, ban in imagefile.policy_for(self.settings).blacklist.items())
+                     for ref, ban in self.store.images.policy().blacklist.items())
         events = tuple(EventRow(**e) for e in store.events.list(stack))
         return History(deployments, events, tuple(store.switches.list()), bans)
 
@@ -230,9 +229,10 @@ def stack_rows(catalog: Catalog, policy: ImagePolicy) -> tuple[StackRow, ...]:
     file left out with its error (`invalid`)."""
     deployable = tuple(StackRow(s.name, str(s.kind), s.image.ref, _weights(s.model), _weights(s.draft),
                                 s.resources.gpu_memory_utilization, s.port,
-                                *_verdict(policy, s.image.ref, s.image.allow_latest)) for s in catalog.deployable())
-    return deployable + tuple(StackRow(i.name, i.kind, "-", "-", "-", None, None, False, "-", i.brief)
-                              for i in catalog.invalid)
+                                *_verdict(policy, s.image.ref, s.image.allow_latest), source=catalog.source(s.name))
+                        for s in catalog.deployable())
+    return deployable + tuple(StackRow(i.name, i.kind, "-", "-", "-", None, None, False, "-", i.brief,
+                                       source=catalog.source(i.name, i.file)) for i in catalog.invalid)
 
 
 def _verdict(policy: ImagePolicy, ref: str, allow_latest: bool) -> tuple[bool, str]:

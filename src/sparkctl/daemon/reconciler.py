@@ -22,9 +22,8 @@ from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Prefetch, Realias, Remove, Restart, Wait
 from sparkctl.deploy.launch import Prepared, Staged, UpResult
 from sparkctl.errors import SparkctlError
-from sparkctl.results import WakeDone
+from sparkctl.messages import Died, Failed, Prefetching, Realiased, Removed, Restarting, Settled, WakeDone
 from sparkctl.state.desired import Desired
-from sparkctl.wire import Died, Failed, Prefetching, Realiased, Removed, Restarting, Settled
 
 log = structlog.get_logger()
 

@@ -2,7 +2,7 @@
 counters (generated tokens, the time-to-first-token histogram), the gateway's requests in flight
 and queued per stack, and unified memory as the planner sees it; the last WINDOW of samples is
 kept in memory (a restarted daemon starts a new window). `series()` turns consecutive samples
-into rates and medians (`answers.Series`), with the alias switches of the window marked.
+into rates and medians (`messages.Series`), with the alias switches of the window marked.
 
 The sampler runs on the event loop, which owns the gateway's ledger, and reads engines and Docker
 on a worker thread; samples are appended and read under a lock, so the API's worker threads read
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from sparkctl.answers import Series, StackSeries
 from sparkctl.bench import metrics
 from sparkctl.gateway.ledger import Snapshot
 from sparkctl.gateway.routes import RouteTable
+from sparkctl.messages import Series, StackSeries
 from sparkctl.policy.switch import Memory
 
 log = structlog.get_logger()

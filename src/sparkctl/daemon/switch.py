@@ -27,9 +27,9 @@ from sparkctl.daemon.reconciler import Machine, Reconciler
 from sparkctl.deploy.launch import Staged
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import SwitchDone, WakeDone
 from sparkctl.policy.parking import Park
 from sparkctl.policy.switch import Mode, SwitchPlan
-from sparkctl.results import SwitchDone, WakeDone
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()

@@ -14,11 +14,11 @@ from sparkctl.bench.gate import GateFailed
 from sparkctl.bench.profiles import PROFILES
 from sparkctl.daemon.events import EventBus
 from sparkctl.deploy.health import HealthError
+from sparkctl.messages import Note
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
-from sparkctl.wire import Note
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Verdicts:
         self.bus.publish(Note(name, f"switch-over benchmark of {name} (quick profile)"))
         run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
                                     profile=PROFILES["quick"], docker=self.docker)
-        verdict = bench_stack.gate(stack, run, settings=self.settings, store=self.store)
+        verdict = bench_stack.gate(stack, run, store=self.store)
         if not verdict.passed:
             raise GateFailed(verdict)
         decode = ", ".join(f"{r['tg_tps']:.1f} tok/s at depth {r['depth']}" for r in run.rows)
@@ -52,8 +52,7 @@ class Verdicts:
         else:
             return None
         digest = latest.parts.get("image", "") if latest else ""
-        if not bench_stack.blacklist_if_new(self.stack(name), digest, reason, settings=self.settings,
-                                            store=self.store):
+        if not bench_stack.blacklist_if_new(self.stack(name), digest, reason, store=self.store):
             return None
         self.store.events.record(name, "blacklisted", f"{digest}: {reason}")
         return f"blacklisted image {digest} ({reason}); `sparkctl image unblacklist {digest}` undoes it"

@@ -1,7 +1,7 @@
 """The image step: resolve the stack's tag to a digest, refuse what the policy refuses, report a
 tag that moved since it was pinned, and pull by digest with per-layer progress.
 
-A pin in images.yaml (known-good) or the digest recorded by an earlier `up` decides what runs;
+A pin of the image policy (known-good) or the digest recorded by an earlier `up` decides what runs;
 the registry's current answer is only followed with `refresh`. With a digest already known, the
 registry is asked in the background whether the tag moved (a round trip to ghcr.io is hundreds
 of ms), unless it was in the last minute (`Answers`): the deploy goes on, and the answer is a

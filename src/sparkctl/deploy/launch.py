@@ -23,13 +23,13 @@ from sparkctl.policy.headroom import Headroom
 from sparkctl.policy.images import ImagePolicy
 from sparkctl.policy.parking import sleep_refusal
 from sparkctl.settings import Settings
-from sparkctl.spec import imagefile
 from sparkctl.spec.models import Stack
 from sparkctl.spec.ranks import Rank
 from sparkctl.spec.render import Sources, render, spec_hash
 
 if TYPE_CHECKING:
     from sparkctl.adapters.compose import ComposeProject
+    from sparkctl.state.images import ImageRecords
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Launch:
 
     settings: Settings
     policy: ImagePolicy
+    images: ImageRecords  # where what it learns of an image is recorded
     docker: DockerEngine
     reporter: Reporter
     placed: bool  # run by a fleet host's agent: its containers are labelled the fleet's
@@ -166,9 +167,9 @@ class Launch:
 
     def _without_sleep_mode(self, stack: Stack, digest: str) -> None:
         """The engine refused --enable-sleep-mode (vLLM's CPU platform does): learnt for the digest
-        in images.yaml, so its stacks run without it and park by stopping from now on."""
+        in the image policy's wake ledger, so its stacks run without it and park by stopping from now on."""
         reason = "its platform has no sleep mode (\"Sleep mode is not supported on current platform\")"
-        imagefile.record_wake(self.settings.images_file, digest, ok=False, reason=reason)
+        self.images.record_wake(digest, ok=False, reason=reason)
         self.reporter.note(stack.name, f"image {digest} {reason}: started again without it; "
                                        f"{stack.name} will park by stopping")
 

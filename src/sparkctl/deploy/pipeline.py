@@ -31,7 +31,6 @@ from sparkctl.policy.admission import admit
 from sparkctl.policy.headroom import Headroom
 from sparkctl.policy.images import ImagePolicy, check
 from sparkctl.settings import Settings
-from sparkctl.spec import imagefile
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.spec.ranks import Rank
@@ -54,7 +53,8 @@ class Deployer:
 
     @cached_property
     def launch(self) -> Launch:
-        return Launch(self.settings, self.policy, self.docker, self.reporter, placed=self.placed, rank=self.rank)
+        return Launch(self.settings, self.policy, self.store.images, self.docker, self.reporter, placed=self.placed,
+                      rank=self.rank)
 
     def up(self, name: str, *, refresh: bool = False, replace: bool = False, staged: Staged | None = None,
            stop: threading.Event | None = None) -> UpResult:
@@ -227,9 +227,9 @@ class Deployer:
         pin = self.policy.pin_for(resolved.name.tagged)
         if pin is None or pin.settled or resolved.run_ref == resolved.digest:
             return
-        if imagefile.settle_pin(self.settings.images_file, resolved.name.tagged, digest=resolved.digest):
+        if self.store.images.settle_pin(resolved.name.tagged, digest=resolved.digest):
             self.reporter.note(stack.name, f"pinned {resolved.name.tagged} to {resolved.digest}, the digest its "
-                                           "known-good tag names now (images.yaml had none)")
+                                           "known-good tag names now (its pin had none)")
 
     def _headroom(self, stack: Stack, deployment: int) -> Headroom | None:
         """Read, record and show the running engine's KV headroom. Only shown: a deploy that

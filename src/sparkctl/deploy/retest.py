@@ -26,9 +26,8 @@ from sparkctl.bench.runner import Progress
 from sparkctl.deploy.health import HealthError
 from sparkctl.deploy.pipeline import Deployer
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import RetestDone
 from sparkctl.policy.images import Measurement, Retrial, parse_ref, plan_retest, retest_tag, retestable
-from sparkctl.results import RetestDone
-from sparkctl.spec import imagefile
 from sparkctl.spec.engine import Image
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Stack
@@ -104,7 +103,7 @@ def prepare(ref: str, *, stack: str | None, force: bool, deployer: Deployer) -> 
 
 
 def run(trial: Trial, deployer: Deployer) -> RetestDone:
-    """Deploy the trial, benchmark it, judge it, record the verdict in images.yaml; the trial's
+    """Deploy the trial, benchmark it, judge it, record the verdict in the image policy; the trial's
     container is removed afterwards whatever happened."""
     name, retrial = trial.spec.name, trial.retrial
     catalog = dataclasses.replace(deployer.catalog, stacks={**deployer.catalog.stacks, name: trial.spec})
@@ -151,16 +150,16 @@ def _measure(trial: Trial, deployer: Deployer) -> RetestDone:
 
 
 def _record(trial: Trial, result: RetestDone, deployer: Deployer) -> RetestDone:
-    retrial, path, events = trial.retrial, deployer.settings.images_file, deployer.store.events
+    retrial, images, events = trial.retrial, deployer.store.images, deployer.store.events
     tagged = retrial.name.tagged
     if result.passed:
-        imagefile.requalify(path, lift=retrial.lift, ref=tagged, digest=retrial.digest,
+        images.requalify(lift=retrial.lift, ref=tagged, digest=retrial.digest,
                             provenance=f"retest with {trial.stack.name}: benchmark run {result.run} passed its gate")
         events.record(trial.stack.name, "requalified", f"{tagged} at {retrial.digest}: run {result.run} passed")
         return dataclasses.replace(result, lifted=retrial.lift)
     measurement = Measurement(date=dt.date.today(), digest=retrial.digest, verdict=result.verdict, run=result.run,
                               deployment=result.deployment)
-    recorded = imagefile.record_retest(path, retrial.key, measurement)
+    recorded = images.record_retest(retrial.key, measurement)
     events.record(trial.stack.name, "retest_failed", f"{tagged} at {retrial.digest}: {result.verdict}")
     return dataclasses.replace(result, recorded=recorded)
 

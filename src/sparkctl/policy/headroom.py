@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sparkctl.answers import KvRow
+from sparkctl.messages import KvRow
 
 
 @dataclass(frozen=True)

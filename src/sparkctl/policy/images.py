@@ -1,17 +1,20 @@
-"""The image policy: pins (tag -> digest, with provenance) and the blacklist.
+"""The image policy: pins (tag -> digest, with provenance), the blacklist and the wake ledger,
+and how its layers make one policy.
 
 Pure: no I/O, no logging. `check` is asked before anything is pulled (with the ref as
 written) and again once the registry has resolved the digest; `plan_retest` decides whether a
 banned tag may be measured again (`sparkctl image retest`) and which bans its trial runs past.
-`spec/imagefile.py` reads and edits the YAML file this is built from.
+`layered` lays the shipped `images.yaml`, the owner's and what sparkctl recorded in its state
+over each other (`spec/imagefile.py` reads the files, `state/images.py` owns the records).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -165,6 +168,65 @@ class ImagePolicy(BaseModel):
     def without(self, keys: tuple[str, ...]) -> ImagePolicy:
         """This policy with those blacklist entries lifted (a retest's trial runs past them)."""
         return self.model_copy(update={"blacklist": {k: b for k, b in self.blacklist.items() if k not in keys}})
+
+
+SECTIONS = ("pins", "blacklist", "wakes")
+
+
+class Layer(StrEnum):
+    """Where a stack or a policy entry comes from, lowest first: the defaults sparkctl ships (read
+    only), the owner's config dir (edited by hand), and what sparkctl recorded in its state."""
+
+    SHIPPED = "shipped"
+    OWNER = "owner"
+    STATE = "state"
+
+
+def canonical(section: str, key: str) -> str:
+    """A policy key as every layer spells it: a pin by its canonical tag, a ban by its canonical
+    ref (or bare digest), a wake by its digest. A key that is no ref is kept as written."""
+    if section == "wakes" or DIGEST.match(key):
+        return key
+    try:
+        name = parse_ref(key)
+    except ImageRefused:
+        return key
+    return name.tagged if section == "pins" else str(name)
+
+
+@dataclass(frozen=True)
+class Layered:
+    """The policy in force, where each of its entries comes from (`(section, key)` -> layer),
+    and the lower layers' entries a later one replaces or lifts (-> the layer it hides)."""
+
+    policy: ImagePolicy
+    origin: Mapping[tuple[str, str], Layer]
+    hidden: Mapping[tuple[str, str], Layer]
+
+    def lifted(self) -> list[tuple[str, str, Layer]]:
+        """The lower layers' entries the state removed (`image unpin` of a shipped pin, ...)."""
+        return sorted(((section, key, layer) for (section, key), layer in self.hidden.items()
+                       if (section, key) not in self.origin), key=lambda lift: (SECTIONS.index(lift[0]), lift[1]))
+
+
+def layered(layers: Sequence[tuple[Layer, ImagePolicy]], lifted: Iterable[tuple[str, str]] = ()) -> Layered:
+    """`layers` laid over each other, lowest first, keys compared canonically: an entry of a later
+    layer replaces the same entry of an earlier one, and each of `lifted` removes one."""
+    tables: dict[str, dict[str, BaseModel]] = {section: {} for section in SECTIONS}
+    origin: dict[tuple[str, str], Layer] = {}
+    hidden: dict[tuple[str, str], Layer] = {}
+    for layer, policy in layers:
+        for section in SECTIONS:
+            for key, entry in getattr(policy, section).items():
+                at = (section, canonical(section, key))
+                if at in origin:
+                    hidden[at] = origin[at]
+                tables[section][at[1]], origin[at] = entry, layer
+    for at in lifted:
+        if at in origin:
+            hidden[at] = origin.pop(at)
+            del tables[at[0]][at[1]]
+    return Layered(ImagePolicy.model_validate(tables), origin, hidden)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from sparkctl.report import environment, markdown
 from sparkctl.report.analysis import Config, crossover, efficiency, speedups, twin
 from sparkctl.report.environment import Entry
 from sparkctl.settings import Settings
-from sparkctl.spec.imagefile import policy_for
 from sparkctl.spec.models import Stack
 from sparkctl.state.bench import BenchRun
 from sparkctl.state.store import Store
@@ -38,7 +37,7 @@ def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, store: St
     """The report of these runs (`sparkctl bench report` and sweep, the dashboard's Compare), with
     the bans of the images they used and the startup of the deployments that served them (from
     `store`), in `folder` (else a new one in the state dir's reports/); returns comparison.md's path."""
-    blacklist = policy_for(settings).blacklist
+    blacklist = store.images.policy().blacklist
     if not entries:
         raise SparkctlError("nothing to report: no benchmark runs (`sparkctl bench run STACK`)")
     repos = {stack.image.repository for stack, _ in entries}

@@ -56,12 +56,16 @@ class Faults:
     # it: a startup's profiling or a wake that overshoots its plan (vLLM #46307), for the sentinel.
     grow_mib: int | None = None
     grow_s: float = 10.0
+    # The share of the quality task's questions answered right (`quality.py`), in place of the profile's.
+    accuracy: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> Faults:
         """`crash_after=3,hang_on_load` (the SPARKCTL_SIM_FAULTS form)."""
         faults = cls()
-        kinds = {f.name: int if f.default is None else type(f.default) for f in fields(cls)}  # None: a count
+        # None: a count, or a fraction where the field says so
+        kinds = {f.name: (float if "float" in str(f.type) else int) if f.default is None else type(f.default)
+                 for f in fields(cls)}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, _, value = item.partition("=")
             kind = kinds.get(key)
@@ -214,6 +218,18 @@ class Vocabulary:
         """`n` random (id, text) tokens of the model's vocabulary."""
         return [self.rng.choice(self.pool) for _ in range(n)]
 
+    def script(self, text: str) -> list[tuple[int, str]]:
+        """`text` as the model's (id, text) tokens, whose texts join back to `text` exactly."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        tokens, done = [], 0
+        for i, (_, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            if end > done:
+                tokens.append((i, text[done:end]))
+                done = end
+        if tokens and done < len(text):
+            tokens[-1] = (tokens[-1][0], tokens[-1][1] + text[done:])
+        return tokens
+
 
 class Engine:
     def __init__(self, profile: Profile, vocab: Vocabulary, *, num_speculative: int, scale: float,
@@ -246,17 +262,26 @@ class Engine:
         self._aborts = 0  # bumped by each `abort` pause; requests admitted before it end
         self._utility = asyncio.Lock()  # engine-core calls (sleep, wake_up, ...) run one at a time
 
-    def output_length(self, *, prompt_tokens: int, max_tokens: int | None, min_tokens: int, ignore_eos: bool) -> int:
+    def output_length(self, *, prompt_tokens: int, max_tokens: int | None, min_tokens: int, ignore_eos: bool,
+                      scripted: int = 0) -> int:
+        """Tokens to generate: a `scripted` answer's own length, else 12 to 40, within the limits."""
         limit = self.max_model_len - prompt_tokens
         wanted = limit if max_tokens is None else min(max_tokens, limit)
         if ignore_eos:
             return wanted
-        natural = max(min_tokens, self.rng.randint(12, 40))
+        natural = max(min_tokens, scripted or self.rng.randint(12, 40))
         return min(natural, wanted)
 
-    async def generate(self, *, prompt: Sequence[int], length: int) -> AsyncIterator[list[tuple[int, str]]]:
-        """Yield the tokens (id, text) of each engine step, at the profile's speed; a prompt's blocks
-        in the prefix cache are not prefilled again."""
+    @property
+    def accuracy(self) -> float:
+        """The share of the quality task answered right: the `accuracy` fault's, else the profile's."""
+        return self.profile.accuracy if self.faults.accuracy is None else self.faults.accuracy
+
+    async def generate(self, *, prompt: Sequence[int], length: int,
+                       script: Sequence[tuple[int, str]] = ()) -> AsyncIterator[list[tuple[int, str]]]:
+        """Yield the tokens (id, text) of each engine step, at the profile's speed: the `script`'s
+        (an answer the engine has, `quality.py`), else random ones; a prompt's blocks in the prefix
+        cache are not prefilled again."""
         prompt_tokens = len(prompt)
         m, need, start, aborts = self.metrics, prompt_tokens + length, time.monotonic(), self._aborts
         m.requests_waiting += 1
@@ -296,7 +321,7 @@ class Engine:
                 last = now
                 emitted += step
                 m.generation_tokens += step
-                yield self._tokens(step)
+                yield self._tokens(step, script[emitted - step:emitted])
         finally:
             m.requests_running -= 1
             m.requests_finished += 1
@@ -457,8 +482,8 @@ class Engine:
         m.accepted_tokens += accepted
         return accepted + 1
 
-    def _tokens(self, n: int) -> list[tuple[int, str]]:
-        tokens = self.vocab.tokens(n)
+    def _tokens(self, n: int, scripted: Sequence[tuple[int, str]] = ()) -> list[tuple[int, str]]:
+        tokens = list(scripted) or self.vocab.tokens(n)
         if self.faults.empty:
             return [(i, "") for i, _ in tokens]
         if self.faults.garbage or self.stale_weights:

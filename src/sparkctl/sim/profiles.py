@@ -52,6 +52,9 @@ class Profile:
     # The depth past which the draft head runs beyond its effective context and decode falls
     # below no-spec at once (seed 000:5); None: decode follows the curve's slopes throughout.
     cliff: int | None = None
+    # The share of sparkctl's quality task (`sparkctl_arith`) answered right (`quality.py`): the
+    # seeds measure no accuracy, so every profile has this estimate; the `accuracy` fault overrides it.
+    accuracy: float = 0.95
 
     def decode_tps(self, depth: int) -> float:
         return at(self.decode, depth, cliff=self.cliff)

@@ -1,9 +1,10 @@
 """The simulated engine's HTTP API, shaped like vLLM's OpenAI server (aiohttp).
 
 Routes: /health, /version, /v1/models, /metrics, /v1/chat/completions, /v1/completions, with
-vLLM's JSON and SSE chunk shapes; in dev mode (VLLM_SERVER_DEV_MODE=1) also vLLM 0.32's
-/sleep, /wake_up, /is_sleeping, /collective_rpc and /reset_prefix_cache. Built by `main.py`
-once loading is done.
+vLLM's JSON and SSE chunk shapes (a question of sparkctl's quality task gets its answer,
+`quality.py`; anything else random tokens of the model's vocabulary); in dev mode
+(VLLM_SERVER_DEV_MODE=1) also vLLM 0.32's /sleep, /wake_up, /is_sleeping, /collective_rpc and
+/reset_prefix_cache. Built by `main.py` once loading is done.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from sparkctl.sim import quality
 from sparkctl.sim.engine import KV_BLOCK_SIZE, VERSION, Aborted, Engine, Histogram, log
 from sparkctl.sim.ranks import Group, GroupBroken
 
@@ -95,9 +97,11 @@ class Api:
         if prompt_tokens + (max_tokens or 1) > self.max_model_len:
             return _error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
                           f"you requested {prompt_tokens + (max_tokens or 1)} tokens.", "BadRequestError")
+        reply_text = quality.answer(prompt, self.engine.accuracy)
+        script = self.engine.vocab.script(reply_text) if reply_text is not None else []
         length = self.engine.output_length(prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                                            min_tokens=int(body.get("min_tokens") or 0),
-                                           ignore_eos=bool(body.get("ignore_eos")))
+                                           ignore_eos=bool(body.get("ignore_eos")), scripted=len(script))
         if self.engine.asleep and not self.engine.faults.queue_while_asleep:
             # Real vLLM queues the request until /wake_up; the sim answers at once.
             return _error(503, "The engine is sleeping; POST /wake_up to serve requests again.",
@@ -106,7 +110,7 @@ class Api:
             await asyncio.Event().wait()  # until the client leaves (or the engine stops)
         reply = _Reply(chat=chat, model=self.served_name, prompt_tokens=prompt_tokens, length=length,
                        token_ids=bool(body.get("return_token_ids")))
-        steps = self.engine.generate(prompt=ids, length=length)
+        steps = self.engine.generate(prompt=ids, length=length, script=script)
         echo = _echo(body)
         if body.get("stream"):
             return await self._stream(request, reply, steps, body.get("stream_options") or {}, echo)

@@ -1,7 +1,10 @@
 """Load stack and patch-set files into validated, frozen models.
 
 A stack file holds one mapping with a `name`; `extends: other` deep-merges it over another
-stack (mappings merge key by key, anything else is replaced, `null` clears). Every problem is a
+stack (mappings merge key by key, anything else is replaced, `null` clears). The stacks come in
+two layers: the shipped ones (read only), then the owner's (the config dir's `stacks/`): an
+owner's stack named like a shipped one replaces it, or with `extends: <its own name>` is merged
+over it; any stack may extend one of either layer. Every problem is a
 `SpecError` naming the file, the line, the dotted key and what is allowed. A file with a problem
 is left out of the catalog and listed in `Catalog.invalid`, as is a stack built on it
 (`extends`, `patches`): the others load, and only asking for that one fails. Called by the CLI
@@ -18,6 +21,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from sparkctl.errors import NoSuchStack, SpecError
+from sparkctl.policy.images import Layer
 from sparkctl.settings import Settings
 from sparkctl.spec import kept, yamlfile
 from sparkctl.spec.models import Stack
@@ -68,12 +72,22 @@ class BuiltOnInvalid(SpecError):
 
 @dataclass(frozen=True)
 class Catalog:
-    """Every stack and patch set found, with the file each came from, and the files left out."""
+    """Every stack and patch set found, with the file each came from, and the files left out;
+    `owner_files`: the owner's layer's files, `overridden`: the owner's stacks named like a shipped one."""
 
     stacks: dict[str, Stack] = field(default_factory=dict)
     patch_sets: dict[str, PatchSet] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     invalid: tuple[Invalid, ...] = ()
+    owner_files: frozenset[Path] = frozenset()
+    overridden: frozenset[str] = frozenset()
+
+    def source(self, name: str, file: Path | None = None) -> str:
+        """Where the stack `name` (from `file`, by default the one it was read from) comes from, as
+        `stacks list` shows it: shipped, owner, or owner over shipped."""
+        if (file or self.files.get(name)) not in self.owner_files:
+            return str(Layer.SHIPPED)
+        return f"{Layer.OWNER}, over {Layer.SHIPPED}" if name in self.overridden else str(Layer.OWNER)
 
     def stack(self, name: str) -> Stack:
         found = self.stacks.get(name)
@@ -91,35 +105,54 @@ class Catalog:
         return [s for _, s in sorted(self.stacks.items()) if not s.abstract]
 
 
-def load_catalog(stacks_dir: Path, patches_dir: Path | None = None, *, port_offset: int = 0) -> Catalog:
-    """Load every `*.yaml` stack under `stacks_dir` and patch set under `patches_dir`; every
-    engine port is shifted by `port_offset` (an instance beside another's live stacks)."""
+def load_catalog(stacks_dir: Path, patches_dir: Path | None = None, *, owner_dir: Path | None = None,
+                 port_offset: int = 0) -> Catalog:
+    """Load every `*.yaml` stack under `stacks_dir`, then the owner's under `owner_dir` over them,
+    and every patch set under `patches_dir`; every engine port is shifted by `port_offset` (an
+    instance beside another's live stacks)."""
     patch_files = sorted(patches_dir.glob("*.yaml")) if patches_dir and patches_dir.is_dir() else []
-    files = sorted(p for p in stacks_dir.glob("*.yaml") if p.name != POLICY_FILE)
-    return load_stacks(files, patch_files=patch_files, port_offset=port_offset)
+    return load_stacks(stack_files(stacks_dir), owner=stack_files(owner_dir), patch_files=patch_files,
+                       port_offset=port_offset)
+
+
+def stack_files(folder: Path | None) -> list[Path]:
+    """The stack files in `folder` (none when it is None or absent), in order."""
+    return sorted(p for p in folder.glob("*.yaml") if p.name != POLICY_FILE) if folder and folder.is_dir() else []
 
 
 def catalog_for(settings: Settings) -> Catalog:
     """The stacks and patch sets as this instance sees them (ports shifted by its offset), read
-    again only when a file in either folder changed: an edit applies at the next call, and a
+    again only when a file in any of the folders changed: an edit applies at the next call, and a
     daemon's passes do not parse every file each time (`spec.kept`)."""
+    owner = settings.owner_stacks_dir
+
     def read() -> Catalog:
-        return load_catalog(settings.stacks_dir, settings.patches_dir, port_offset=settings.port_offset)
+        return load_catalog(settings.stacks_dir, settings.patches_dir, owner_dir=owner,
+                            port_offset=settings.port_offset)
 
     try:
-        key = (settings.stacks_dir, settings.patches_dir, settings.port_offset,
-               kept.signature(settings.stacks_dir, settings.patches_dir))
+        key = (settings.stacks_dir, settings.patches_dir, owner, settings.port_offset,
+               kept.signature(settings.stacks_dir, settings.patches_dir, owner))
     except OSError:  # a file went away while we looked: read what is there now
         return read()
     return kept.cached("catalog", key, read)
 
 
-def load_stacks(files: Iterable[Path], *, patch_files: Iterable[Path] = (), port_offset: int = 0) -> Catalog:
-    """The stacks in `files` and the patch sets in `patch_files`. Bases are built before the
-    stacks that extend them, so a stack on a base left out is left out, naming it."""
+def load_stacks(files: Iterable[Path], *, owner: Iterable[Path] = (), patch_files: Iterable[Path] = (),
+                port_offset: int = 0) -> Catalog:
+    """The stacks in `files`, those in `owner` laid over them, and the patch sets in
+    `patch_files`. Bases are built before the stacks that extend them, so a stack on a base left
+    out is left out, naming it."""
     patch_sets, invalid = _load_patch_sets(patch_files)
+    owner = list(owner)
     raw, origin, unread = _read_named(files, kind="stack")
-    invalid += unread
+    mine, mine_origin, unread_owner = _read_named(owner, kind="stack")
+    invalid += unread + unread_owner
+    overridden = frozenset(raw.keys() & mine.keys())
+    for name, data in mine.items():
+        if data.get("extends") == name and name in raw:  # over the shipped stack of its name
+            data = deep_merge(raw[name], {k: v for k, v in data.items() if k != "extends"})
+        raw[name], origin[name] = data, mine_origin[name]
     stacks = {}
     for name in sorted(raw, key=lambda n: _depth(n, raw)):
         try:
@@ -127,7 +160,8 @@ def load_stacks(files: Iterable[Path], *, patch_files: Iterable[Path] = (), port
         except SpecError as e:
             invalid.append(Invalid.of(e, file=origin[name], kind="stack", name=name))
     invalid = [replace(i, dependents=tuple(d.name for d in invalid if d.cause == i.file)) for i in invalid]
-    return Catalog(stacks=stacks, patch_sets=patch_sets, files=origin, invalid=tuple(invalid))
+    return Catalog(stacks=stacks, patch_sets=patch_sets, files=origin, invalid=tuple(invalid),
+                   owner_files=frozenset(owner), overridden=overridden)
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

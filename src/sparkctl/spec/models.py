@@ -60,6 +60,26 @@ class Canary(Spec):
     max_tokens: int = Field(default=32, ge=1, le=4096)
 
 
+class Quality(Spec):
+    """The quality gate (`bench/quality.py`): lm-eval's accuracy on `task`, over its first `items`
+    questions, through the gateway. It must reach `floor` (a fraction: 0.7 is 70 %), and may fall
+    at most `max_drop` (in the same fraction: 0.05 is 5 points) under the stack's last passing run
+    on the same questions. `sparkctl_arith`, sparkctl's own, runs offline; any other lm-eval
+    generation task (e.g. `gsm8k`) needs its data set at hand or a network."""
+
+    task: str = Field(default="sparkctl_arith", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    items: int = Field(default=200, ge=1, le=100_000)
+    floor: float | None = Field(default=None, gt=0, le=1)
+    max_drop: float | None = Field(default=None, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _gated(self) -> Quality:
+        if self.floor is None and self.max_drop is None:
+            raise ValueError("set `floor` (the lowest accuracy passed, as a fraction: 0.7 is 70 %), `max_drop` (the "
+                             "largest drop under the last passing run, as a fraction: 0.05 is 5 points), or both")
+        return self
+
+
 class Expectations(Spec):
     min_decode_tps: float | None = Field(default=None, gt=0)  # at depth 0, single stream
     min_acceptance: float | None = Field(default=None, ge=0, le=1)
@@ -70,6 +90,7 @@ class Expectations(Spec):
     # What a seed measured for this very config (depth 0, single stream): the report draws it as a
     # reference line. Only a figure the seed gives for it; none for an estimate or a range.
     seed_decode_tps: float | None = Field(default=None, gt=0)
+    quality: Quality | None = None  # the answers' accuracy on a task (lm-eval), beside the speed
 
 
 class Placement(Spec):

@@ -13,7 +13,7 @@ string hashed as 829 MB): a document that would expand to more than `MAX_VALUES`
 more text than a file may hold, is refused, and so is one that holds itself. Every refusal is a
 `SpecError` naming the file, with its line when known: a caller's per-file isolation holds
 whatever the file says. `line_of` places a key's error on its line. Used by the stack loader,
-the image policy file (`read_commented` for its edits), fleet.yaml and desired.yaml.
+the image policy files, fleet.yaml and desired.yaml.
 """
 
 from __future__ import annotations
@@ -34,23 +34,14 @@ _DECIMAL_BOUND = 10**MAX_DIGITS
 
 def read(path: Path) -> Any:
     """Parse one YAML file into plain values."""
-    return _parse(path, _text(path))
+    return parse(path, _text(path))
 
 
-def read_commented(path: Path, yaml: Any) -> Any:
-    """`path` loaded by `yaml` (a round-trip `ruamel.yaml.YAML`, which keeps comments and layout
-    for an edit), once `read` accepts its text; None when the file is absent."""
-    if not path.exists():
-        return None
-    text = _text(path)
-    _parse(path, text)
-    from ruamel.yaml.error import YAMLError
-
-    yaml.Constructor = _guarded(yaml.Constructor)
-    try:
-        return yaml.load(text)
-    except YAMLError as e:  # what the round trip builds that `read` keeps as text: `2026-13-45`
-        raise _refusal(path, e) from None
+def parse(path: Path, text: str) -> Any:
+    """`text` parsed as `read` parses a file; `path` names where it came from in an error."""
+    if len(text) > MAX_BYTES:
+        raise SpecError(str(path), "", f"{len(text)} bytes: over the {MAX_BYTES >> 20} MiB a sparkctl file may hold")
+    return _parse(path, text)
 
 
 def line_of(path: Path, keys: Sequence[str]) -> int | None:
@@ -115,8 +106,6 @@ def _text(path: Path) -> str:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(str(path), "", f"cannot read: {e}") from None
-    if len(text) > MAX_BYTES:
-        raise SpecError(str(path), "", f"{len(text)} bytes: over the {MAX_BYTES >> 20} MiB a sparkctl file may hold")
     return text
 
 

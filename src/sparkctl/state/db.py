@@ -1,6 +1,6 @@
 """The state database: one SQLite file in the state dir (WAL, private), its numbered schema
 migrations, and short write transactions. The repositories (`deployments.py`, `bench.py`,
-`journal.py`) read and write through it; `store.py` opens it and hands it to them.
+`quality.py`, `journal.py`, `images.py`) read and write through it; `store.py` opens it and hands it to them.
 
 Rows come back as `sqlite3.Row`, read by column name: a migration that adds a column changes
 no reader.
@@ -91,6 +91,40 @@ MIGRATIONS = (
     "CREATE TABLE answers (ref TEXT PRIMARY KEY, digest TEXT NOT NULL, asked REAL NOT NULL)",
     # An unchanged `up` runs the pipeline, which finds its engine's fingerprint running: no record kept.
     "DROP TABLE made",
+    # The quality gate's runs (state/quality.py): lm-eval's accuracy on a task, with the deployment's parts.
+    """
+    CREATE TABLE quality_runs (
+        id INTEGER PRIMARY KEY,
+        stack TEXT NOT NULL,
+        fingerprint TEXT,
+        parts TEXT NOT NULL DEFAULT '{}',
+        task TEXT NOT NULL,
+        items INTEGER NOT NULL,
+        started REAL NOT NULL,
+        finished REAL,
+        accuracy REAL,
+        stderr REAL,
+        tool TEXT NOT NULL DEFAULT '',
+        folder TEXT NOT NULL DEFAULT '',
+        error TEXT,
+        verdict TEXT
+    );
+    CREATE INDEX quality_runs_stack ON quality_runs (stack, task, id);
+    """,
+    # The image policy's state layer (state/images.py): what sparkctl records over the read-only
+    # images.yaml files, one row per entry (entry NULL: a file's entry lifted). `imports` holds
+    # what is still to be imported once, from files an older version wrote into.
+    """
+    CREATE TABLE image_policy (
+        section TEXT NOT NULL,
+        key TEXT NOT NULL,
+        entry TEXT,
+        at REAL NOT NULL,
+        PRIMARY KEY (section, key)
+    );
+    CREATE TABLE imports (what TEXT PRIMARY KEY);
+    INSERT INTO imports VALUES ('images.yaml');
+    """,
 )
 
 

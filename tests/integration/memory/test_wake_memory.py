@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ruamel.yaml import YAML
 
 from sparkctl.deploy.memory import GIB, available, meminfo
+from tests.conftest import image_policy
 from tests.fakes.tinymodel import write_model
 from tests.integration.agents import routed, switch
 from tests.integration.conftest import containers, wait_for
@@ -141,9 +141,8 @@ def test_a_wake_that_eats_the_floor_is_killed_and_the_digest_parks_by_stopping_a
     assert routed(gateway) == "a"
     events = [e for e in daemon.client.get("/v1/history")["events"] if e["stack"] == "a"]
     assert any(e["kind"] == "wake killed" for e in events)
-    wakes = YAML(typ="safe").load((memory_world / "stacks" / "images.yaml").read_text())["wakes"]
-    [(digest, record)] = wakes.items()
-    assert record["ok"] is False and "under the floor" in record["reason"]
+    [(digest, record)] = image_policy(memory_world).wakes.items()
+    assert record.ok is False and "under the floor" in record.reason
     outcome = switch(daemon, "b")
     assert outcome["ok"] and outcome["result"]["park"] == "stop", outcome
     assert f"image {digest} cannot sleep and wake" in outcome["result"]["why"]

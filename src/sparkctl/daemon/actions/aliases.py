@@ -13,9 +13,9 @@ from sparkctl.daemon.events import BusReporter
 from sparkctl.daemon.switch import Switcher
 from sparkctl.daemon.verdicts import Verdicts
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import RouteDone, RouteRule, SwitchDone
 from sparkctl.policy import routing
 from sparkctl.policy.switch import Leaving, plan_switch
-from sparkctl.results import RouteDone, RouteRule, SwitchDone
 from sparkctl.spec.models import Stack
 
 

@@ -12,7 +12,7 @@ from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.parking import Parking
 from sparkctl.deploy.progress import Stopped
 from sparkctl.errors import SparkctlError
-from sparkctl.results import DownDone, PullDone, UpDone
+from sparkctl.messages import DownDone, PullDone, UpDone
 
 
 @dataclass

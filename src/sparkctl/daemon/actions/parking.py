@@ -12,11 +12,9 @@ from sparkctl.daemon import planner
 from sparkctl.daemon.actions.context import Context
 from sparkctl.deploy.memory import GIB
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import Note, ParkDone, WakeDone
 from sparkctl.policy.parking import Park, choose, sleep_refusal
-from sparkctl.results import ParkDone, WakeDone
-from sparkctl.spec import imagefile
 from sparkctl.spec.models import Kind, Stack
-from sparkctl.wire import Note
 
 
 @dataclass
@@ -134,7 +132,7 @@ class Parking:
         if not stack.sleeps:
             return "stop: switch.park is stop, so its engine runs without sleep mode"
         latest = self.ctx.store.deployments.latest(stack.name)
-        refused = imagefile.policy_for(self.ctx.settings).wake_refused(latest.parts.get("image") if latest else None)
+        refused = self.ctx.store.images.policy().wake_refused(latest.parts.get("image") if latest else None)
         if refused:
             return f"stop: {refused}"
         settings, desired = self.ctx.settings, self.ctx.machine.desired()
@@ -155,16 +153,15 @@ class Parking:
         return None
 
     def record_wake(self, stack: str, woken: WakeDone) -> None:
-        """The first watched wake of an image digest goes into images.yaml; a failed one always."""
+        """The first watched wake of an image digest goes into the image policy's wake ledger; a failed one always."""
         latest = self.ctx.store.deployments.latest(stack)
         digest = latest.parts.get("image") if latest else None
         if not digest or not woken.level:
             return
-        known = imagefile.policy_for(self.ctx.settings).wakes.get(digest)
+        known = self.ctx.store.images.policy().wakes.get(digest)
         if woken.killed or known is None:
             try:
-                imagefile.record_wake(self.ctx.settings.images_file, digest, ok=not woken.killed,
-                                      reason=woken.killed or "")
+                self.ctx.store.images.record_wake(digest, ok=not woken.killed, reason=woken.killed or "")
             except (SparkctlError, OSError) as e:  # the wake stands; the ledger learns next time
-                self.ctx.bus.publish(Note(stack, f"could not record how {digest} woke in images.yaml: {e}"))
+                self.ctx.bus.publish(Note(stack, f"could not record how {digest} woke in the state: {e}"))
 

@@ -10,7 +10,7 @@ from sparkctl.daemon.actions.context import Context
 from sparkctl.deploy import retest
 from sparkctl.deploy.retest import reported_spec
 from sparkctl.errors import SparkctlError
-from sparkctl.results import ReportWritten, RetestDone
+from sparkctl.messages import ReportWritten, RetestDone
 
 
 @dataclass

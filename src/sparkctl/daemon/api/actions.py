@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sparkctl import results, wire
+from sparkctl import messages
 from sparkctl.daemon.api import http
 from sparkctl.daemon.api.service import COMMANDS, QUERIES, Commands
 from sparkctl.errors import SparkctlError
@@ -31,7 +31,7 @@ class Underway:
     """An action the API accepted, from its arrival until its worker ends: what a cancel that
     names it needs."""
 
-    name: str  # the client's (`wire.Asked.action`), or the daemon's
+    name: str  # the client's (`messages.Asked.action`), or the daemon's
     key: str  # the queue it takes its turn in: its stack, `alias:NAME` or `retest:`
     ticket: int
     stop: threading.Event | None  # a cancel sets it: its fetch streams end (None: nothing to stop)
@@ -39,12 +39,12 @@ class Underway:
 
 
 async def up(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.UpRequest, lambda actions, ask, stack, this: actions.deploys.up(
+    return await _on_stack(request, messages.UpRequest, lambda actions, ask, stack, this: actions.deploys.up(
         stack, refresh=ask.refresh, replace=ask.replace, ticket=this.ticket, stop=this.stop), stoppable=True)
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.PullRequest, lambda actions, ask, stack, this: actions.deploys.pull(
+    return await _on_stack(request, messages.PullRequest, lambda actions, ask, stack, this: actions.deploys.pull(
         stack, refresh=ask.refresh, ticket=this.ticket, stop=this.stop), stoppable=True)
 
 
@@ -54,31 +54,31 @@ async def cancel(request: web.Request) -> web.Response:
     fetching has its own fetch streams stopped (no other action's), and the answer waits for its
     end, so that `cancelled` is the truth; past its fetch (the pipeline sets `stop` as its fetch
     ends), or any other action, it runs to its end."""
-    ask = await http.parse_body(request, wire.CancelRequest)
+    ask = await http.parse_body(request, messages.CancelRequest)
     this = request.app[UNDERWAY].get(ask.action)
     if this is None:
-        done = results.CancelDone(ask.action, False, "no such action under way: it ended, or never reached the daemon")
+        done = messages.CancelDone(ask.action, False, "no such action under way: it ended, or never reached the daemon")
     elif request.app[COMMANDS].turns.withdraw(this.key, this.ticket):
-        done = results.CancelDone(ask.action, True, "it left the queue before its turn: it did not run")
+        done = messages.CancelDone(ask.action, True, "it left the queue before its turn: it did not run")
     elif this.stop is None or this.stop.is_set() or this.task is None:
-        done = results.CancelDone(ask.action, False, "it is under way past anything a cancel stops (its fetch): "
+        done = messages.CancelDone(ask.action, False, "it is under way past anything a cancel stops (its fetch): "
                                                      "it runs to its end")
     else:
         this.stop.set()
         await asyncio.wait([this.task])
         error = this.task.exception()
-        done = results.CancelDone(ask.action, error is not None, f"it stopped: {_failure(error)}" if error
+        done = messages.CancelDone(ask.action, error is not None, f"it stopped: {_failure(error)}" if error
                                   else "it had fetched all it needed and ran to its end")
-    return web.json_response(results.encode_done(done))
+    return web.json_response(messages.encode_done(done))
 
 
 async def down(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.DownRequest,
+    return await _on_stack(request, messages.DownRequest,
                            lambda actions, ask, stack, this: actions.deploys.down(stack, ticket=this.ticket))
 
 
 async def switch(request: web.Request) -> web.StreamResponse:
-    ask = await http.parse_body(request, wire.SwitchRequest)
+    ask = await http.parse_body(request, messages.SwitchRequest)
     actions, reads = request.app[COMMANDS], request.app[QUERIES]
     async with _queued(request, ask, f"alias:{ask.alias}") as this:
         stack = await asyncio.to_thread(reads.check_stack, ask.stack)
@@ -88,7 +88,7 @@ async def switch(request: web.Request) -> web.StreamResponse:
 
 
 async def route(request: web.Request) -> web.StreamResponse:
-    ask = await http.parse_body(request, wire.RouteRequest)
+    ask = await http.parse_body(request, messages.RouteRequest)
     actions = request.app[COMMANDS]
     async with _queued(request, ask, f"alias:{ask.alias}") as this:
         pass
@@ -97,20 +97,20 @@ async def route(request: web.Request) -> web.StreamResponse:
 
 
 async def park(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.ParkRequest,
+    return await _on_stack(request, messages.ParkRequest,
                            lambda actions, ask, stack, this: actions.parking.park(stack, how=Park(ask.how),
                                                                                  ticket=this.ticket),
                            check=lambda ask: ask.how in set(Park) or f"`how` must be one of {', '.join(Park)}")
 
 
 async def wake(request: web.Request) -> web.StreamResponse:
-    return await _on_stack(request, wire.WakeRequest,
+    return await _on_stack(request, messages.WakeRequest,
                            lambda actions, ask, stack, this: actions.parking.wake(stack, ticket=this.ticket))
 
 
 async def retest(request: web.Request) -> web.StreamResponse:
     """One retest at a time; its events are those of the trial of the stack it measures with."""
-    ask = await http.parse_body(request, wire.RetestRequest)
+    ask = await http.parse_body(request, messages.RetestRequest)
     trials = request.app[COMMANDS].trials
     async with _queued(request, ask, "retest:") as this:
         trial, stack = await asyncio.to_thread(trials.retest_target, ask.ref, ask.stack)
@@ -126,10 +126,11 @@ async def compare(request: web.Request) -> web.Response:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise http.bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
     written = await asyncio.to_thread(request.app[COMMANDS].trials.compare, chosen, label)
-    return web.json_response(results.encode_done(written))
+    return web.json_response(messages.encode_done(written))
 
 
-async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callable[[Commands, Any, str, Underway], Any],
+async def _on_stack(request: web.Request, kind: type[messages.Request],
+                    act: Callable[[Commands, Any, str, Underway], Any],
                     check: Callable[[Any], bool | str] = lambda ask: True, stoppable: bool = False
                     ) -> web.StreamResponse:
     """An action on one stack: the request checked, a ticket for the stack's turn taken as it
@@ -144,7 +145,7 @@ async def _on_stack(request: web.Request, kind: type[wire.Request], act: Callabl
 
 
 @contextlib.asynccontextmanager
-async def _queued(request: web.Request, ask: wire.Asked, key: str, *, stoppable: bool = False
+async def _queued(request: web.Request, ask: messages.Asked, key: str, *, stoppable: bool = False
                   ) -> AsyncIterator[Underway]:
     """The action under way, named, with a ticket for `key`'s next turn taken as the request
     arrives (so actions on a stack take effect in arrival order). If the request is refused
@@ -163,7 +164,7 @@ async def _queued(request: web.Request, ask: wire.Asked, key: str, *, stoppable:
 
 
 async def _stream_action(request: web.Request, this: Underway, names: tuple[str, ...],
-                         work: Callable[[], results.Done]) -> web.StreamResponse:
+                         work: Callable[[], messages.Done]) -> web.StreamResponse:
     """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with
     the outcome. The work starts before the response does: it holds a ticket that must be used.
     Its last event is its own `Finished`, published after all of its others: the stream ends
@@ -172,17 +173,17 @@ async def _stream_action(request: web.Request, this: Underway, names: tuple[str,
     stack, bus = names[0], request.app[COMMANDS].bus
     since = bus.last
 
-    def run() -> results.Done:
+    def run() -> messages.Done:
         try:
             return work()
         finally:
-            bus.publish(wire.Finished(stack, this.name))
+            bus.publish(messages.Finished(stack, this.name))
 
     task = this.task = asyncio.get_running_loop().run_in_executor(None, run)
     task.add_done_callback(lambda _: request.app[UNDERWAY].pop(this.name, None))
     response = await http.ndjson(request)
     if request.app[COMMANDS].turns.waiting(this.key, this.ticket):  # its client hears why nothing happens yet
-        waiting = wire.Note(stack, f"waiting for its turn: an earlier action on {this.key} is under way")
+        waiting = messages.Note(stack, f"waiting for its turn: an earlier action on {this.key} is under way")
         await response.write(json.dumps({"kind": waiting.kind, **asdict(waiting), "time": time.time()}).encode()
                              + b"\n")
     finished = False
@@ -192,14 +193,14 @@ async def _stream_action(request: web.Request, this: Underway, names: tuple[str,
         for event in events:
             since = event["seq"]
             finished = finished or (event["kind"] == "finished" and event["action"] == this.name)
-            if event.get("stack") in names and event["kind"] in wire.STREAMED:
+            if event.get("stack") in names and event["kind"] in messages.STREAMED:
                 await response.write(json.dumps(event).encode() + b"\n")
     await asyncio.wait([task])
     error = task.exception()
     if error is None:
-        outcome = wire.Outcome(stack, True, result=task.result())
+        outcome = messages.Outcome(stack, True, result=task.result())
     else:
-        outcome = wire.Outcome(stack, False, error=_failure(error))
+        outcome = messages.Outcome(stack, False, error=_failure(error))
     line = outcome.to_json() | {"time": time.time()}
     await response.write(json.dumps(line).encode() + b"\n")
     await response.write_eof()

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sparkctl import wire
+from sparkctl import messages
 from sparkctl.daemon.api.service import CLOSING
 from sparkctl.errors import NoSuchFile, NoSuchStack, SparkctlError
 
@@ -60,8 +60,8 @@ async def ndjson(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def parse_body(request: web.Request, kind: type[wire.Request]) -> Any:
-    return wire.parse(kind, await json_body(request))
+async def parse_body(request: web.Request, kind: type[messages.Request]) -> Any:
+    return messages.parse(kind, await json_body(request))
 
 
 async def json_body(request: web.Request) -> Any:
@@ -106,7 +106,7 @@ async def errors(request: web.Request, handler: Callable) -> web.StreamResponse:
                                                                        "bytes", "type": "too_large"}})) from None
     except (NoSuchStack, NoSuchFile) as e:
         raise bad(404, str(e), "sparkctl_error") from None
-    except wire.BadRequest as e:
+    except messages.BadRequest as e:
         raise bad(400, str(e)) from None
     except SparkctlError as e:
         raise bad(400, str(e), "sparkctl_error") from None
