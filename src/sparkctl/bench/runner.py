@@ -113,10 +113,15 @@ def _run_benchy(command: list[str], folder: Path, profile: Profile, on_progress:
     with (folder / "llama-benchy.log").open("w") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if not _follow(line, progress, on_progress):  # llama-benchy's own output: kept with its errors
-                log.write(line)
-                log.flush()
+        try:
+            for line in proc.stdout:
+                if not _follow(line, progress, on_progress):  # llama-benchy's own output: kept with its errors
+                    log.write(line)
+                    log.flush()
+        except BaseException:  # `on_progress` stopped the run (a cancel): llama-benchy ends with it
+            proc.kill()
+            proc.wait()
+            raise
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -49,13 +49,15 @@ def rm(ctx: typer.Context, alias: str) -> None:
 @app.command("show")
 def show(ctx: typer.Context) -> None:
     """Every routed alias and its rules, as the daemon has them."""
+    from sparkctl import messages
+
     rt = runtime(ctx)
-    routes = rt.daemon.get("/v1/desired").get("routes", {})
+    routes = messages.load(messages.DesiredState, rt.daemon.get("/v1/desired")).routes
     table = Table("alias", "rule", "prompt tokens", "stack", title="routed aliases")
     for alias, rules in sorted(routes.items()):
         for index, rule in enumerate(rules):
-            limit = f"<= {rule['up_to']}" if rule["up_to"] is not None else "the rest"
-            table.add_row(escape(alias) if index == 0 else "", str(index), limit, escape(rule["stack"]))
+            limit = f"<= {rule.up_to}" if rule.up_to is not None else "the rest"
+            table.add_row(escape(alias) if index == 0 else "", str(index), limit, escape(rule.stack))
     rt.console.print(table if routes else "no alias is routed")
 
 

@@ -16,8 +16,6 @@ from sparkctl.errors import SparkctlError
 if TYPE_CHECKING:  # imported lazily: a CLI call that only asks the daemon must start fast
     from sparkctl.adapters.docker import DockerEngine
     from sparkctl.cli.client import DaemonClient
-    from sparkctl.deploy.pipeline import Deployer
-    from sparkctl.deploy.progress import Reporter
     from sparkctl.policy.images import ImagePolicy
     from sparkctl.settings import Settings
     from sparkctl.spec.load import Catalog, Invalid
@@ -84,9 +82,12 @@ class Runtime:
     def docker(self) -> DockerEngine:
         return self.wiring.docker
 
-    @property
+    @cached_property
     def store(self) -> Store:
-        return self.wiring.store
+        """The state store, read-only: the daemon writes it, a command only reads it."""
+        from sparkctl.state.store import Store
+
+        return Store(self.settings.store_path, readonly=True)
 
     @cached_property
     def client(self) -> DaemonClient:
@@ -109,11 +110,6 @@ class Runtime:
             say(f"started the sparkctl daemon (pid {pid}, log {self.client.path.with_name(DAEMON_LOG)}); "
                 "`sparkctl daemon --stop` stops it", "dim", stderr=True)
         return self.client
-
-
-    def deployer(self, reporter: Reporter) -> Deployer:
-        """For `patch check`, which prepares a stack here without starting anything."""
-        return self.wiring.deployer(reporter, catalog=self.catalog, policy=self.policy)
 
 
 def runtime(ctx: typer.Context) -> Runtime:

@@ -1,7 +1,8 @@
 """The state store: the state database (`db.py`) and the repositories over it, opened once per
 process. Deployments and their transitions, benchmark runs and known-good pins, events,
-switches and resolved digests each have their own repository; the deploy pipeline and the
-daemon write them, `status`, `history` and the report read them. Every write is its own short
+switches and resolved digests each have their own repository; the daemon (with the deploy
+pipeline and the benchmarks it runs) writes them, `status`, `history` and the report read them;
+the CLI opens the store read-only. Every write is its own short
 transaction.
 """
 
@@ -16,8 +17,8 @@ from sparkctl.state.journal import Answers, Digests, Events, Switches
 
 
 class Store:
-    def __init__(self, path: Path, *, timeout: float = 30) -> None:
-        self.db = Database(path, timeout=timeout)
+    def __init__(self, path: Path, *, timeout: float = 30, readonly: bool = False) -> None:
+        self.db = Database(path, timeout=timeout, readonly=readonly)
         self.deployments = Deployments(self.db)
         self.bench = BenchRuns(self.db)
         self.events = Events(self.db)

@@ -1,0 +1,54 @@
+"""`sparkctl bench run` in the daemon: a running stack benchmarked in its turn (no deploy, down
+or park of it meanwhile), the run stored with its fingerprint and judged by the stack's gate
+(`bench/stack.py`: a pass pins the digest as known-good). Each test's start goes out as a note;
+a cancel ends llama-benchy at its next request, and the run is stored as failed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from sparkctl.adapters.docker import DockerEngine
+from sparkctl.bench import stack as bench_stack
+from sparkctl.bench.profiles import choose
+from sparkctl.bench.runner import Progress
+from sparkctl.daemon.turns import Turns
+from sparkctl.deploy.progress import Reporter, Stopped
+from sparkctl.messages import BenchDone, BenchRequest
+from sparkctl.settings import Settings
+from sparkctl.spec.load import Catalog
+from sparkctl.state.store import Store
+
+
+class Benchmarks:
+    def __init__(self, *, settings: Settings, store: Store, docker: DockerEngine, catalog: Callable[[], Catalog],
+                 turns: Turns, reporter: Reporter) -> None:
+        self.settings, self.store, self.docker, self.catalog = settings, store, docker, catalog
+        self.turns, self.reporter = turns, reporter
+
+    def run(self, stack: str, ask: BenchRequest, *, ticket: int | None = None,
+            stop: threading.Event | None = None) -> BenchDone:
+        """Benchmark the running `stack` with the profile `ask` chooses (default: the stack's)."""
+        with self.turns.turn(stack, ticket):
+            spec = self.catalog().stack(stack)
+            profile = choose(ask.profile or spec.bench_profile, depths=ask.depths, runs=ask.runs,
+                             temperature=ask.temperature)
+            result = bench_stack.benchmark(spec, settings=self.settings, store=self.store, profile=profile,
+                                           skip_coherence=ask.skip_coherence, docker=self.docker,
+                                           on_progress=self._progress(stack, stop or threading.Event()))
+            verdict = bench_stack.gate(spec, result, settings=self.settings, store=self.store)
+        return BenchDone(stack, result.id, profile.name, result.folder, verdict.passed, verdict.describe(),
+                         tuple(result.rows))
+
+    def _progress(self, stack: str, stop: threading.Event) -> Callable[[Progress], None]:
+        started: set[tuple[int, int]] = set()
+
+        def progress(now: Progress) -> None:
+            if stop.is_set():
+                raise Stopped("cancelled: llama-benchy was stopped at its next request")
+            if (now.depth, now.concurrency) not in started:
+                started.add((now.depth, now.concurrency))
+                self.reporter.note(stack, f"measuring depth {now.depth} at concurrency {now.concurrency} "
+                                          f"({now.done}/{now.total} requests done)")
+
+        return progress
