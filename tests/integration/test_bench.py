@@ -28,12 +28,19 @@ def scaled(world, monkeypatch):
 
 
 def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli, monkeypatch, tmp_path) -> None:
+    """The daemon runs the benchmark and stores it (this process, the CLI's, cannot write a run
+    here), and its notes and rows stream back."""
+    from sparkctl.state.bench import BenchRuns
+
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # llama-benchy's cache: the run leaves nothing there
     assert cli("up", "qwen36-dflash")[0] == 0
+    monkeypatch.setattr(BenchRuns, "begin", lambda *_: pytest.fail("the CLI's process wrote a benchmark run"))
     code, out, err = cli("bench", "run", "qwen36-dflash", "--profile", "quick", "--depths", "0,4096",
                          "--temperature", "1.0")
     assert code == 0, err
-    assert "pass" in out
+    said = " ".join(out.split())
+    assert "qwen36-dflash: measuring depth 4096 at concurrency 1" in said and "qwen36-dflash — run 1" in said
+    assert re.search(r"run 1 \(quick\) of qwen36-dflash: pass; raw files in \S+/bench/1", said), said
     [run] = Store(scaled / "state" / "sparkctl.db").bench.runs("qwen36-dflash")
     assert run.verdict == "pass" and run.parts["draft"] and run.parts["patches"]
     assert [(r["depth"], r["temperature"]) for r in run.rows] == [(0, 1.0), (4096, 1.0)]
