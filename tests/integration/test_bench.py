@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,7 @@ from ruamel.yaml import YAML
 from sparkctl.bench import corpus
 from sparkctl.sim.engine import VERSION
 from sparkctl.state.store import Store
-from tests.conftest import ours
+from tests.conftest import ours, wait_for
 
 SCALED = "SPARKCTL_SIM_TIME_SCALE=0.05,SPARKCTL_SIM_LOAD_SCALE=0.002"  # decode 20x, loading near-instant
 
@@ -57,6 +61,36 @@ def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli, monkeypa
     pins = YAML(typ="safe").load((scaled / "stacks" / "images.yaml").read_text())["pins"]
     [pin] = [p for ref, p in pins.items() if "aeon-vllm-ultimate" in ref]
     assert pin["known_good"] and pin["digest"] == run.parts["image"] and f"run {run.id}" in pin["provenance"]
+
+
+def test_ctrl_c_of_a_bench_run_stops_llama_benchy_in_the_daemon(world, cli, monkeypatch) -> None:
+    """A benchmark runs in the daemon, and a Ctrl-C cancels it there as it does an `up`:
+    llama-benchy ends at its next request, and the run is stored as stopped."""
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "SPARKCTL_SIM_TIME_SCALE=0.25,SPARKCTL_SIM_LOAD_SCALE=0.002")
+    assert cli("up", "qwen36-nvfp4-stock")[0] == 0
+    bench = subprocess.Popen([sys.executable, "-m", "sparkctl", "bench", "run", "qwen36-nvfp4-stock", "--profile",
+                              "concurrency"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: [said.append(line) for line in bench.stdout])
+    reader.start()
+    wait_for(lambda: any("measuring depth 0 at concurrency 1" in line for line in said), timeout=60,
+             what="the benchmark under way")
+    bench.send_signal(signal.SIGINT)
+    assert bench.wait(timeout=60) == 130
+    reader.join(10)
+    err = bench.stderr.read()
+    assert "bench qwen36-nvfp4-stock: cancelled: it stopped: cancelled: llama-benchy was stopped" in err, err
+    [run] = Store(world / "state" / "sparkctl.db").bench.runs("qwen36-nvfp4-stock")
+    assert "llama-benchy was stopped" in run.error and not run.rows
+    assert not [cmd for cmd in map(_command_line, Path("/proc").glob("[0-9]*")) if run.folder in cmd]  # it ended
+
+
+def _command_line(process: Path) -> str:
+    try:
+        return (process / "cmdline").read_text(errors="replace")
+    except OSError:  # ended meanwhile
+        return ""
 
 
 def test_auto_takes_llama_benchys_cached_book(scaled, cli, monkeypatch, tmp_path) -> None:
