@@ -76,7 +76,8 @@ class Progress:
 def run(target: Target, profile: Profile, *, folder: Path, method: Method | None = None,
         engine: environment.Engine | None = None, on_progress: Callable[[Progress], None] | None = None,
         timeout: float = 6 * 3600) -> list[Row]:
-    """Run `profile` against `target`; `engine` describes what serves it, for `environment.json`."""
+    """Run `profile` against `target`; `engine` describes what serves it, for `environment.json`.
+    `on_progress` may raise to stop the run (a cancel): llama-benchy is killed, the error raised."""
     profile, method = profile.within(target.max_model_len), method or Method()
     folder.mkdir(parents=True, exist_ok=True)
     readings = folder / "metrics.jsonl"

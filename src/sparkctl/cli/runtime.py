@@ -1,6 +1,7 @@
 """What a command needs, built when first asked for: the daemon's client (starting a daemon when
-none runs), and for the commands that read files themselves the settings, catalog and image
-policy. The root callback puts a `Runtime` on the typer context; commands take it from there."""
+none runs), and for the commands that read files themselves the settings, catalog, image policy
+and the store (read-only: the daemon writes it). The root callback puts a `Runtime` on the
+typer context; commands take it from there."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Read and edit `images.yaml` (pins, blacklist with its retest measurements, wake records),
 keeping its comments and order.
 
-The CLI's `sparkctl image ...` commands, the deploy pipeline and the retest call this; the
-decisions themselves live in `policy/images.py`.
+The daemon is the one that edits it (`sparkctl image ...` ask it: `daemon/actions/images.py`;
+the deploy pipeline, the gate and the retest run in it); the CLI only reads it. The decisions
+themselves live in `policy/images.py`.
 """
 
 from __future__ import annotations
@@ -175,7 +176,8 @@ def _same(key: str, ref: str) -> bool:
 
 def _round_trip(path: Path, apply: Callable[[CommentedMap], None]) -> None:
     """Load with comments, apply, validate the result, and replace the file atomically; one
-    writer at a time (the daemon records wakes while the CLI may pin), so no edit is lost."""
+    writer at a time (a daemon's threads, and the daemons of instances that share the stacks
+dir), so no edit is lost."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
 
