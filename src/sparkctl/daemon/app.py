@@ -106,7 +106,7 @@ class Daemon:
         self.actions = Actions.over(
             context, patches=PatchChecks(deployer=self.machine.deployer, turns=self.machine.turns),
             bench=Benchmarks(settings=s, store=self.store, docker=self.docker, catalog=wiring.catalog,
-                             turns=self.machine.turns, reporter=reporter),
+                             turns=self.machine.turns, holding=self.reconciler.holding, reporter=reporter),
             images=ImageBook(path=s.images_file, policy=wiring.policy,
                              registry_digest=lambda ref: self.docker.registry_digest(ref, mirrors=s.registry_mirrors)))
         def memory() -> Memory:  # unified memory as the planner sees it: status and the time series

@@ -1,12 +1,14 @@
 """`sparkctl bench run` in the daemon: a running stack benchmarked in its turn (no deploy, down
-or park of it meanwhile), the run stored with its fingerprint and judged by the stack's gate
-(`bench/stack.py`: a pass pins the digest as known-good). Each test's start goes out as a note;
-a cancel ends llama-benchy at its next request, and the run is stored as failed."""
+or park of it meanwhile) and marked busy (reconcile passes and the idle park leave it alone: its
+requests bypass the gateway), the run stored with its fingerprint and judged by the stack's
+gate (`bench/stack.py`: a pass pins the digest as known-good). Each test's start goes out as a
+note; a cancel ends llama-benchy at its next request, and the run is stored as failed."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.bench import stack as bench_stack
@@ -22,20 +24,23 @@ from sparkctl.state.store import Store
 
 class Benchmarks:
     def __init__(self, *, settings: Settings, store: Store, docker: DockerEngine, catalog: Callable[[], Catalog],
-                 turns: Turns, reporter: Reporter) -> None:
+                 turns: Turns, holding: Callable[[str], AbstractContextManager], reporter: Reporter) -> None:
         self.settings, self.store, self.docker, self.catalog = settings, store, docker, catalog
-        self.turns, self.reporter = turns, reporter
+        self.turns, self.holding, self.reporter = turns, holding, reporter
 
     def run(self, stack: str, ask: BenchRequest, *, ticket: int | None = None,
             stop: threading.Event | None = None) -> BenchDone:
-        """Benchmark the running `stack` with the profile `ask` chooses (default: the stack's)."""
-        with self.turns.turn(stack, ticket):
+        """Benchmark the running `stack` with the profile `ask` chooses (default: the stack's).
+        `stop`, set (a cancel), ends llama-benchy; it is set once the run is measured."""
+        stop = stop or threading.Event()
+        with self.turns.turn(stack, ticket), self.holding(stack):
             spec = self.catalog().stack(stack)
             profile = choose(ask.profile or spec.bench_profile, depths=ask.depths, runs=ask.runs,
                              temperature=ask.temperature)
             result = bench_stack.benchmark(spec, settings=self.settings, store=self.store, profile=profile,
                                            skip_coherence=ask.skip_coherence, docker=self.docker,
-                                           on_progress=self._progress(stack, stop or threading.Event()))
+                                           on_progress=self._progress(stack, stop))
+            stop.set()  # past what a cancel stops: the gate judges the run
             verdict = bench_stack.gate(spec, result, settings=self.settings, store=self.store)
         return BenchDone(stack, result.id, profile.name, result.folder, verdict.passed, verdict.describe(),
                          tuple(result.rows))
