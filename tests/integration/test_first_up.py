@@ -114,6 +114,19 @@ def test_ctrl_c_of_a_patch_check_stops_its_fetch_in_the_daemon(world, slow_hub, 
     assert not arrived(world) and not ours(engine)  # the ~20 s download ended within a progress step
 
 
+def test_a_down_while_a_patch_check_fetches_stops_it(world, slow_hub, cli, engine) -> None:
+    """A `down` (and so the daemon's stop) ends a patch check's fetch as it ends an `up`'s, rather
+    than waiting in the stack's turn for every byte."""
+    check = subprocess.Popen([sys.executable, "-m", "sparkctl", "patch", "check", "qwen36-dflash"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the model's download under way")
+    code, _, err = cli("down", "qwen36-dflash")
+    assert code == 0, err
+    out, err = check.communicate(timeout=60)
+    assert check.returncode == 1 and "stopped" in err, err
+    assert not arrived(world) and not ours(engine)
+
+
 def test_ctrl_c_of_a_queued_pull_cancels_that_pull_alone_and_the_up_before_it_runs_on(world, slow_hub, cli,
                                                                                      engine) -> None:
     """The audit's case, two clients on one stack: A's `up` fetches through the slow link, B's

@@ -104,7 +104,8 @@ class Daemon:
         context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
                           fleet=fleet)
         self.actions = Actions.over(
-            context, patches=PatchChecks(deployer=self.machine.deployer, turns=self.machine.turns),
+            context, patches=PatchChecks(deployer=self.machine.deployer, turns=self.machine.turns,
+                                         fetching=self.machine.fetching),
             bench=Benchmarks(settings=s, store=self.store, docker=self.docker, catalog=wiring.catalog,
                              turns=self.machine.turns, holding=self.reconciler.holding, reporter=reporter),
             images=ImageBook(path=s.images_file, policy=wiring.policy,
