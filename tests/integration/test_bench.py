@@ -63,27 +63,40 @@ def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli, monkeypa
     assert pin["known_good"] and pin["digest"] == run.parts["image"] and f"run {run.id}" in pin["provenance"]
 
 
-def test_ctrl_c_of_a_bench_run_stops_llama_benchy_in_the_daemon(world, cli, monkeypatch) -> None:
-    """A benchmark runs in the daemon, and a Ctrl-C cancels it there as it does an `up`:
-    llama-benchy ends at its next request, and the run is stored as stopped."""
+def benchmarking(cli, monkeypatch) -> subprocess.Popen:
+    """`bench run` of a stack up, in a process of its own, once its first test is under way."""
     monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "SPARKCTL_SIM_TIME_SCALE=0.25,SPARKCTL_SIM_LOAD_SCALE=0.002")
     assert cli("up", "qwen36-nvfp4-stock")[0] == 0
     bench = subprocess.Popen([sys.executable, "-m", "sparkctl", "bench", "run", "qwen36-nvfp4-stock", "--profile",
                               "concurrency"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     said: list[str] = []
-    reader = threading.Thread(target=lambda: [said.append(line) for line in bench.stdout])
-    reader.start()
+    threading.Thread(target=lambda: [said.append(line) for line in bench.stdout], daemon=True).start()
     wait_for(lambda: any("measuring depth 0 at concurrency 1" in line for line in said), timeout=60,
              what="the benchmark under way")
+    return bench
+
+
+def test_ctrl_c_of_a_bench_run_stops_llama_benchy_in_the_daemon(world, cli, monkeypatch) -> None:
+    """A benchmark runs in the daemon, and a Ctrl-C cancels it there as it does an `up`:
+    llama-benchy ends at its next request, and the run is stored as stopped."""
+    bench = benchmarking(cli, monkeypatch)
     bench.send_signal(signal.SIGINT)
     assert bench.wait(timeout=60) == 130
-    reader.join(10)
     err = bench.stderr.read()
-    assert "bench qwen36-nvfp4-stock: cancelled: it stopped: cancelled: llama-benchy was stopped" in err, err
+    assert "bench qwen36-nvfp4-stock: cancelled: it stopped: stopped: llama-benchy was stopped" in err, err
     [run] = Store(world / "state" / "sparkctl.db").bench.runs("qwen36-nvfp4-stock")
     assert "llama-benchy was stopped" in run.error and not run.rows
     assert not [cmd for cmd in map(_command_line, Path("/proc").glob("[0-9]*")) if run.folder in cmd]  # it ended
+
+
+def test_a_down_while_a_bench_run_measures_stops_it(world, cli, monkeypatch) -> None:
+    """A `down` (and so the daemon's stop) ends a benchmark at its next request rather than wait
+    in the stack's turn for the whole run."""
+    bench = benchmarking(cli, monkeypatch)
+    code, _, err = cli("down", "qwen36-nvfp4-stock")
+    assert code == 0, err
+    assert bench.wait(timeout=60) == 1 and "llama-benchy was stopped" in bench.stderr.read()
 
 
 def _command_line(process: Path) -> str:

@@ -107,7 +107,8 @@ class Daemon:
             context, patches=PatchChecks(deployer=self.machine.deployer, turns=self.machine.turns,
                                          fetching=self.machine.fetching),
             bench=Benchmarks(settings=s, store=self.store, docker=self.docker, catalog=wiring.catalog,
-                             turns=self.machine.turns, holding=self.reconciler.holding, reporter=reporter),
+                             turns=self.machine.turns, holding=self.reconciler.holding, reporter=reporter,
+                             fetching=self.machine.fetching),
             images=ImageBook(path=s.images_file, policy=wiring.policy,
                              registry_digest=lambda ref: self.docker.registry_digest(ref, mirrors=s.registry_mirrors)))
         def memory() -> Memory:  # unified memory as the planner sees it: status and the time series

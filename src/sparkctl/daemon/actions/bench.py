@@ -2,7 +2,8 @@
 or park of it meanwhile) and marked busy (reconcile passes and the idle park leave it alone: its
 requests bypass the gateway), the run stored with its fingerprint and judged by the stack's
 gate (`bench/stack.py`: a pass pins the digest as known-good). Each test's start goes out as a
-note; a cancel ends llama-benchy at its next request, and the run is stored as failed."""
+note; a cancel, a `down` or the daemon's stop (its `stop` is among the machine's `fetching`)
+ends llama-benchy at its next request, and the run is stored as failed."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from sparkctl.state.store import Store
 
 class Benchmarks:
     def __init__(self, *, settings: Settings, store: Store, docker: DockerEngine, catalog: Callable[[], Catalog],
-                 turns: Turns, holding: Callable[[str], AbstractContextManager], reporter: Reporter) -> None:
+                 turns: Turns, holding: Callable[[str], AbstractContextManager], reporter: Reporter,
+                 fetching: dict[str, threading.Event]) -> None:
         self.settings, self.store, self.docker, self.catalog = settings, store, docker, catalog
-        self.turns, self.holding, self.reporter = turns, holding, reporter
+        self.turns, self.holding, self.reporter, self.fetching = turns, holding, reporter, fetching
 
     def run(self, stack: str, ask: BenchRequest, *, ticket: int | None = None,
             stop: threading.Event | None = None) -> BenchDone:
@@ -37,9 +39,13 @@ class Benchmarks:
             spec = self.catalog().stack(stack)
             profile = choose(ask.profile or spec.bench_profile, depths=ask.depths, runs=ask.runs,
                              temperature=ask.temperature)
-            result = bench_stack.benchmark(spec, settings=self.settings, store=self.store, profile=profile,
-                                           skip_coherence=ask.skip_coherence, docker=self.docker,
-                                           on_progress=self._progress(stack, stop))
+            self.fetching[stack] = stop
+            try:
+                result = bench_stack.benchmark(spec, settings=self.settings, store=self.store, profile=profile,
+                                               skip_coherence=ask.skip_coherence, docker=self.docker,
+                                               on_progress=self._progress(stack, stop))
+            finally:
+                self.fetching.pop(stack, None)
             stop.set()  # past what a cancel stops: the gate judges the run
             verdict = bench_stack.gate(spec, result, settings=self.settings, store=self.store)
         return BenchDone(stack, result.id, profile.name, result.folder, verdict.passed, verdict.describe(),
@@ -50,7 +56,7 @@ class Benchmarks:
 
         def progress(now: Progress) -> None:
             if stop.is_set():
-                raise Stopped("cancelled: llama-benchy was stopped at its next request")
+                raise Stopped("stopped: llama-benchy was stopped at its next request")
             if (now.depth, now.concurrency) not in started:
                 started.add((now.depth, now.concurrency))
                 self.reporter.note(stack, f"measuring depth {now.depth} at concurrency {now.concurrency} "
