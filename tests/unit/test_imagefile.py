@@ -1,4 +1,6 @@
-"""Editing images.yaml keeps its comments and order, and refuses to write a bad file."""
+"""Editing images.yaml keeps its comments and order, and refuses to write a bad file. The edits
+are the daemon's (`daemon/actions/images.py`), made here as it makes them; `sparkctl image ...`
+asking it is tests/integration/test_registry_pins.py."""
 
 from __future__ import annotations
 
@@ -7,18 +9,27 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.errors import SpecError
+from sparkctl.daemon.actions.images import ImageBook
+from sparkctl.errors import SparkctlError, SpecError
+from sparkctl.messages import ImageEdit, ImageEdited
 from sparkctl.spec import imagefile
 
 D1 = "sha256:" + "a" * 64
 SHIPPED = Path(__file__).resolve().parents[2] / "stacks" / "images.yaml"
 
 
+def edit(workspace: Path, what: str, ref: str, **fields: str) -> ImageEdited:
+    path = workspace / "stacks" / "images.yaml"
+    book = ImageBook(path=path, policy=lambda: imagefile.load_policy(path),
+                     registry_digest=lambda _: pytest.fail("asked the registry"))
+    return book.edit(ImageEdit(what, ref, **fields))
+
+
 def test_edits_keep_comments_and_order(workspace: Path, cli) -> None:
     path = workspace / "stacks" / "images.yaml"
     before = path.read_text()
-    assert cli("image", "pin", "vllm/vllm-openai:v0.24.0", "--digest", D1, "--provenance", "run 3")[0] == 0
-    assert cli("image", "blacklist", "eugr/spark-vllm:latest", "--reason", "crashes at load")[0] == 0
+    assert edit(workspace, "pin", "vllm/vllm-openai:v0.24.0", digest=D1, provenance="run 3").digest == D1
+    edit(workspace, "blacklist", "eugr/spark-vllm:latest", reason="crashes at load")
     text = path.read_text()
     for line in before.splitlines():
         if line.startswith("#"):
@@ -30,23 +41,26 @@ def test_edits_keep_comments_and_order(workspace: Path, cli) -> None:
     code, _, err = cli("image", "check", "eugr/spark-vllm:latest", "--allow-latest")
     assert code == 1 and "crashes at load" in err
 
-    assert cli("image", "unpin", "vllm/vllm-openai:v0.24.0")[0] == 0
-    assert cli("image", "unblacklist", "docker.io/eugr/spark-vllm:latest")[0] == 0
+    edit(workspace, "unpin", "vllm/vllm-openai:v0.24.0")
+    edit(workspace, "unblacklist", "docker.io/eugr/spark-vllm:latest")
     assert imagefile.load_policy(path).pins == imagefile.load_policy(SHIPPED).pins
     assert cli("image", "check", "eugr/spark-vllm:latest", "--allow-latest")[0] == 0
     for line in before.splitlines():
         assert line in path.read_text() or line == "pins: {}"
 
 
-def test_unknown_entries_are_errors(workspace: Path, cli) -> None:
-    code, _, err = cli("image", "unpin", "vllm/vllm-openai:v9")
-    assert code == 1 and "is not pinned" in err
-    code, _, err = cli("image", "unblacklist", "vllm/vllm-openai:v9")
-    assert code == 1 and "is not blacklisted" in err
+@pytest.mark.parametrize(("what", "ref", "error"), [
+    ("unpin", "vllm/vllm-openai:v9", "is not pinned"),
+    ("unblacklist", "vllm/vllm-openai:v9", "is not blacklisted"),
+    ("forget-wake", D1, "has no wake record"),
+])
+def test_unknown_entries_are_errors(workspace: Path, what: str, ref: str, error: str) -> None:
+    with pytest.raises(SparkctlError, match=error):
+        edit(workspace, what, ref)
 
 
 def test_blacklist_a_bare_digest(workspace: Path, cli) -> None:
-    assert cli("image", "blacklist", D1, "--reason", "acceptance 0.10 < 0.40, run 17")[0] == 0
+    edit(workspace, "blacklist", D1, reason="acceptance 0.10 < 0.40, run 17")
     code, _, err = cli("image", "check", "ghcr.io/x/y:v1", "--digest", D1)
     assert code == 1 and "run 17" in err
 
@@ -130,12 +144,14 @@ def test_a_passed_retest_lifts_its_bans_and_pins_in_one_edit(tmp_path: Path) -> 
     assert "# the policy" in path.read_text()
 
 
-def test_blacklist_records_what_the_tag_names(workspace: Path, cli) -> None:
-    assert cli("image", "blacklist", "eugr/spark-vllm:latest", "--reason", "crashes", "--digest", D1)[0] == 0
+def test_blacklist_records_what_the_tag_names(workspace: Path) -> None:
+    edit(workspace, "blacklist", "eugr/spark-vllm:latest", reason="crashes", digest=D1)
     ban = imagefile.load_policy(workspace / "stacks" / "images.yaml").ban_for("eugr/spark-vllm:latest")[1]
     assert ban.digest == D1 and ban.reason == "crashes"
-    code, _, err = cli("image", "blacklist", "eugr/spark-vllm:latest", "--reason", "x", "--digest", "sha256:nope")
-    assert code == 1 and "--digest takes sha256:<64 hex>" in err and "Traceback" not in err
+    with pytest.raises(SparkctlError, match="--digest takes sha256:<64 hex>"):
+        edit(workspace, "blacklist", "eugr/spark-vllm:latest", reason="x", digest="sha256:nope")
+    with pytest.raises(SparkctlError, match="needs its reason"):
+        edit(workspace, "blacklist", "eugr/spark-vllm:latest")
 
 
 def test_image_list_shows_the_last_retest_of_a_ban(workspace: Path, cli) -> None:
