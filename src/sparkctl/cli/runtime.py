@@ -85,9 +85,12 @@ class Runtime:
 
     @cached_property
     def store(self) -> Store:
-        """The state store, read-only: the daemon writes it, a command only reads it."""
+        """The state store, read-only: the daemon writes it, a command only reads it (a daemon
+        is started first where none made it yet)."""
         from sparkctl.state.store import Store
 
+        if not self.settings.store_path.is_file():
+            self.daemon  # noqa: B018 - the daemon makes the store at its start
         return Store(self.settings.store_path, readonly=True)
 
     @cached_property
