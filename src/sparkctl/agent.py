@@ -179,8 +179,16 @@ class HostAgent:
             raise SparkctlError(f"host {self.host}'s stack file for {name} ({catalog.files.get(name)}) differs from "
                                 f"the head's (spec {spec_hash(stack)} here, {spec} there): copy the head's file here")
         served = placeable(stack)
-        deployer = dataclasses.replace(wiring.deployer(RecordingReporter(), catalog=catalog), placed=True)
+        deployer = dataclasses.replace(wiring.deployer(RecordingReporter(), catalog=catalog, parked=self._parked),
+                                       placed=True)
         return deployer, served
+
+    def _parked(self) -> dict[str, int]:
+        """The stacks this host's own daemon keeps parked (they hold memory an admission counts): a
+        read of its desired.yaml, which changes nothing."""
+        from sparkctl.state import desired
+
+        return desired.load(self.settings.state_dir / "desired.yaml").parked
 
     def _relay(self, port: int, engine: str) -> str:
         """Relay the engine at `engine` (on loopback) on this host's serving address; its URL there."""

@@ -118,8 +118,41 @@ class RetestRequest(Asked):
     force: bool = False  # measure even an unchanged or itself blacklisted digest
 
 
+@dataclass(frozen=True)
+class BenchRequest(Asked):
+    stack: str
+    profile: str = ""  # quick, seed or concurrency (default: the stack's bench_profile)
+    depths: str = ""  # the profile's depths replaced: `0,4096,8192`
+    runs: int | None = None  # the profile's runs per depth replaced
+    temperature: float | None = None  # sample at this temperature (default: the engine's)
+    skip_coherence: bool = False
+
+
+@dataclass(frozen=True)
+class PatchCheckRequest(Asked):
+    stack: str
+
+
+IMAGE_EDITS = ("pin", "unpin", "blacklist", "unblacklist", "forget-wake")
+
+
+@dataclass(frozen=True)
+class ImageEdit:
+    """An edit of the image policy (`images.yaml`), which the daemon owns."""
+
+    edit: str  # one of IMAGE_EDITS
+    ref: str  # repo:tag, repo@sha256:..., or a bare digest (forget-wake: the digest)
+    digest: str = ""  # pin: the digest (default: the registry's); blacklist: what the tag names now
+    provenance: str = ""  # pin: why this digest is trusted
+    reason: str = ""  # blacklist: what is broken
+
+    def __post_init__(self) -> None:
+        if self.edit not in IMAGE_EDITS:
+            raise BadRequest(f"`edit` must be one of {', '.join(IMAGE_EDITS)}")
+
+
 Request = (UpRequest | PullRequest | CancelRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest
-           | RetestRequest)
+           | RetestRequest | BenchRequest | PatchCheckRequest | ImageEdit)
 
 
 def parse(kind: type[Request], body: object) -> Request:
@@ -134,6 +167,9 @@ def parse(kind: type[Request], body: object) -> Request:
         value = body.get(f.name)
         if isinstance(f.default, bool):
             value = bool(value)
+        elif f.default is None:  # an optional number
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise BadRequest(f"`{f.name}` must be a number")
         elif f.default is not MISSING and not value:
             value = f.default
         elif not isinstance(value, str):
@@ -234,6 +270,36 @@ class RetestDone:
 
 
 @dataclass(frozen=True)
+class BenchDone:
+    done: ClassVar[str] = "bench"
+    stack: str
+    run: int
+    profile: str
+    folder: str  # the run's raw files
+    passed: bool
+    verdict: str  # the gate's, described
+    rows: tuple[dict[str, Any], ...] = ()  # per depth and concurrency, as llama-benchy reported them
+
+
+@dataclass(frozen=True)
+class PatchChecked:
+    done: ClassVar[str] = "patch-check"
+    stack: str
+    files: int = 0  # the files patched (0: the stack has no patch sets)
+    hash: str = ""  # of the patched files
+    vllm_dir: str = ""  # vLLM's package dir in the image
+    diff: str = ""  # unified, image against patched
+
+
+@dataclass(frozen=True)
+class ImageEdited:
+    done: ClassVar[str] = "image"
+    edit: str
+    ref: str  # as the policy keys it
+    digest: str = ""  # pin: the digest pinned
+
+
+@dataclass(frozen=True)
 class CancelDone:
     """What a cancel did: `cancelled` only when the action will not, or did not, run to its end."""
 
@@ -250,10 +316,9 @@ class ReportWritten:
     file: str  # its page, in that folder
 
 
-Done = (UpDone | PullDone | DownDone | SwitchDone | RouteDone | ParkDone | WakeDone | RetestDone | CancelDone
-        | ReportWritten)
-DONE: dict[str, type[Done]] = {kind.done: kind for kind in (UpDone, PullDone, DownDone, SwitchDone, RouteDone, ParkDone,
-                                                            WakeDone, RetestDone, CancelDone, ReportWritten)}
+Done = (UpDone | PullDone | DownDone | SwitchDone | RouteDone | ParkDone | WakeDone | RetestDone | BenchDone
+        | PatchChecked | ImageEdited | CancelDone | ReportWritten)
+DONE: dict[str, type[Done]] = {kind.done: kind for kind in typing.get_args(Done)}
 
 
 def encode_done(result: Done) -> dict[str, Any]:
@@ -381,6 +446,17 @@ def decode(record: dict[str, Any]) -> Event | Outcome | None:
 
 
 # --- what the queries answer -----------------------------------------------------------------
+@dataclass(frozen=True)
+class DesiredState:
+    """What the daemon is asked to keep (`desired.yaml`, which it owns)."""
+
+    stacks: tuple[str, ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    parked: dict[str, int] = field(default_factory=dict)  # stack -> sleep level (0: stopped)
+    routes: dict[str, tuple[RouteRule, ...]] = field(default_factory=dict)  # routed alias -> its rules, in order
+
+
 @dataclass(frozen=True)
 class KvRow:
     """An engine's KV headroom as its build recorded it: the figures, the fit, what falls short."""

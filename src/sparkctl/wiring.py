@@ -9,7 +9,7 @@ pay for the Docker SDK."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -49,11 +49,15 @@ class Wiring:
 
     @cached_property
     def store(self) -> Store:
+        return self.open_store()
+
+    def open_store(self, *, readonly: bool = False) -> Store:
+        """The state store, with the image policy's files under its records (`readonly`: the CLI's)."""
         from sparkctl.spec.imagefile import PolicyFiles
         from sparkctl.state.store import Store
 
         files = PolicyFiles(self.settings.images_file, self.settings.owner_images_file)
-        return Store(self.settings.store_path, policy_files=files)
+        return Store(self.settings.store_path, readonly=readonly, policy_files=files)
 
     def catalog(self) -> Catalog:
         from sparkctl.spec.load import catalog_for
@@ -78,12 +82,14 @@ class Wiring:
         return HubClient(cache_dir=s.hf_cache_dir, token=s.hf_token.get_secret_value() if s.hf_token else None,
                          endpoint=s.hf_endpoint)
 
-    def deployer(self, reporter: Reporter, *, catalog: Catalog | None = None, policy: ImagePolicy | None = None
-                 ) -> Deployer:
+    def deployer(self, reporter: Reporter, *, catalog: Catalog | None = None,
+                 parked: Callable[[], Mapping[str, int]] = dict) -> Deployer:
+        """`parked`: the parked stacks and their levels (what they hold counts at admission), as
+        the daemon, which owns desired.yaml, has them."""
         from sparkctl.deploy.pipeline import Deployer
 
-        return Deployer(self.settings, catalog or self.catalog(), policy or self.policy(), self.docker, self.hub(),
-                        self.store, reporter)
+        return Deployer(self.settings, catalog or self.catalog(), self.policy(), self.docker, self.hub(), self.store,
+                        reporter, parked=parked)
 
 
 def _log_invalid(invalid: Invalid) -> None:

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ import pytest
 from sparkctl.bench import corpus
 from sparkctl.sim.engine import VERSION
 from sparkctl.state.store import Store
-from tests.conftest import image_policy, ours
+from tests.conftest import image_policy, ours, wait_for
 
 SCALED = "SPARKCTL_SIM_TIME_SCALE=0.05,SPARKCTL_SIM_LOAD_SCALE=0.002"  # decode 20x, loading near-instant
 
@@ -27,12 +31,19 @@ def scaled(world, monkeypatch):
 
 
 def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli, monkeypatch, tmp_path) -> None:
+    """The daemon runs the benchmark and stores it (this process, the CLI's, cannot write a run
+    here), and its notes and rows stream back."""
+    from sparkctl.state.bench import BenchRuns
+
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # llama-benchy's cache: the run leaves nothing there
     assert cli("up", "qwen36-dflash")[0] == 0
+    monkeypatch.setattr(BenchRuns, "begin", lambda *_: pytest.fail("the CLI's process wrote a benchmark run"))
     code, out, err = cli("bench", "run", "qwen36-dflash", "--profile", "quick", "--depths", "0,4096",
                          "--temperature", "1.0")
     assert code == 0, err
-    assert "pass" in out
+    said = " ".join(out.split())
+    assert "qwen36-dflash: measuring depth 4096 at concurrency 1" in said and "qwen36-dflash — run 1" in said
+    assert re.search(r"run 1 \(quick\) of qwen36-dflash: pass; raw files in \S+/bench/1", said), said
     [run] = Store(scaled / "state" / "sparkctl.db").bench.runs("qwen36-dflash")
     assert run.verdict == "pass" and run.parts["draft"] and run.parts["patches"]
     assert [(r["depth"], r["temperature"]) for r in run.rows] == [(0, 1.0), (4096, 1.0)]
@@ -48,6 +59,49 @@ def test_bench_run_stores_a_gated_run_with_engine_counters(scaled, cli, monkeypa
                for r in run.rows)  # the sim's DFlash profile accepts ~65% of drafted tokens
     [pin] = [p for ref, p in image_policy(scaled).pins.items() if "aeon-vllm-ultimate" in ref]
     assert pin.known_good and pin.digest == run.parts["image"] and f"run {run.id}" in pin.provenance
+
+
+def benchmarking(cli, monkeypatch) -> subprocess.Popen:
+    """`bench run` of a stack up, in a process of its own, once its first test is under way."""
+    monkeypatch.setenv("SPARKCTL_ENGINE_ENV", "SPARKCTL_SIM_TIME_SCALE=0.25,SPARKCTL_SIM_LOAD_SCALE=0.002")
+    assert cli("up", "qwen36-nvfp4-stock")[0] == 0
+    bench = subprocess.Popen([sys.executable, "-m", "sparkctl", "bench", "run", "qwen36-nvfp4-stock", "--profile",
+                              "concurrency"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    said: list[str] = []
+    threading.Thread(target=lambda: [said.append(line) for line in bench.stdout], daemon=True).start()
+    wait_for(lambda: any("measuring depth 0 at concurrency 1" in line for line in said), timeout=60,
+             what="the benchmark under way")
+    return bench
+
+
+def test_ctrl_c_of_a_bench_run_stops_llama_benchy_in_the_daemon(world, cli, monkeypatch) -> None:
+    """A benchmark runs in the daemon, and a Ctrl-C cancels it there as it does an `up`:
+    llama-benchy ends at its next request, and the run is stored as stopped."""
+    bench = benchmarking(cli, monkeypatch)
+    bench.send_signal(signal.SIGINT)
+    assert bench.wait(timeout=60) == 130
+    err = bench.stderr.read()
+    assert "bench qwen36-nvfp4-stock: cancelled: it stopped: stopped: llama-benchy was stopped" in err, err
+    [run] = Store(world / "state" / "sparkctl.db").bench.runs("qwen36-nvfp4-stock")
+    assert "llama-benchy was stopped" in run.error and not run.rows
+    assert not [cmd for cmd in map(_command_line, Path("/proc").glob("[0-9]*")) if run.folder in cmd]  # it ended
+
+
+def test_a_down_while_a_bench_run_measures_stops_it(world, cli, monkeypatch) -> None:
+    """A `down` (and so the daemon's stop) ends a benchmark at its next request rather than wait
+    in the stack's turn for the whole run."""
+    bench = benchmarking(cli, monkeypatch)
+    code, _, err = cli("down", "qwen36-nvfp4-stock")
+    assert code == 0, err
+    assert bench.wait(timeout=60) == 1 and "llama-benchy was stopped" in bench.stderr.read()
+
+
+def _command_line(process: Path) -> str:
+    try:
+        return (process / "cmdline").read_text(errors="replace")
+    except OSError:  # ended meanwhile
+        return ""
 
 
 def test_auto_takes_llama_benchys_cached_book(scaled, cli, monkeypatch, tmp_path) -> None:

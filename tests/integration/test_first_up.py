@@ -101,6 +101,32 @@ def test_ctrl_c_of_an_up_stops_its_fetch_in_the_daemon_and_leaves_the_stack_as_i
     assert not [r for r in json.loads(out) if r["stack"] == "qwen36-dflash" and r["desired"]]  # new: not kept
 
 
+def test_ctrl_c_of_a_patch_check_stops_its_fetch_in_the_daemon(world, slow_hub, engine) -> None:
+    """`patch check` fetches in the daemon, as `up` does (not in the CLI's process, out of the
+    stack's turn and of reach of a cancel), and a Ctrl-C stops it there, part way."""
+    check = subprocess.Popen([sys.executable, "-m", "sparkctl", "patch", "check", "qwen36-dflash"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the model's download under way")
+    check.send_signal(signal.SIGINT)
+    out, err = check.communicate(timeout=60)
+    assert check.returncode == 130 and "patch-check qwen36-dflash: cancelled: it stopped: " in err, err
+    assert not arrived(world) and not ours(engine)  # the ~20 s download ended within a progress step
+
+
+def test_a_down_while_a_patch_check_fetches_stops_it(world, slow_hub, cli, engine) -> None:
+    """A `down` (and so the daemon's stop) ends a patch check's fetch as it ends an `up`'s, rather
+    than waiting in the stack's turn for every byte."""
+    check = subprocess.Popen([sys.executable, "-m", "sparkctl", "patch", "check", "qwen36-dflash"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list((world / "hf").rglob("*.incomplete")), timeout=60, what="the model's download under way")
+    code, _, err = cli("down", "qwen36-dflash")
+    assert code == 0, err
+    out, err = check.communicate(timeout=60)
+    assert check.returncode == 1 and "stopped" in err, err
+    assert not arrived(world) and not ours(engine)
+
+
 def test_ctrl_c_of_a_queued_pull_cancels_that_pull_alone_and_the_up_before_it_runs_on(world, slow_hub, cli,
                                                                                      engine) -> None:
     """The audit's case, two clients on one stack: A's `up` fetches through the slow link, B's

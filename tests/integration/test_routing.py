@@ -3,7 +3,8 @@ running stacks, the gateway sends each prompt by its tokens (the engines' own us
 decision), /metrics counts per rule, a stack not up is refused, a switch of the routed alias is
 refused with what to do, and an agent on the routed alias sees no failed request while its rules
 change and while `primary` switches away from a stack the route names (which stays up).
-Then `sparkctl bench agent` replays the short session through the route and writes its report."""
+Then `sparkctl route show` lists the rules, and `sparkctl bench agent` replays the short session
+through the route and writes its report."""
 
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ def test_a_routed_alias_through_the_daemon(switching, engine, cli, world: Path) 
     running = sorted(c["Labels"]["sparkctl.stack"] for c in containers(engine) if c["State"] == "running")
     assert running == sorted([A, B])
 
+    code, out, err = cli("route", "show")  # the daemon's answer, read as its type
+    rows = [line.split() for line in out.splitlines() if A in line or B in line]
+    assert code == 0 and [r for r in rows if "1000" in r and A in r] and [r for r in rows if "rest" in r], out
     code, out, err = cli("bench", "agent", "long", "--session", "short")
     assert code == 0, err + out
     report = next((world / "state" / "bench").glob("agent-*/agent.md")).read_text()

@@ -178,3 +178,37 @@ def test_adapters_retry_only_transient_errors() -> None:
     with pytest.raises(SparkctlError, match="permanent"):
         flaky(SparkctlError("permanent"))
     assert len(calls) == 1
+
+
+def test_the_clis_store_reads_what_the_daemon_wrote_and_writes_nothing(tmp_path: Path) -> None:
+    """The CLI opens the store read-only (`cli/runtime.py`): the daemon is its one writer."""
+    import sqlite3
+
+    from sparkctl.errors import SparkctlError
+
+    Store(tmp_path / "s.db").bench.begin("qwen36-dflash", None, {}, "quick")
+    read = Store(tmp_path / "s.db", readonly=True)
+    assert [r.stack for r in read.bench.runs()] == ["qwen36-dflash"]
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        read.bench.begin("qwen36-dflash", None, {}, "quick")
+    with pytest.raises(SparkctlError, match="the daemon makes it at its start"):
+        Store(tmp_path / "none.db", readonly=True)
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_admission_counts_the_parked_stacks_its_caller_gives(tmp_path: Path, monkeypatch) -> None:
+    """The pipeline asks whoever runs it (the daemon, owner of desired.yaml) what is parked; it
+    never reads desired.yaml itself, around the daemon's lock."""
+    from types import SimpleNamespace
+
+    from sparkctl.deploy import pipeline
+    from sparkctl.state import desired
+
+    desired.save(tmp_path / "desired.yaml", desired.Desired(parked={"on-file": 2}))
+    seen = []
+    monkeypatch.setattr(pipeline.MemoryView, "held", lambda _, parked: seen.append(dict(parked)) or {})
+    settings = SimpleNamespace(state_dir=tmp_path, memory_ceiling=0.9)
+    deployer = pipeline.Deployer(settings, None, None, None, None, None, None, parked=lambda: {"asked": 1})
+    stack = SimpleNamespace(name="new", resources=SimpleNamespace(gpu_memory_utilization=0.4))
+    assert deployer._admit(stack, replace=False) == ()
+    assert seen == [{"asked": 1}]

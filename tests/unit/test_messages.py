@@ -15,6 +15,9 @@ from sparkctl import messages
     (messages.UpRequest, {"stack": 7}, "string fields: stack"),
     (messages.DownRequest, {}, "string fields: stack"),
     (messages.SwitchRequest, {"stack": "b", "alias": ["primary"]}, "`alias` must be a string"),
+    (messages.BenchRequest, {"stack": "a", "runs": "2"}, "`runs` must be a number"),
+    (messages.BenchRequest, {"stack": "a", "temperature": True}, "`temperature` must be a number"),
+    (messages.ImageEdit, {"edit": "ban", "ref": "r:1"}, "`edit` must be one of pin, unpin, blacklist"),
 ])
 def test_a_bad_request_says_what_is_wrong(kind, body, message) -> None:
     with pytest.raises(messages.BadRequest, match=message):
@@ -26,6 +29,9 @@ def test_requests_take_their_fields_and_defaults_and_ignore_the_rest() -> None:
     assert parse(up, {"stack": "a", "refresh": 1, "extra": "x"}) == up("a", True, False)
     assert parse(switch, {"stack": "b", "alias": None}) == switch("b", "primary")
     assert parse(switch, asdict(switch("b", "coder"))) == switch("b", "coder")
+    bench = messages.BenchRequest
+    assert parse(bench, {"stack": "a", "runs": 2, "temperature": 1.0}) == bench("a", runs=2, temperature=1.0)
+    assert parse(bench, {"stack": "a", "runs": None}) == bench("a")
 
 
 def test_streamed_lines_decode_to_their_records() -> None:
@@ -48,11 +54,21 @@ def test_streamed_lines_decode_to_their_records() -> None:
     messages.WakeDone("a", 0, 12.5, killed="under the floor"),
     messages.RetestDone("r:1", "a", "sha256:0", True, "pass", 3, 4, rows=({"depth": 0, "tg_tps": 9.0},),
                        lifted=("r:1",)),
+    messages.BenchDone("a", 3, "quick", "/s/bench/3", False, "fail: decode 9.0 < 10", ({"depth": 0},)),
+    messages.PatchChecked("a", 3, "0123abcd", "/v/vllm", "--- image:x\n+++ patched:x\n"),
+    messages.PatchChecked("a"),
+    messages.ImageEdited("pin", "r:1", "sha256:0"),
 ], ids=lambda result: type(result).__name__)
 def test_each_result_comes_back_typed_through_its_outcome_line(result: messages.Done) -> None:
     line = json.loads(json.dumps(messages.Outcome("a", True, result=result).to_json()))
     assert line["result"]["done"] == result.done
     assert messages.decode(line) == messages.Outcome("a", True, result=result)
+
+
+def test_the_desired_state_comes_back_typed_to_its_route_rules() -> None:
+    desired = messages.DesiredState(("a", "b"), {"primary": "a"}, {}, {"b": 1},
+                                    {"long": (messages.RouteRule("a", 8192), messages.RouteRule("b"))})
+    assert messages.load(messages.DesiredState, json.loads(json.dumps(asdict(desired)))) == desired
 
 
 def test_a_status_answer_comes_back_typed_to_its_nested_rows() -> None:

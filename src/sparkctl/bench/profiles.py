@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sparkctl.errors import SparkctlError
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -48,3 +50,18 @@ PROFILES = {
     "concurrency": Profile("concurrency", 512, 128, (0,), runs=1, concurrency=(1, 4, 16, 32, 64)),
     "cached": Profile("cached", 512, 128, (4096, 16384, 65536), runs=2, prefix_cached=True),
 }
+
+
+def choose(name: str, *, depths: str = "", runs: int | None = None, temperature: float | None = None) -> Profile:
+    """The profile `name`, its depths (`0,4096,8192`), runs per depth and temperature replaced where given."""
+    if name not in PROFILES:
+        raise SparkctlError(f"no benchmark profile {name!r}; choose one of {', '.join(PROFILES)}")
+    chosen = PROFILES[name]
+    if depths:
+        try:
+            chosen = replace(chosen, depths=tuple(int(d) for d in depths.split(",")))
+        except ValueError:
+            raise SparkctlError(f"--depths takes comma-separated token counts, got {depths!r}") from None
+    if temperature is not None:
+        chosen = replace(chosen, temperature=temperature)
+    return replace(chosen, runs=runs) if runs else chosen

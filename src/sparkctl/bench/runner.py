@@ -76,7 +76,8 @@ class Progress:
 def run(target: Target, profile: Profile, *, folder: Path, method: Method | None = None,
         engine: environment.Engine | None = None, on_progress: Callable[[Progress], None] | None = None,
         timeout: float = 6 * 3600) -> list[Row]:
-    """Run `profile` against `target`; `engine` describes what serves it, for `environment.json`."""
+    """Run `profile` against `target`; `engine` describes what serves it, for `environment.json`.
+    `on_progress` may raise to stop the run (a cancel): llama-benchy is killed, the error raised."""
     profile, method = profile.within(target.max_model_len), method or Method()
     folder.mkdir(parents=True, exist_ok=True)
     readings = folder / "metrics.jsonl"
@@ -113,10 +114,15 @@ def _run_benchy(command: list[str], folder: Path, profile: Profile, on_progress:
     with (folder / "llama-benchy.log").open("w") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if not _follow(line, progress, on_progress):  # llama-benchy's own output: kept with its errors
-                log.write(line)
-                log.flush()
+        try:
+            for line in proc.stdout:
+                if not _follow(line, progress, on_progress):  # llama-benchy's own output: kept with its errors
+                    log.write(line)
+                    log.flush()
+        except BaseException:  # `on_progress` stopped the run (a cancel): llama-benchy ends with it
+            proc.kill()
+            proc.wait()
+            raise
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -5,12 +5,12 @@ through the gateway."""
 from __future__ import annotations
 
 import typer
-from rich.live import Live
 from rich.table import Table
 
 from sparkctl.cli.console import OUTPUT, Column, Output, table
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import BenchDone, BenchRequest
 
 app = typer.Typer(help="Benchmark stacks (llama-benchy) and report.", no_args_is_help=True)
 
@@ -25,20 +25,19 @@ RUNS = (Column("run"), Column("stack", name=True), Column("profile"), Column("fi
 def run(
     ctx: typer.Context,
     stack: str,
-    profile: str | None = typer.Option(None, "--profile", "-p", help=PROFILE_HELP),
-    depths: str | None = typer.Option(None, "--depths", help="Override the profile's depths: 0,4096,8192."),
+    profile: str = typer.Option("", "--profile", "-p", help=PROFILE_HELP),
+    depths: str = typer.Option("", "--depths", help="Override the profile's depths: 0,4096,8192."),
     runs: int | None = typer.Option(None, "--runs", help="Override the profile's runs per depth."),
     temperature: float | None = typer.Option(None, "--temperature", min=0.0, help=TEMPERATURE_HELP),
     skip_coherence: bool = typer.Option(False, "--skip-coherence", help=COHERENCE_HELP),
 ) -> None:
-    """Benchmark the running STACK, store the run with its fingerprint, judge it with its gate."""
+    """Benchmark the running STACK, store the run with its fingerprint, judge it with its gate
+    (in the daemon: Ctrl-C cancels it there)."""
     rt = runtime(ctx)
-    spec = rt.catalog.stack(stack)
-    chosen = _profile(profile or spec.bench_profile, depths, runs, temperature)
-    result, verdict = _measure(rt, spec, chosen, skip_coherence=skip_coherence)
-    colour = "green" if verdict.passed else "red"
-    rt.console.print(f"run {result.id} ({chosen.name}) of {stack}: [{colour}]{verdict.describe()}[/]; "
-                     f"raw files in {result.folder}")
+    done = _measure(rt, BenchRequest(stack, profile, depths, runs, temperature, skip_coherence))
+    colour = "green" if done.passed else "red"
+    rt.console.print(f"run {done.run} ({done.profile}) of {stack}: [{colour}]{done.verdict}[/]; "
+                     f"raw files in {done.folder}")
 
 
 @app.command("list")
@@ -52,53 +51,19 @@ def list_runs(ctx: typer.Context, stack: str | None = typer.Argument(None), outp
     runtime(ctx).console.print(table(RUNS, rows, output=output))
 
 
-def _profile(name: str, depths: str | None, runs: int | None, temperature: float | None = None):
-    from dataclasses import replace
+def _measure(rt, ask: BenchRequest) -> BenchDone:  # noqa: ANN001 - the CLI's Runtime
+    """The daemon benchmarks the running stack, stores the run and judges it; its rows shown here."""
+    from sparkctl.cli.console import through_daemon
 
-    from sparkctl.bench.profiles import PROFILES
-
-    if name not in PROFILES:
-        raise SparkctlError(f"no benchmark profile {name!r}; choose one of {', '.join(PROFILES)}")
-    chosen = PROFILES[name]
-    if depths:
-        try:
-            chosen = replace(chosen, depths=tuple(int(d) for d in depths.split(",")))
-        except ValueError:
-            raise SparkctlError(f"--depths takes comma-separated token counts, got {depths!r}") from None
-    if temperature is not None:
-        chosen = replace(chosen, temperature=temperature)
-    return replace(chosen, runs=runs) if runs else chosen
-
-
-def _measure(rt, spec, profile, *, skip_coherence: bool):
-    """Benchmark the running stack with a live progress table, judge it with its gate, show the rows."""
-    from sparkctl.bench import stack as bench_stack
-
-    with Live(_progress_table(None), console=rt.console, transient=True) as live:
-        result = bench_stack.benchmark(spec, settings=rt.settings, store=rt.store, profile=profile,
-                                       skip_coherence=skip_coherence, docker=rt.docker,
-                                       on_progress=lambda p: live.update(_progress_table(p)))
-    verdict = bench_stack.gate(spec, result, store=rt.store)
-    rt.console.print(_rows_table(result))
-    return result, verdict
-
-
-def _progress_table(progress) -> Table:
-    table = Table("depth", "concurrency", "requests done", "decode tok/s so far", box=None)
-    if progress is not None:
-        rate = f"{sum(progress.tok_s) / len(progress.tok_s):.1f}" if progress.tok_s else "…"
-        table.add_row(str(progress.depth), str(progress.concurrency), f"{progress.done}/{progress.total}", rate)
-    return table
-
-
-def _rows_table(result) -> Table:
+    done = through_daemon(rt.daemon, "/v1/bench", ask, BenchDone)
     table = Table("depth", "conc", "prefill tok/s", "decode tok/s", "TTFT ms", "acceptance", "accept len",
-                  title=f"{result.stack} — run {result.id}")
-    for r in result.rows:
+                  title=f"{done.stack} — run {done.run}")
+    for r in done.rows:
         table.add_row(str(r["depth"]), str(r["concurrency"]), f"{r['pp_tps']:.0f}", f"{r['tg_tps']:.1f}",
                       f"{r['ttft_ms']:.0f}", _num(r.get("acceptance")), _num(r.get("acceptance_length")),
                       style="red" if r.get("failed") else None)
-    return table
+    rt.console.print(table)
+    return done
 
 
 def _num(value: float | None) -> str:
@@ -135,6 +100,7 @@ def agent_cmd(
 
     import openai
 
+    from sparkctl import messages
     from sparkctl.adapters import hub
     from sparkctl.bench import agent, corpus
     from sparkctl.gateway import tokens
@@ -142,12 +108,12 @@ def agent_cmd(
 
     rt = runtime(ctx)
     spec, settings = agent.shape(session), rt.settings
-    routes = rt.daemon.get("/v1/desired").get("routes", {})
+    routes = messages.load(messages.DesiredState, rt.daemon.get("/v1/desired")).routes
     stacks: dict[str, list[str]] = {}  # target -> the stacks that may answer it
     for target in targets:
         if target not in routes and target not in rt.catalog.stacks:
             raise SparkctlError(f"{target}: neither a stack nor a routed alias (for a plain alias, name its stack)")
-        stacks[target] = [r["stack"] for r in routes[target]] if target in routes else [target]
+        stacks[target] = [r.stack for r in routes[target]] if target in routes else [target]
     first = rt.catalog.stack(stacks[targets[0]][0])
     if first.model is None or first.model.repo is None:
         raise SparkctlError(f"{first.name} names no model repo: its tokenizer sizes the session's text")
@@ -165,7 +131,7 @@ def agent_cmd(
         done.append(session_run.to_dict())
     folder = settings.state_dir / "bench" / f"agent-{time.strftime('%Y%m%d-%H%M%S')}"
     agent.save(folder, done)
-    limits = {t: [r["up_to"] for r in routes[t] if r["up_to"] is not None] for t in targets if t in routes}
+    limits = {t: [r.up_to for r in routes[t] if r.up_to is not None] for t in targets if t in routes}
     graph = agent_report.draw(done, folder, thresholds=limits)
     (folder / "agent.md").write_text("## Seconds per agent session\n\n" + agent_report.table(done)
                                      + f"\n![wait per call against context]({graph})\n")
@@ -179,7 +145,7 @@ def sweep(
     stacks: list[str] = typer.Argument(..., metavar="STACK...", help="Stacks or globs (e.g. 'qwen36-*')."),
     profile: str = typer.Option("seed", "--profile", "-p", help=PROFILE_HELP.replace("the stack's bench_profile",
                                                                                        "seed")),
-    depths: str | None = typer.Option(None, "--depths", help="Override the profile's depths: 0,4096,8192."),
+    depths: str = typer.Option("", "--depths", help="Override the profile's depths: 0,4096,8192."),
     runs: int | None = typer.Option(None, "--runs", help="Override the profile's runs per depth."),
     temperature: float | None = typer.Option(None, "--temperature", min=0.0, help=TEMPERATURE_HELP),
     skip_coherence: bool = typer.Option(False, "--skip-coherence", help=COHERENCE_HELP),
@@ -188,19 +154,21 @@ def sweep(
 ) -> None:
     """Deploy each stack in turn (stopping what is in the way), benchmark it, take it down, and
     write one comparison report: seed 000's study, repeatable."""
+    from sparkctl.bench.profiles import choose
     from sparkctl.cli.console import through_daemon
     from sparkctl.messages import DownDone, DownRequest, UpDone, UpRequest
 
     rt = runtime(ctx)
-    chosen, entries = _profile(profile, depths, runs, temperature), []
+    choose(profile, depths=depths, runs=runs, temperature=temperature)  # a wrong one is said before any deploy
+    entries = []
     for name in _expand(rt, stacks):
         spec = rt.catalog.stack(name)
         rt.console.rule(f"{name}")
         through_daemon(rt.daemon, "/v1/up", UpRequest(name, replace=True), UpDone)
         try:
-            result, verdict = _measure(rt, spec, chosen, skip_coherence=skip_coherence)
-            rt.console.print(f"run {result.id}: {verdict.describe()}")
-            entries.append((spec, result))
+            done = _measure(rt, BenchRequest(name, profile, depths, runs, temperature, skip_coherence))
+            rt.console.print(f"run {done.run}: {done.verdict}")
+            entries.append((spec, rt.store.bench.run(done.run)))
         finally:
             through_daemon(rt.daemon, "/v1/down", DownRequest(name), DownDone)
     path = _write_report(rt, entries, out, label=label)

@@ -4,7 +4,6 @@ events a daemon action sends back."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -79,14 +78,13 @@ def fail(line: str) -> None:
 
 
 class ConsoleReporter:
-    """The deploy pipeline's reporter: a line per phase and note; a progress bar per download or
-    build (rich's, started on the first one; transient, so finished bars leave no trace). Files
-    download in parallel: their threads report at once."""
+    """A daemon action's events as they come: a line per phase and note; a progress bar per
+    download or build (rich's, started on the first one; transient, so finished bars leave no
+    trace)."""
 
     def __init__(self) -> None:
         self.bars: Any = None
         self.tasks: dict[str, int] = {}
-        self.lock = threading.Lock()
 
     def __enter__(self) -> ConsoleReporter:
         return self
@@ -100,12 +98,11 @@ class ConsoleReporter:
         out().print(f"[{STYLE.get(phase, 'cyan')}]{phase:>9}[/] {escape(stack)}{shown}")
 
     def progress(self, stack: str, task: str, done: int, total: int) -> None:
-        with self.lock:
-            if self.bars is None:
-                self.bars = _bars()
-            if task not in self.tasks:
-                self.tasks[task] = self.bars.add_task(escape(task), total=total)
-            self.bars.update(self.tasks[task], completed=done, total=total)
+        if self.bars is None:
+            self.bars = _bars()
+        if task not in self.tasks:
+            self.tasks[task] = self.bars.add_task(escape(task), total=total)
+        self.bars.update(self.tasks[task], completed=done, total=total)
 
     def note(self, stack: str, text: str) -> None:
         say(f"{'note':>9}", "yellow", rest=f" {stack}: {text}")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparkctl.cli import views
-from sparkctl.cli.console import OUTPUT, ConsoleReporter, Output, say, through_daemon
+from sparkctl.cli.console import OUTPUT, Output, say, through_daemon
 from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
@@ -144,18 +144,15 @@ async def _print_all(chunks: AsyncIterator[bytes]) -> None:
 
 @patch_app.command("check")
 def patch_check(ctx: typer.Context, stack: str) -> None:
-    """Apply STACK's patch sets to its image's files without starting anything; print the diff."""
-    from sparkctl.spec.models import Kind
+    """Apply STACK's patch sets to its image's files without starting anything; print the diff.
+    The daemon fetches what they need (Ctrl-C cancels it there, as for `up`)."""
+    from sparkctl import messages
 
     rt = runtime(ctx)
-    spec = rt.catalog.stack(stack)
-    if spec.kind is Kind.COMPOSE or not spec.patches:
+    checked = through_daemon(rt.daemon, "/v1/patch-check", messages.PatchCheckRequest(stack), messages.PatchChecked)
+    if not checked.files:
         rt.console.print(f"{stack} has no patch sets")
         return
-    with ConsoleReporter() as reporter:
-        prepared = rt.deployer(reporter).prepare(spec)
-        prepared.image.settle()
-    print(prepared.patches.diff, end="")
-    rt.console.print(f"[green]patches apply[/]: {len(prepared.patches.mounts)} files, patch-set hash "
-                     f"{prepared.patches.hash}, vLLM at {prepared.patches.vllm_dir}")
-
+    print(checked.diff, end="")
+    rt.console.print(f"[green]patches apply[/]: {checked.files} files, patch-set hash {checked.hash}, "
+                     f"vLLM at {checked.vllm_dir}")

@@ -13,7 +13,7 @@ from sparkctl.cli.runtime import runtime
 from sparkctl.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from sparkctl.messages import RetestDone
+    from sparkctl.messages import ImageEdited, RetestDone
     from sparkctl.policy.images import Ban
 
 app = typer.Typer(help="Pin image tags to digests and blacklist broken ones.", no_args_is_help=True)
@@ -66,38 +66,26 @@ def _last_retest(ban: Ban) -> str:
 def pin(
     ctx: typer.Context,
     ref: str,
-    digest: str = typer.Option(None, "--digest", help="sha256:...; default: ask the registry."),
+    digest: str = typer.Option("", "--digest", help="sha256:...; default: ask the registry."),
     provenance: str = typer.Option("pinned by hand", "--provenance", help="Why this digest is trusted."),
 ) -> None:
     """Pin REF's tag to a digest; `up` then runs exactly that digest."""
-    from sparkctl.policy.images import check as check_ref
-    from sparkctl.policy.images import parse_ref
-
-    rt = runtime(ctx)
-    name = parse_ref(ref)
-    if digest is None:
-        digest = rt.docker.registry_digest(str(name), mirrors=rt.settings.registry_mirrors)
-    check_ref(rt.policy, ref, digest=digest, allow_latest=True)
-    rt.store.images.pin(ref, digest=digest, provenance=provenance)
-    rt.console.print(f"pinned {name.tagged} -> {digest}")
+    pinned = _edit(ctx, "pin", ref, digest=digest, provenance=provenance)
+    runtime(ctx).console.print(f"pinned {pinned.ref} -> {pinned.digest}")
 
 
 @app.command("forget-wake")
 def forget_wake(ctx: typer.Context, digest: str) -> None:
     """Forget how DIGEST woke (e.g. after a fixed image or driver): its next wake is watched again."""
-    rt = runtime(ctx)
-    if not rt.store.images.forget_wake(digest):
-        raise SparkctlError(f"{digest} has no wake record; `sparkctl image list` shows them")
-    rt.console.print(f"forgot how {digest} woke")
+    _edit(ctx, "forget-wake", digest)
+    runtime(ctx).console.print(f"forgot how {digest} woke")
 
 
 @app.command()
 def unpin(ctx: typer.Context, ref: str) -> None:
     """Remove REF's pin (one sparkctl ships, or the owner's images.yaml holds, is lifted in the state)."""
-    rt = runtime(ctx)
-    if not rt.store.images.unpin(ref):
-        raise SparkctlError(f"{ref} is not pinned; `sparkctl image list` shows the pins")
-    rt.console.print(f"unpinned {ref}")
+    _edit(ctx, "unpin", ref)
+    runtime(ctx).console.print(f"unpinned {ref}")
 
 
 @app.command()
@@ -105,26 +93,33 @@ def blacklist(
     ctx: typer.Context,
     ref: str = typer.Argument(..., help="repo:tag, repo@sha256:..., or a bare sha256:... digest"),
     reason: str = typer.Option(..., "--reason", help="What is broken, for whoever meets the refusal."),
-    digest: str = typer.Option(None, "--digest", help="For a tag: the digest it names now, so `image retest` "
-                                                      "can tell when the tag has moved."),
+    digest: str = typer.Option("", "--digest", help="For a tag: the digest it names now, so `image retest` "
+                                                    "can tell when the tag has moved."),
 ) -> None:
     """Refuse REF (or a digest) from now on, with the reason."""
-    from sparkctl.policy.images import DIGEST
-
-    rt = runtime(ctx)
-    if digest is not None and not DIGEST.match(digest):
-        raise SparkctlError(f"--digest takes sha256:<64 hex>, got {digest!r}")
-    rt.store.images.blacklist(ref, reason=reason, digest=digest)
-    rt.console.print(f"blacklisted {ref}: {reason}")
+    _edit(ctx, "blacklist", ref, reason=reason, digest=digest)
+    runtime(ctx).console.print(f"blacklisted {ref}: {reason}")
 
 
 @app.command()
 def unblacklist(ctx: typer.Context, ref: str) -> None:
     """Allow REF again (a ban sparkctl ships, or the owner's images.yaml holds, is lifted in the state)."""
-    rt = runtime(ctx)
-    if not rt.store.images.unblacklist(ref):
-        raise SparkctlError(f"{ref} is not blacklisted; `sparkctl image list` shows the blacklist")
-    rt.console.print(f"unblacklisted {ref}")
+    _edit(ctx, "unblacklist", ref)
+    runtime(ctx).console.print(f"unblacklisted {ref}")
+
+
+def _edit(ctx: typer.Context, edit: str, ref: str, **fields: str) -> ImageEdited:
+    """The edit made by the daemon, which owns images.yaml (it edits it too: retests, wakes, pins)."""
+    from dataclasses import asdict
+
+    from sparkctl import messages
+
+    done = messages.load(messages.Done, runtime(ctx).daemon.post("/v1/image",
+                                                                 asdict(messages.ImageEdit(edit, ref, **fields))))
+    if not isinstance(done, messages.ImageEdited):
+        raise SparkctlError(f"the daemon answered /v1/image with {type(done).__name__}: restart the daemon so that "
+                            "it runs this sparkctl")
+    return done
 
 
 @app.command()

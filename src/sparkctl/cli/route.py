@@ -49,10 +49,12 @@ def rm(ctx: typer.Context, alias: str) -> None:
 @app.command("show")
 def show(ctx: typer.Context, output: Output | None = OUTPUT) -> None:
     """Every routed alias and its rules, as the daemon has them."""
+    from sparkctl import messages
+
     rt = runtime(ctx)
-    routes = rt.daemon.get("/v1/desired").get("routes", {})
+    routes = messages.load(messages.DesiredState, rt.daemon.get("/v1/desired")).routes
     rows = [(escape(alias) if index == 0 else "", str(index),
-             f"<= {rule['up_to']}" if rule["up_to"] is not None else "the rest", escape(rule["stack"]))
+             f"<= {rule.up_to}" if rule.up_to is not None else "the rest", escape(rule.stack))
             for alias, rules in sorted(routes.items()) for index, rule in enumerate(rules)]
     rt.console.print(table(ROUTES, rows, output=output, title="routed aliases") if routes else "no alias is routed")
 

@@ -1,6 +1,7 @@
 """What a command needs, built when first asked for: the daemon's client (starting a daemon when
-none runs), and for the commands that read files themselves the settings, catalog and image
-policy. The root callback puts a `Runtime` on the typer context; commands take it from there."""
+none runs), and for the commands that read files themselves the settings, catalog, image policy
+and the store (read-only: the daemon writes it). The root callback puts a `Runtime` on the
+typer context; commands take it from there."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from sparkctl.errors import SparkctlError
 if TYPE_CHECKING:  # imported lazily: a CLI call that only asks the daemon must start fast
     from sparkctl.adapters.docker import DockerEngine
     from sparkctl.cli.client import DaemonClient
-    from sparkctl.deploy.pipeline import Deployer
-    from sparkctl.deploy.progress import Reporter
     from sparkctl.policy.images import ImagePolicy
     from sparkctl.settings import Settings
     from sparkctl.spec.load import Catalog, Invalid
@@ -84,9 +83,13 @@ class Runtime:
     def docker(self) -> DockerEngine:
         return self.wiring.docker
 
-    @property
+    @cached_property
     def store(self) -> Store:
-        return self.wiring.store
+        """The state store, read-only: the daemon writes it, a command only reads it (a daemon
+        is started first where none made it yet)."""
+        if not self.settings.store_path.is_file():
+            self.daemon  # noqa: B018 - the daemon makes the store at its start
+        return self.wiring.open_store(readonly=True)
 
     @cached_property
     def client(self) -> DaemonClient:
@@ -109,11 +112,6 @@ class Runtime:
             say(f"started the sparkctl daemon (pid {pid}, log {self.client.path.with_name(DAEMON_LOG)}); "
                 "`sparkctl daemon --stop` stops it", "dim", stderr=True)
         return self.client
-
-
-    def deployer(self, reporter: Reporter) -> Deployer:
-        """For `patch check`, which prepares a stack here without starting anything."""
-        return self.wiring.deployer(reporter, catalog=self.catalog, policy=self.policy)
 
 
 def runtime(ctx: typer.Context) -> Runtime:

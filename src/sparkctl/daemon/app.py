@@ -19,7 +19,7 @@ from aiohttp import web
 
 from sparkctl.adapters import hub, processes
 from sparkctl.daemon import api, planner, process
-from sparkctl.daemon.actions import Actions
+from sparkctl.daemon.actions import Actions, Benchmarks, ImageBook, PatchChecks
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.api.actions import Underway
 from sparkctl.daemon.api.service import Gauge
@@ -70,7 +70,8 @@ class Daemon:
         self.bus = EventBus()
         wiring, reporter = Wiring(s), BusReporter(self.bus)
         self.docker, self.store = wiring.docker, wiring.store
-        self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter),
+        parked = lambda: self.machine.desired().parked  # noqa: E731 - the deployer asks the owner of desired.yaml
+        self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter, parked=parked),
                                      catalog=wiring.catalog, desired_path=s.state_dir / "desired.yaml",
                                      reporter=reporter, store=self.store, turns=Turns(),
                                      wake_floor=int(s.wake_memory_floor_gib * GIB))
@@ -102,7 +103,14 @@ class Daemon:
                                           total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
         context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
                           fleet=fleet)
-        self.actions = Actions.over(context)
+        self.actions = Actions.over(
+            context, patches=PatchChecks(deployer=self.machine.deployer, turns=self.machine.turns,
+                                         fetching=self.machine.fetching),
+            bench=Benchmarks(settings=s, store=self.store, docker=self.docker, catalog=wiring.catalog,
+                             turns=self.machine.turns, holding=self.reconciler.holding, reporter=reporter,
+                             fetching=self.machine.fetching),
+            images=ImageBook(records=self.store.images, policy=wiring.policy,
+                             registry_digest=lambda ref: self.docker.registry_digest(ref, mirrors=s.registry_mirrors)))
         def memory() -> Memory:  # unified memory as the planner sees it: status and the time series
             return MemoryView(s, self.store, wiring.catalog(), self.docker).now(self.machine.desired().parked)
 

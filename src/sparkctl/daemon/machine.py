@@ -49,7 +49,7 @@ class DockerMachine:
         self.docker, self.deployer, self.catalog, self.store = docker, deployer, catalog, store
         self.desired_path, self.reporter, self.turns = desired_path, reporter, turns
         self.wake_floor = wake_floor  # bytes of MemAvailable under which a wake is killed
-        self.fetching: dict[str, threading.Event] = {}  # stack -> its deploy's (or pull's) stop, while one runs
+        self.fetching: dict[str, threading.Event] = {}  # stack -> its deploy, pull, patch check or bench run's stop
         self.stopping = False  # the daemon stops (`stop_all`)
         self._desired_lock = threading.Lock()
 

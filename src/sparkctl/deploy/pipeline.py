@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import cached_property
@@ -35,7 +36,6 @@ from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
 from sparkctl.spec.ranks import Rank
 from sparkctl.spec.render import spec_hash
-from sparkctl.state import desired as desired_file
 from sparkctl.state.store import Store
 
 
@@ -50,6 +50,7 @@ class Deployer:
     reporter: Reporter
     placed: bool = False  # run by a fleet host's agent: its containers are labelled the fleet's
     rank: Rank | None = None  # one rank of a multi-node group (`parallel`), on this host
+    parked: Callable[[], Mapping[str, int]] = dict  # the parked stacks and their levels, from whoever owns them
 
     @cached_property
     def launch(self) -> Launch:
@@ -251,8 +252,7 @@ class Deployer:
 
     def _admit(self, stack: Stack, *, replace: bool) -> tuple[str, ...]:
         """The stacks to stop for this one to fit (with --replace); refuses if it doesn't fit otherwise."""
-        parked = desired_file.load(self.settings.state_dir / "desired.yaml").parked
-        held = MemoryView(self.settings, self.store, self.catalog, self.docker).held(parked)
+        held = MemoryView(self.settings, self.store, self.catalog, self.docker).held(self.parked())
         verdict = admit(stack.name, stack.resources.gpu_memory_utilization, held, ceiling=self.settings.memory_ceiling)
         if not verdict.fits and not replace:
             raise SparkctlError(verdict.explain(stack.name))

@@ -129,7 +129,13 @@ MIGRATIONS = (
 
 
 class Database:
-    def __init__(self, path: Path, *, timeout: float = 30) -> None:
+    def __init__(self, path: Path, *, timeout: float = 30, readonly: bool = False) -> None:
+        """`readonly`: the CLI's, whose reads change nothing (the daemon writes the store): the
+        file opened read-only, as its writer made it, with no migration; absent, an error."""
+        self.readonly = readonly
+        if readonly:
+            self._open_readonly(path, timeout)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600, exist_ok=True)
         path.chmod(0o600)  # private (older versions made it 0644): it names stacks, digests and history
@@ -149,6 +155,17 @@ class Database:
         except sqlite3.DatabaseError as e:
             raise SparkctlError(f"{path}: the state database is unreadable ({e}); move it aside and sparkctl "
                                 "starts a new one (deployment and benchmark history are then lost)") from None
+
+    def _open_readonly(self, path: Path, timeout: float) -> None:
+        self.path, self.lock = path, threading.RLock()
+        try:
+            self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout,
+                                      isolation_level=None, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA user_version").fetchone()
+        except sqlite3.Error as e:
+            raise SparkctlError(f"{path}: the state database cannot be read ({e}); the daemon makes it at its start "
+                                "(`sparkctl status` starts one)") from None
 
     def close(self) -> None:
         self.db.close()

@@ -44,7 +44,7 @@ class ImageRecords:
     def __init__(self, db: Database, files: PolicyFiles) -> None:
         self.db = db
         self.files = files
-        if files.shipped is not None:
+        if files.shipped is not None and not db.readonly:  # the writer imports (the daemon, at its start)
             self._import(files.shipped)
 
     def layered(self) -> Layered:

@@ -1,7 +1,8 @@
 """The state store: the state database (`db.py`) and the repositories over it, opened once per
 process. Deployments and their transitions, benchmark runs and known-good pins, quality runs, events,
-switches, resolved digests and the image policy's records each have their own repository; the deploy pipeline and the
-daemon write them, `status`, `history` and the report read them. Every write is its own short
+switches, resolved digests and the image policy's records each have their own repository; the
+daemon (with the deploy pipeline and the benchmarks it runs) writes them, `status`, `history` and
+the report read them; the CLI opens the store read-only. Every write is its own short
 transaction.
 """
 
@@ -19,9 +20,10 @@ from sparkctl.state.quality import QualityRuns
 
 
 class Store:
-    def __init__(self, path: Path, *, timeout: float = 30, policy_files: PolicyFiles | None = None) -> None:
+    def __init__(self, path: Path, *, timeout: float = 30, readonly: bool = False,
+                 policy_files: PolicyFiles | None = None) -> None:
         """`policy_files`: the image policy's read-only files, under the records (none: records only)."""
-        self.db = Database(path, timeout=timeout)
+        self.db = Database(path, timeout=timeout, readonly=readonly)
         self.deployments = Deployments(self.db)
         self.bench = BenchRuns(self.db)
         self.quality = QualityRuns(self.db)

@@ -1,6 +1,8 @@
 """What the daemon does when asked to change something (the API's `Commands`): deploys (`up`,
 `down`), parking (`park`, `wake`, idle parks, wakes on demand), aliases (`switch`, `route`) and
-trials (`retest`, comparison reports). The handlers call these on a worker thread; each action
+trials (`retest`, comparison reports); and what the CLI once did itself: benchmarks
+(`bench.py`), patch checks (`patches.py`) and the image policy's edits (`images.py`), each
+built with its own collaborators. The handlers call these on a worker thread; each action
 on a stack runs in its turn (`daemon/turns.py`), marked busy so reconcile passes leave it
 alone. Results are returned as values; the store only records them."""
 
@@ -9,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkctl.daemon.actions.aliases import Aliases
+from sparkctl.daemon.actions.bench import Benchmarks
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.deploys import Deploys
+from sparkctl.daemon.actions.images import ImageBook
 from sparkctl.daemon.actions.parking import Parking
+from sparkctl.daemon.actions.patches import PatchChecks
 from sparkctl.daemon.actions.trials import Trials
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
@@ -24,12 +29,15 @@ class Actions:
     parking: Parking
     aliases: Aliases
     trials: Trials
+    bench: Benchmarks
+    patches: PatchChecks
+    images: ImageBook
 
     @classmethod
-    def over(cls, ctx: Context) -> Actions:
+    def over(cls, ctx: Context, *, bench: Benchmarks, patches: PatchChecks, images: ImageBook) -> Actions:
         parking = Parking(ctx)
         deploys = Deploys(ctx, parking)
-        return cls(ctx, deploys, parking, Aliases(ctx, deploys, parking), Trials(ctx))
+        return cls(ctx, deploys, parking, Aliases(ctx, deploys, parking), Trials(ctx), bench, patches, images)
 
     @property
     def bus(self) -> EventBus:

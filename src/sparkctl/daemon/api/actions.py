@@ -118,6 +118,22 @@ async def retest(request: web.Request) -> web.StreamResponse:
                                 lambda: trials.retest(ask.ref, stack=stack, force=ask.force, ticket=this.ticket))
 
 
+async def bench(request: web.Request) -> web.StreamResponse:
+    return await _on_stack(request, messages.BenchRequest, lambda actions, ask, stack, this: actions.bench.run(
+        stack, ask, ticket=this.ticket, stop=this.stop), stoppable=True)
+
+
+async def patch_check(request: web.Request) -> web.StreamResponse:
+    return await _on_stack(request, messages.PatchCheckRequest, lambda actions, ask, stack, this: actions.patches.check(
+        stack, ticket=this.ticket, stop=this.stop), stoppable=True)
+
+
+async def image(request: web.Request) -> web.Response:
+    """An edit of the image policy (`images.yaml`): short, so answered whole, not streamed."""
+    ask = await http.parse_body(request, messages.ImageEdit)
+    return web.json_response(messages.encode_done(await asyncio.to_thread(request.app[COMMANDS].images.edit, ask)))
+
+
 async def compare(request: web.Request) -> web.Response:
     """A comparison report of the runs in `{"runs": [id, ...], "label": "..."}`."""
     body = await http.json_body(request)

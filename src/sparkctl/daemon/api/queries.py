@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from aiohttp import web
 
+from sparkctl import messages
 from sparkctl.daemon.api import http
 from sparkctl.daemon.api.service import COMMANDS, FOLLOWS, QUERIES, Queries
 from sparkctl.log import redact
@@ -44,9 +45,8 @@ reports = _answer(lambda q: q.reports(), "reports")
 
 async def desired(request: web.Request) -> web.Response:
     d = await asyncio.to_thread(request.app[QUERIES].desired)
-    return web.json_response({"stacks": list(d.stacks), "aliases": d.aliases, "fallbacks": d.fallbacks,
-                              "parked": d.parked,
-                              "routes": {a: [asdict(r) for r in rules] for a, rules in d.routes.items()}})
+    routes = {a: tuple(messages.RouteRule(r.stack, r.up_to) for r in rules) for a, rules in d.routes.items()}
+    return web.json_response(asdict(messages.DesiredState(d.stacks, d.aliases, d.fallbacks, d.parked, routes)))
 
 
 async def events(request: web.Request) -> web.StreamResponse:

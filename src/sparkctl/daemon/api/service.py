@@ -19,7 +19,7 @@ from sparkctl.daemon.turns import Turns
 from sparkctl.state.desired import Desired
 
 if TYPE_CHECKING:
-    from sparkctl.daemon.actions import Aliases, Deploys, Parking, Trials
+    from sparkctl.daemon.actions import Aliases, Benchmarks, Deploys, ImageBook, Parking, PatchChecks, Trials
 
 
 class Commands(Protocol):
@@ -43,6 +43,15 @@ class Commands(Protocol):
 
     @property
     def trials(self) -> Trials: ...
+
+    @property
+    def bench(self) -> Benchmarks: ...
+
+    @property
+    def patches(self) -> PatchChecks: ...
+
+    @property
+    def images(self) -> ImageBook: ...
 
 
 class Queries(Protocol):
