@@ -13,9 +13,9 @@ import pytest
 
 from sparkctl.adapters import processes
 from sparkctl.adapters.raynode import _check_ports
-from sparkctl.agent import _digest_for, exposed
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, local, survey
+from sparkctl.fleet.hostagent import _digest_for, exposed
 from sparkctl.node import (
     CALLS,
     AgentAnswer,
@@ -189,7 +189,7 @@ def test_every_call_crosses_as_plain_data_and_comes_back_typed() -> None:
     import json
     import typing
 
-    from sparkctl.agent import HostAgent
+    from sparkctl.fleet.hostagent import HostAgent
 
     answers = {
         "describe": AgentSpec("a", None, "t1"),

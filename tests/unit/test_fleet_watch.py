@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sparkctl.daemon.fleetwatch import FleetWatch
 from structlog.testing import capture_logs
 
 from sparkctl.daemon import fleetprobe
 from sparkctl.daemon.events import EventBus
-from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.planner import Policy
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, triage

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sparkctl.agent import HostAgent, placeable
 from sparkctl.container import LABEL_RANK, LABEL_RELAY
 from sparkctl.errors import SparkctlError, SpecError
 from sparkctl.fleet.deploy import group_ranks, rank_on
+from sparkctl.fleet.hostagent import HostAgent, placeable
 from sparkctl.fleet.local import check_on_interface
 from sparkctl.fleet.placement import Placed, Replica, write_book
 from sparkctl.spec.fleet import Fleet

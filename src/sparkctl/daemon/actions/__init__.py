@@ -7,6 +7,7 @@ alone. Results are returned as values; the store only records them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sparkctl.daemon.actions.aliases import Aliases
 from sparkctl.daemon.actions.context import Context
@@ -15,6 +16,9 @@ from sparkctl.daemon.actions.parking import Parking
 from sparkctl.daemon.actions.trials import Trials
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
+
+if TYPE_CHECKING:
+    from sparkctl.fleet.machine import FleetMachine
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,11 @@ class Actions:
     @property
     def bus(self) -> EventBus:
         return self.ctx.bus
+
+    @property
+    def fleet(self) -> FleetMachine | None:
+        """The fleet this daemon heads (`fleet up`, `down`, `ps`), or None."""
+        return self.ctx.fleet
 
     @property
     def turns(self) -> Turns:

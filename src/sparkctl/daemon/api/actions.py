@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -22,6 +22,9 @@ from sparkctl.daemon.api.service import COMMANDS, QUERIES, Commands
 from sparkctl.errors import SparkctlError
 from sparkctl.log import redact
 from sparkctl.policy.parking import Park
+
+if TYPE_CHECKING:
+    from sparkctl.fleet.machine import FleetMachine
 
 UNDERWAY = web.AppKey("underway", dict)  # name -> the action `Underway`: what a cancel can name
 
@@ -106,6 +109,35 @@ async def park(request: web.Request) -> web.StreamResponse:
 async def wake(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, messages.WakeRequest,
                            lambda actions, ask, stack, this: actions.parking.wake(stack, ticket=this.ticket))
+
+
+async def fleet_up(request: web.Request) -> web.StreamResponse:
+    """`sparkctl fleet up`: placed and started across the fleet this daemon heads, in the stack's turn."""
+    return await _on_stack(request, messages.FleetUpRequest, lambda actions, ask, stack, this: _fleet(actions).up(
+        stack, wait=ask.wait, say=lambda text: actions.bus.publish(messages.Note(stack, text))))
+
+
+async def fleet_down(request: web.Request) -> web.StreamResponse:
+    """`sparkctl fleet down`: any stack's containers across the fleet, whether a stack file still names it."""
+    ask = await http.parse_body(request, messages.FleetDownRequest)
+    actions = request.app[COMMANDS]
+    async with _queued(request, ask, ask.stack) as this:
+        pass
+    return await _stream_action(request, this, (ask.stack,), lambda: _fleet(actions).down(ask.stack, wait=ask.wait))
+
+
+async def fleet_ps(request: web.Request) -> web.Response:
+    """`sparkctl fleet ps`: every host's containers, as its agent lists them, and the book."""
+    ask = await http.parse_body(request, messages.FleetPsRequest)
+    found = await asyncio.to_thread(lambda: _fleet(request.app[COMMANDS]).ps(wait=ask.wait, book_only=ask.book_only))
+    return web.json_response(asdict(found))
+
+
+def _fleet(actions: Commands) -> FleetMachine:
+    if actions.fleet is None:
+        raise SparkctlError("this daemon heads no fleet: run `sparkctl fleet init` on this Spark, then restart its "
+                            "daemon (`sparkctl service restart`), or ask the daemon of the fleet's head")
+    return actions.fleet
 
 
 async def retest(request: web.Request) -> web.StreamResponse:

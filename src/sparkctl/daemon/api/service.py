@@ -20,6 +20,7 @@ from sparkctl.state.desired import Desired
 
 if TYPE_CHECKING:
     from sparkctl.daemon.actions import Aliases, Deploys, Parking, Trials
+    from sparkctl.fleet.machine import FleetMachine
 
 
 class Commands(Protocol):
@@ -43,6 +44,9 @@ class Commands(Protocol):
 
     @property
     def trials(self) -> Trials: ...
+
+    @property
+    def fleet(self) -> FleetMachine | None: ...
 
 
 class Queries(Protocol):

@@ -1,4 +1,9 @@
-"""`sparkctl switch ALIAS STACK` for a stack placed across the fleet the daemon heads: blue/green
+"""The fleet as the head's daemon runs stacks on it: `fleet up`, `fleet down` and `fleet ps`
+asked of the daemon (it is the one writer of the placement book: `Fleetwide.book`), and the
+machine behind `switch`, `park` and `wake` of a stack placed across the fleet, beside this Spark's
+own Docker machine (`daemon/actions`).
+
+`sparkctl switch ALIAS STACK` for a stack placed across the fleet the daemon heads: blue/green
 across hosts. The new stack is placed and started where Ray fits it (`fleet up`: every chosen
 host agrees on what it runs first), the alias flips in one step of the routes, the old stack's
 requests drain, and an old placed stack is then removed from every host. A local old stack is
@@ -16,32 +21,60 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import structlog
 
-from sparkctl.daemon.bridge import GatewayControl
-from sparkctl.daemon.machine import DockerMachine
-from sparkctl.daemon.routes import Routes
-from sparkctl.daemon.switch import SwitchFailed
+from sparkctl import messages
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet import placement
+from sparkctl.fleet import agents, placement, survey
 from sparkctl.fleet.deploy import Fleetwide
-from sparkctl.messages import ParkDone, SwitchDone, WakeDone
+from sparkctl.messages import FleetDownDone, FleetPs, FleetUpDone, ParkDone, SwitchDone, WakeDone
+from sparkctl.node import Containers
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
+
+if TYPE_CHECKING:
+    from sparkctl.daemon.bridge import GatewayControl
+    from sparkctl.daemon.machine import DockerMachine
+    from sparkctl.daemon.routes import Routes
 
 log = structlog.get_logger()
 
 
 @dataclass
-class FleetSwitch:
+class FleetMachine:
     fleetwide: Fleetwide
     machine: DockerMachine
     routes: Routes
     store: Store
     total_bytes: int  # a Spark's memory, which stacks' fractions are of
     wait: float  # each host's deploy
+
+    def up(self, stack: str, *, wait: float, say: Callable[[str], None]) -> FleetUpDone:
+        """Place `stack` with Ray and start it on each chosen host (`Fleetwide.up`); routed at once."""
+        spec = self.machine.catalog().stack(stack)
+        done = self.fleetwide.up(spec, total_bytes=self.total_bytes, wait=wait or self.wait, say=say)
+        self.routes.refresh()
+        return FleetUpDone(stack, tuple(messages.FleetReplica(**asdict(r)) for r in done.placed.replicas),
+                           done.failed, tuple(dict.fromkeys(done.notes)))
+
+    def down(self, stack: str, *, wait: float) -> FleetDownDone:
+        """Remove the stack's containers on every host and release its placement."""
+        gone = survey.removal(stack, self.fleetwide.down(stack, wait=wait))
+        self.routes.refresh()
+        return FleetDownDone(stack, gone.removed, gone.unreachable)
+
+    def ps(self, *, wait: float, book_only: bool = False) -> FleetPs:
+        """Every host's containers of this instance (unless `book_only`), and the book."""
+        f = self.fleetwide
+        found = survey.census([] if book_only else agents.ask(f.backend, head=f.head, settings=f.settings,
+                                                              fleet=f.fleet, call=Containers(), wait=wait))
+        book = f.book.entries()
+        return FleetPs(found.hosts, tuple(messages.FleetContainer(**asdict(r)) for r in found.rows), found.unreachable,
+                       {name: tuple(p.hosts) for name, p in book.items()},
+                       tuple(name for name, p in book.items() if p.parked))
 
     def applies(self, stack: Stack) -> bool:
         """Whether `stack` runs across the fleet: it has a placement or ranks, or is placed already."""
@@ -78,7 +111,7 @@ class FleetSwitch:
         self.store.switches.finish(switch_id, record)
         log.info("switch_finished", **{k: v for k, v in record.items() if k != "timings"}, **timings)
         if error is not None:
-            raise SwitchFailed(error)
+            raise SparkctlError(error)  # rolled back: the alias names what it did
         return SwitchDone(alias, stack.name, intent["mode"], previous=old, why=intent["why"], timings=timings,
                           hosts=tuple(hosts))
 
@@ -110,4 +143,4 @@ class FleetSwitch:
         return WakeDone(stack, 0, round(time.monotonic() - began, 3))
 
     def _book(self) -> dict[str, placement.Placed]:
-        return placement.read_book(self.fleetwide.settings.fleet_dir)
+        return self.fleetwide.book.entries()
