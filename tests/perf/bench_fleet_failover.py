@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import figure, load, runs, spread  # noqa: E402
 
-from tests.fleet.head import HeadDaemon, Load, headed, standalone  # noqa: E402
+from tests.fleet.cluster import HeadDaemon  # noqa: E402
+from tests.fleet.head import Load, headed, standalone  # noqa: E402
 from tests.fleet.hosts import check_machine  # noqa: E402
 
 KILLS = runs(5)

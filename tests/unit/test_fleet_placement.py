@@ -13,12 +13,12 @@ from sparkctl.adapters.placements import BOOK_FILE, PlacementFile
 from sparkctl.fleet.placement import (
     GIB,
     PINNED_SHARE,
+    Book,
     Placed,
     Replica,
     agree,
     bundles,
     fits_nowhere,
-    Book,
     serving,
 )
 from sparkctl.node import AgentAnswer, Prepared
