@@ -99,7 +99,7 @@ class Daemon:
             counters=Counters(self._model_dir),
             ui=Dashboard(f"unix:{s.socket_path}", upstreams, Logins(ensure_key(s.dashboard_key_path))))
         control = LoopControl(self.gateway, asyncio.get_running_loop())
-        fleet = fleetwide and FleetMachine(fleetwide, self.machine, self.routes, self.store,
+        fleet = fleetwide and FleetMachine(fleetwide, self.machine, self.routes, self.store, control,
                                           total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
         context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
                           fleet=fleet)

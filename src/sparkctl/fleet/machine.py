@@ -32,6 +32,7 @@ from sparkctl.fleet import agents, placement, survey
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.messages import FleetDownDone, FleetPs, FleetUpDone, ParkDone, SwitchDone, WakeDone
 from sparkctl.node import Containers
+from sparkctl.policy.parking import Park
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
 
@@ -49,8 +50,10 @@ class FleetMachine:
     machine: DockerMachine
     routes: Routes
     store: Store
+    gateway: GatewayControl
     total_bytes: int  # a Spark's memory, which stacks' fractions are of
     wait: float  # each host's deploy
+    local = False  # its stacks hold no memory of this Spark (`daemon/actions/machines.Machine`)
 
     def up(self, stack: str, *, wait: float, say: Callable[[str], None]) -> FleetUpDone:
         """Place `stack` with Ray and start it on each chosen host (`Fleetwide.up`); routed at once."""
@@ -76,11 +79,18 @@ class FleetMachine:
                        {name: tuple(p.hosts) for name, p in book.items()},
                        tuple(name for name, p in book.items() if p.parked))
 
-    def applies(self, stack: Stack) -> bool:
-        """Whether `stack` runs across the fleet: it has a placement or ranks, or is placed already."""
-        return stack.placement.fleet or stack.parallel is not None or stack.name in self._book()
+    def runs(self, stack: str) -> bool:
+        """Whether `stack` runs across the fleet: it is placed already, or its file places it
+        (a placement or ranks)."""
+        spec = self.machine.catalog().stacks.get(stack)
+        return stack in self._book() or (spec is not None and (spec.placement.fleet or spec.parallel is not None))
 
-    def run(self, alias: str, stack: Stack, gateway: GatewayControl) -> SwitchDone:
+    def serves(self, stack: str) -> bool:
+        """Whether the stack is placed (up or parked), so the gateway may send it a request."""
+        return stack in self._book()
+
+    def switch(self, alias: str, stack: Stack) -> SwitchDone:
+        gateway = self.gateway
         old = self.machine.desired().aliases.get(alias)
         intent = {"alias": alias, "from": old, "to": stack.name, "mode": "fleet blue/green", "stop_old": False,
                   "new_was_desired": True, "park": "stop", "wake": 0, "evict": [],
@@ -115,32 +125,37 @@ class FleetMachine:
         return SwitchDone(alias, stack.name, intent["mode"], previous=old, why=intent["why"], timings=timings,
                           hosts=tuple(hosts))
 
-    def placed(self, stack: str) -> bool:
-        return stack in self._book()
-
     def parked(self, stack: str) -> bool:
         entry = self._book().get(stack)
         return entry is not None and entry.parked
 
-    def park(self, stack: str, drain: Callable[[str], None]) -> ParkDone:
-        """Stop the stack's engines on every host once its requests drained; new ones wait in
-        the gateway's hold and wake it."""
-        if self.parked(stack):
-            return ParkDone(stack, "unchanged", f"{stack} is parked already")
-        placed = self.fleetwide.park(stack, wait=self.wait, before=lambda: drain(stack))
-        self.routes.refresh()
+    def park(self, stack: str, *, how: Park, ticket: int | None, still: Callable[[], bool]) -> ParkDone:
+        """Stop the stack's engines on every host (whatever `how` asks: sleep mode is not used
+        across hosts) once its requests drained; new ones wait in the gateway's hold and wake it."""
+        with self.machine.turns.turn(stack, ticket):
+            if self.parked(stack) or not still():
+                return ParkDone(stack, "unchanged", f"{stack} is parked already or in use")
+            placed = self.fleetwide.park(stack, wait=self.wait, before=lambda: self._quiesce(stack))
+            self.routes.refresh()
         self.store.events.record(stack, "parked", f"stopped on {', '.join(placed.hosts)}")
         what = f"its {len(placed.ranks)} ranks" if placed.ranks else "its engines"
         return ParkDone(stack, "stop", f"stop: {stack} is placed across the fleet, so {what} stop on every host "
                         "and its placement stays reserved (sleep mode is not used across hosts)")
 
-    def wake(self, stack: str) -> WakeDone:
+    def wake(self, stack: str, *, ticket: int | None) -> WakeDone:
         """Start a parked placed stack again where Ray has its bundles; routed once it serves."""
         began = time.monotonic()
-        done = self.fleetwide.wake(stack, wait=self.wait, within=self.fleetwide.settings.fleet_replace_within)
-        self.routes.refresh()
+        with self.machine.turns.turn(stack, ticket):
+            done = self.fleetwide.wake(stack, wait=self.wait, within=self.fleetwide.settings.fleet_replace_within)
+            self.routes.refresh()
         self.store.events.record(stack, "woke", f"started cold on {', '.join(done.entry.hosts)}")
         return WakeDone(stack, 0, round(time.monotonic() - began, 3))
+
+    def _quiesce(self, stack: str) -> None:
+        """Before its engines stop: the gateway stops routing to it (its names now wake it) and
+        its accepted requests finish."""
+        self.routes.refresh()
+        self.gateway.drain(stack)
 
     def _book(self) -> dict[str, placement.Placed]:
         return self.fleetwide.book.entries()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sparkctl.daemon.actions.aliases import Aliases
 from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.deploys import Deploys
+from sparkctl.daemon.actions.machines import Machines, Spark
 from sparkctl.daemon.actions.parking import Parking
 from sparkctl.daemon.actions.trials import Trials
 from sparkctl.daemon.events import EventBus
@@ -33,7 +34,9 @@ class Actions:
     def over(cls, ctx: Context) -> Actions:
         parking = Parking(ctx)
         deploys = Deploys(ctx, parking)
-        return cls(ctx, deploys, parking, Aliases(ctx, deploys, parking), Trials(ctx))
+        aliases = Aliases(ctx, deploys, parking)
+        ctx.machines = Machines(Spark(parking, aliases), ctx.fleet)
+        return cls(ctx, deploys, parking, aliases, Trials(ctx))
 
     @property
     def bus(self) -> EventBus:
