@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from sparkctl.errors import SparkctlError
+from sparkctl.node import HostContainer
 
 
 def load(kind: Any, value: Any) -> Any:
@@ -297,22 +298,11 @@ class FleetDownDone:
 
 
 @dataclass(frozen=True)
-class FleetContainer:
-    host: str
-    stack: str
-    name: str
-    state: str  # Docker's
-    image: str
-    placed: bool = False
-    repo_digest: str | None = None
-
-
-@dataclass(frozen=True)
 class FleetPs:
     """Every host's containers of this instance, as each host's agent listed them, and the book."""
 
     hosts: tuple[str, ...]  # every host asked, in order
-    containers: tuple[FleetContainer, ...] = ()
+    containers: tuple[HostContainer, ...] = ()  # as each host's agent listed them
     unreachable: dict[str, str] = field(default_factory=dict)  # host -> why it gave no answer
     placed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the book: stack -> its hosts (ranks in order)
     parked: tuple[str, ...] = ()  # the book's stacks parked across the fleet (no engine; placement kept)

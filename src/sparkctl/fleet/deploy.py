@@ -70,39 +70,36 @@ class Fleetwide:
     def up(self, stack: Stack, *, total_bytes: int, wait: float,
            say: Callable[[str], None] = lambda _: None) -> FleetUp:
         with self.owning(stack.name):
-            return self._up(stack, total_bytes=total_bytes, wait=wait, say=say)
-
-    def _up(self, stack: Stack, *, total_bytes: int, wait: float, say: Callable[[str], None]) -> FleetUp:
-        bundles, strategy = placement.bundles(stack, total_bytes)
-        group = placement.group_name(stack.name)
-        known = self.book.get(stack.name)
-        if known is not None and len(known.hosts) != len(bundles):
-            self._release(group)  # a new replica count is a new placement
-        address = agents.driver_address(self.settings)
-        try:
-            placed = self.backend.place(self.head, local_address=address, name=group, bundles=bundles,
-                                        strategy=strategy, wait=PLACE_WAIT)
-        except NoRoom:
-            raise NoRoom(placement.fits_nowhere(stack, bundles[0], self.free(), len(bundles))) from None
-        nodes = self.backend.nodes(self.head)
-        hosts = [_host_of(node_id, nodes) for node_id in placed.nodes]
-        say(f"Ray placed {stack.name} on {', '.join(hosts)} ({strategy})")
-        spec = spec_hash(stack)
-        prepared = self._ask(hosts, Prepare(stack.name, spec), wait, nodes)
-        agreement = placement.agree(prepared)
-        if agreement.differences:
-            self._release(group)
-            raise SparkctlError(agreement.refusal(stack.name))
-        say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
-        if stack.parallel is None:
-            started = self._ask(hosts, Up(stack.name, spec, agreement.expected), wait, nodes)
-            entry = Placed(stack.name, group, _replicas(started), spec, agreement.expected)
-        else:
-            started = self._start_group(stack.name, hosts, spec, agreement.expected, wait, nodes)
-            entry = Placed(stack.name, group, _replicas(started[:1]), spec, agreement.expected, tuple(hosts))
-        placed = self._record(entry)
-        notes = [n for a in [*prepared, *started] if a.ok for n in a.value.notes]
-        return FleetUp(placed, unreachable(started), notes)
+            bundles, strategy = placement.bundles(stack, total_bytes)
+            group = placement.group_name(stack.name)
+            known = self.book.get(stack.name)
+            if known is not None and len(known.hosts) != len(bundles):
+                self._release(group)  # a new replica count is a new placement
+            address = agents.driver_address(self.settings)
+            try:
+                placed = self.backend.place(self.head, local_address=address, name=group, bundles=bundles,
+                                            strategy=strategy, wait=PLACE_WAIT)
+            except NoRoom:
+                raise NoRoom(placement.fits_nowhere(stack, bundles[0], self.free(), len(bundles))) from None
+            nodes = self.backend.nodes(self.head)
+            hosts = [_host_of(node_id, nodes) for node_id in placed.nodes]
+            say(f"Ray placed {stack.name} on {', '.join(hosts)} ({strategy})")
+            spec = spec_hash(stack)
+            prepared = self._ask(hosts, Prepare(stack.name, spec), wait, nodes)
+            agreement = placement.agree(prepared)
+            if agreement.differences:
+                self._release(group)
+                raise SparkctlError(agreement.refusal(stack.name))
+            say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
+            if stack.parallel is None:
+                started = self._ask(hosts, Up(stack.name, spec, agreement.expected), wait, nodes)
+                entry = Placed(stack.name, group, _replicas(started), spec, agreement.expected)
+            else:
+                started = self._start_group(stack.name, hosts, spec, agreement.expected, wait, nodes)
+                entry = Placed(stack.name, group, _replicas(started[:1]), spec, agreement.expected, tuple(hosts))
+            placed = self._record(entry)
+            notes = [n for a in [*prepared, *started] if a.ok for n in a.value.notes]
+            return FleetUp(placed, unreachable(started), notes)
 
     def _start_group(self, stack: str, hosts: list[str], spec: str, expected: dict[str, str], wait: float,
                      nodes: list[Node]) -> list[AgentAnswer]:
@@ -156,40 +153,34 @@ class Fleetwide:
         book first, so the head's daemon neither routes, probes nor restarts it meanwhile; then
         `before()` (its requests drain)."""
         with self.owning(stack):
-            return self._park(stack, wait=wait, before=before)
-
-    def _park(self, stack: str, *, wait: float, before: Callable[[], None]) -> Placed:
-        placed = self.book.change(lambda book: _parked(book, stack))[stack]
-        before()
-        removed = self._ask(placed.hosts, Remove(stack), wait, self.backend.nodes(self.head))
-        if failed := [a for a in removed if not a.ok]:
-            raise SparkctlError(f"{stack} is parked, but its engine is not confirmed gone on "
-                                + "; ".join(f"host {a.host} ({a.error})" for a in failed)
-                                + f"; `sparkctl park {stack}` again removes it there")
-        return placed
+            placed = self.book.change(lambda book: _parked(book, stack))[stack]
+            before()
+            removed = self._ask(placed.hosts, Remove(stack), wait, self.backend.nodes(self.head))
+            if failed := [a for a in removed if not a.ok]:
+                raise SparkctlError(f"{stack} is parked, but its engine is not confirmed gone on "
+                                    + "; ".join(f"host {a.host} ({a.error})" for a in failed)
+                                    + f"; `sparkctl park {stack}` again removes it there")
+            return placed
 
     def wake(self, stack: str, *, wait: float, within: float) -> Recovered:
         """Start a parked stack's engines again with what was agreed, where Ray has its bundles
         now (a host that died meanwhile had them re-placed); a group starts whole."""
         with self.owning(stack):
-            return self._wake(stack, wait=wait, within=within)
-
-    def _wake(self, stack: str, *, wait: float, within: float) -> Recovered:
-        placed = self.book.get(stack)
-        if placed is None or not placed.parked:
-            raise SparkctlError(f"{stack} is not parked across the fleet")
-        hosts, _, nodes = self._placed_on(placed, within)
-        if placed.ranks:
-            started = self._start_group(stack, hosts, placed.spec, placed.parts, wait, nodes)
-            replicas, ranks = _replicas(started[:1]), tuple(hosts)
-        else:
-            started = self._ask(hosts, Up(stack, placed.spec, placed.parts), wait, nodes)
-            replicas, ranks = _replicas(started), ()
-        if not replicas:
-            raise SparkctlError(f"{stack} woke on no host: " + "; ".join(f"{a.host}: {a.error}" for a in started))
-        entry = self._record(dataclasses.replace(placed, replicas=replicas, ranks=ranks, parked=False))
-        return Recovered(entry, unreachable(started),
-                         started[0].value.timings.get("engine_start_s") if started[0].ok else None)
+            placed = self.book.get(stack)
+            if placed is None or not placed.parked:
+                raise SparkctlError(f"{stack} is not parked across the fleet")
+            hosts, _, nodes = self._placed_on(placed, within)
+            if placed.ranks:
+                started = self._start_group(stack, hosts, placed.spec, placed.parts, wait, nodes)
+                replicas, ranks = _replicas(started[:1]), tuple(hosts)
+            else:
+                started = self._ask(hosts, Up(stack, placed.spec, placed.parts), wait, nodes)
+                replicas, ranks = _replicas(started), ()
+            if not replicas:
+                raise SparkctlError(f"{stack} woke on no host: " + "; ".join(f"{a.host}: {a.error}" for a in started))
+            entry = self._record(dataclasses.replace(placed, replicas=replicas, ranks=ranks, parked=False))
+            return Recovered(entry, unreachable(started),
+                             started[0].value.timings.get("engine_start_s") if started[0].ok else None)
 
     def _placed_on(self, placed: Placed, within: float) -> tuple[list[str], set[str], list[Node]]:
         """Where Ray has the stack's bundles, once every one of them is on a live host (within
@@ -243,15 +234,12 @@ class Fleetwide:
         daemon stops restarting what is being removed; the placement goes once every host
         confirmed (a retry asks every host again and releases it)."""
         with self.owning(stack):
-            return self._down(stack, wait=wait)
-
-    def _down(self, stack: str, *, wait: float) -> list[AgentAnswer]:
-        self.book.change(lambda book: book.pop(stack, None))
-        answers = agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet,
-                             call=Remove(stack), wait=wait)
-        if all(a.ok for a in answers):
-            self._release(placement.group_name(stack))
-        return answers
+            self.book.change(lambda book: book.pop(stack, None))
+            answers = agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet,
+                                 call=Remove(stack), wait=wait)
+            if all(a.ok for a in answers):
+                self._release(placement.group_name(stack))
+            return answers
 
     def free(self) -> dict[str, int]:
         """Each live host's free memory as Ray accounts it (its ceiling less what is placed)."""

@@ -65,9 +65,9 @@ class FleetMachine:
 
     def down(self, stack: str, *, wait: float) -> FleetDownDone:
         """Remove the stack's containers on every host and release its placement."""
-        gone = survey.removal(stack, self.fleetwide.down(stack, wait=wait))
+        done = survey.removal(stack, self.fleetwide.down(stack, wait=wait))
         self.routes.refresh()
-        return FleetDownDone(stack, gone.removed, gone.unreachable)
+        return done
 
     def ps(self, *, wait: float, book_only: bool = False) -> FleetPs:
         """Every host's containers of this instance (unless `book_only`), and the book."""
@@ -75,9 +75,8 @@ class FleetMachine:
         found = survey.census([] if book_only else agents.ask(f.backend, head=f.head, settings=f.settings,
                                                               fleet=f.fleet, call=Containers(), wait=wait))
         book = f.book.entries()
-        return FleetPs(found.hosts, tuple(messages.FleetContainer(**asdict(r)) for r in found.rows), found.unreachable,
-                       {name: tuple(p.hosts) for name, p in book.items()},
-                       tuple(name for name, p in book.items() if p.parked))
+        return replace(found, placed={name: tuple(p.hosts) for name, p in book.items()},
+                       parked=tuple(name for name, p in book.items() if p.parked))
 
     def runs(self, stack: str) -> bool:
         """Whether `stack` runs across the fleet: it is placed already, or its file places it

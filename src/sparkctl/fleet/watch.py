@@ -1,29 +1,19 @@
-"""The head daemon's watch over the fleet: hosts Ray declares dead leave routing at once, the
-stacks they served are re-placed, a host that comes back is swept of what now runs elsewhere, and
-the placed engines are probed.
+"""The head daemon's watch over the fleet (built by `daemon/app.py` on a fleet's head).
 
-A child process reads Ray's node table every 0.1 s and reports each change (`FleetBackend.watch`).
-When a host that serves placed stacks is no longer alive, the gateway ejects every replica on its
-serving address in the same step, so requests go to the other replicas, or wait in the gateway's
-hold while a stack has none; then each such stack is re-placed where Ray put its bundles and the
-routes are rebuilt, which lets the held requests go. The time from Ray's verdict to the eject is
-logged (`fleet_host_ejected`). Each probe pass settles the book against the last node table again:
-an entry a `fleet up` recorded on a host that died while it ran is re-placed too.
-
-A second thread probes the placed engines every `PROBE_EVERY`. The replicas whose `/health` fails
-on hosts not held out are observed once per pass (their hosts' agents list their containers; Ray's
-node table is read before and after) and `fleet.triage` decides: a replica is started again on its
-host only when the host's agent answered and reported its container gone or exited (nothing else
-restarts the fleet's containers), under the crash-loop rule; an agent that did not answer gets
-nothing sent at all, since its host may be dying and a restart there could run once it is back,
-beside the node watch's re-placement (issue 31): Ray's verdict decides. A multi-node group's
-`/health` lies (a dead worker, a dead rank 0's orphaned worker, a downed link: issue 18), so its
-rank 0 gets a 1-token completion with a `PROBE_TIMEOUT` instead; a failed one has the group
-recreated whole, where Ray has its bundles.
-
-Both threads re-place a stack only while no other recovery of it runs, and each recovery runs in a
-thread of its own: a real engine's start takes minutes, and meanwhile the node table is still
-watched and the other stacks still probed. Built by the daemon on a fleet's head (`daemon/app.py`).
+A child reads Ray's node table every 0.1 s and reports each change (`FleetBackend.watch`). A host
+that serves placed stacks and is no longer alive leaves routing at once (the gateway ejects every
+replica on its serving address, logged as `fleet_host_ejected` with the time from Ray's verdict),
+each stack it served is re-placed where Ray put its bundles and the routes are rebuilt, which lets
+the held requests go; a host that comes back is swept of what now runs elsewhere. Each probe pass
+(every `PROBE_EVERY`) settles the book against the last table again, so an entry a `fleet up`
+recorded on a host that died while it ran is re-placed too; then it probes the placed engines.
+A replica whose `/health` fails on a live host is observed once (its host's agent lists its
+containers; Ray's table is read before and after) and `fleet.triage` decides: it is started again
+only on its live agent's word that its container is gone or exited, under the crash-loop rule; a
+silent agent gets nothing (its host may be dying, issue 31): Ray's verdict decides. A multi-node
+group's `/health` lies (issue 18), so its rank 0 gets a 1-token completion instead, and a failed
+one has the group recreated whole. A recovery runs in a thread of its own (an engine's start takes
+minutes), one per stack at a time, while the table is still watched and the others still probed.
 """
 
 from __future__ import annotations
