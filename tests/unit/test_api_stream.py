@@ -175,3 +175,25 @@ def test_a_cancel_names_its_action_a_queued_one_leaves_the_queue_and_a_running_o
             assert actions.ran == ["up"]  # the cancelled pull never ran, before or after
 
     asyncio.run(main())
+
+
+def test_fleet_requests_to_a_daemon_that_heads_no_fleet_say_what_to_do() -> None:
+    """`fleet up`, `down` and `ps` are asked of the head's daemon, the one writer of the book: any
+    other daemon answers each with what to do, and a bad `wait` is refused before anything queues."""
+    async def main() -> tuple[list[str], tuple[int, str]]:
+        actions, app = build()
+        actions.fleet = None
+        async with TestClient(TestServer(app)) as client:
+            said = []
+            for path, body in (("/v1/fleet/up", {"stack": "a"}), ("/v1/fleet/down", {"stack": "a"})):
+                lines = [json.loads(line) for line in (await (await client.post(path, json=body)).text()).splitlines()]
+                said.append(lines[-1]["error"])
+            response = await client.post("/v1/fleet/ps", json={})
+            said.append((await response.json())["error"]["message"])
+            bad = await client.post("/v1/fleet/up", json={"stack": "a", "wait": "soon"})
+            return said, (bad.status, (await bad.json())["error"]["message"])
+
+    said, bad = asyncio.run(main())
+    assert len(said) == 3 and all(text.startswith("this daemon heads no fleet") and "fleet init" in text
+                                  for text in said), said
+    assert bad == (400, "`wait` must be a number of seconds, not 'soon'")

@@ -135,8 +135,9 @@ async def fleet_ps(request: web.Request) -> web.Response:
 
 def _fleet(actions: Commands) -> FleetMachine:
     if actions.fleet is None:
-        raise SparkctlError("this daemon heads no fleet: run `sparkctl fleet init` on this Spark, then restart its "
-                            "daemon (`sparkctl service restart`), or ask the daemon of the fleet's head")
+        raise SparkctlError("this daemon heads no fleet (it reads this Spark's node record at its start): run it "
+                            "on the fleet's head, after `sparkctl fleet init` (`sparkctl daemon --stop`, then "
+                            "run the command again, or `systemctl restart sparkctl`)")
     return actions.fleet
 
 
