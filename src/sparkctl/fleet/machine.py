@@ -55,18 +55,21 @@ class FleetMachine:
     wait: float  # each host's deploy
     local = False  # its stacks hold no memory of this Spark (`daemon/actions/machines.Machine`)
 
-    def up(self, stack: str, *, wait: float, say: Callable[[str], None]) -> FleetUpDone:
-        """Place `stack` with Ray and start it on each chosen host (`Fleetwide.up`); routed at once."""
-        spec = self.machine.catalog().stack(stack)
-        done = self.fleetwide.up(spec, total_bytes=self.total_bytes, wait=wait or self.wait, say=say)
-        self.routes.refresh()
+    def up(self, stack: str, *, wait: float, ticket: int | None, say: Callable[[str], None]) -> FleetUpDone:
+        """Place `stack` with Ray and start it on each chosen host (`Fleetwide.up`), in the stack's
+        turn; routed at once."""
+        with self.machine.turns.turn(stack, ticket):
+            spec = self.machine.catalog().stack(stack)
+            done = self.fleetwide.up(spec, total_bytes=self.total_bytes, wait=wait or self.wait, say=say)
+            self.routes.refresh()
         return FleetUpDone(stack, tuple(messages.FleetReplica(**asdict(r)) for r in done.placed.replicas),
                            done.failed, tuple(dict.fromkeys(done.notes)))
 
-    def down(self, stack: str, *, wait: float) -> FleetDownDone:
-        """Remove the stack's containers on every host and release its placement."""
-        done = survey.removal(stack, self.fleetwide.down(stack, wait=wait))
-        self.routes.refresh()
+    def down(self, stack: str, *, wait: float, ticket: int | None) -> FleetDownDone:
+        """Remove the stack's containers on every host and release its placement, in the stack's turn."""
+        with self.machine.turns.turn(stack, ticket):
+            done = survey.removal(stack, self.fleetwide.down(stack, wait=wait))
+            self.routes.refresh()
         return done
 
     def ps(self, *, wait: float, book_only: bool = False) -> FleetPs:

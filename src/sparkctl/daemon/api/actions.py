@@ -113,27 +113,30 @@ async def wake(request: web.Request) -> web.StreamResponse:
 
 async def fleet_up(request: web.Request) -> web.StreamResponse:
     """`sparkctl fleet up`: placed and started across the fleet this daemon heads, in the stack's turn."""
-    return await _on_stack(request, messages.FleetUpRequest, lambda actions, ask, stack, this: _fleet(actions).up(
-        stack, wait=ask.wait, say=lambda text: actions.bus.publish(messages.Note(stack, text))))
+    fleet = _fleet(request.app[COMMANDS])
+    return await _on_stack(request, messages.FleetUpRequest, lambda actions, ask, stack, this: fleet.up(
+        stack, wait=ask.wait, ticket=this.ticket, say=lambda text: actions.bus.publish(messages.Note(stack, text))))
 
 
 async def fleet_down(request: web.Request) -> web.StreamResponse:
     """`sparkctl fleet down`: any stack's containers across the fleet, whether a stack file still names it."""
+    fleet = _fleet(request.app[COMMANDS])
     ask = await http.parse_body(request, messages.FleetDownRequest)
-    actions = request.app[COMMANDS]
     async with _queued(request, ask, ask.stack) as this:
         pass
-    return await _stream_action(request, this, (ask.stack,), lambda: _fleet(actions).down(ask.stack, wait=ask.wait))
+    return await _stream_action(request, this, (ask.stack,),
+                                lambda: fleet.down(ask.stack, wait=ask.wait, ticket=this.ticket))
 
 
 async def fleet_ps(request: web.Request) -> web.Response:
     """`sparkctl fleet ps`: every host's containers, as its agent lists them, and the book."""
+    fleet = _fleet(request.app[COMMANDS])
     ask = await http.parse_body(request, messages.FleetPsRequest)
-    found = await asyncio.to_thread(lambda: _fleet(request.app[COMMANDS]).ps(wait=ask.wait, book_only=ask.book_only))
-    return web.json_response(asdict(found))
+    return web.json_response(asdict(await asyncio.to_thread(fleet.ps, wait=ask.wait, book_only=ask.book_only)))
 
 
 def _fleet(actions: Commands) -> FleetMachine:
+    """The fleet this daemon heads; refused before anything queues when it heads none."""
     if actions.fleet is None:
         raise SparkctlError("this daemon heads no fleet (it reads this Spark's node record at its start): run it "
                             "on the fleet's head, after `sparkctl fleet init` (`sparkctl daemon --stop`, then "
