@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from sparkctl.errors import SparkctlError
+from sparkctl.node import HostContainer
 
 
 def load(kind: Any, value: Any) -> Any:
@@ -151,14 +152,33 @@ class ImageEdit:
             raise BadRequest(f"`edit` must be one of {', '.join(IMAGE_EDITS)}")
 
 
+@dataclass(frozen=True)
+class FleetUpRequest(Asked):
+    stack: str
+    wait: float = 0.0  # s each host has to pull, fetch and start its engine (0: SPARKCTL_FLEET_DEPLOY_TIMEOUT)
+
+
+@dataclass(frozen=True)
+class FleetDownRequest(Asked):
+    stack: str
+    wait: float = 40.0  # s each host has to confirm its containers are gone
+
+
+@dataclass(frozen=True)
+class FleetPsRequest:
+    wait: float = 10.0  # s each host's agent has to answer before the host is named unreachable
+    book_only: bool = False  # the book's placements, without asking any host
+
+
 Request = (UpRequest | PullRequest | CancelRequest | DownRequest | SwitchRequest | ParkRequest | WakeRequest
-           | RetestRequest | BenchRequest | PatchCheckRequest | ImageEdit)
+           | RetestRequest | BenchRequest | PatchCheckRequest | ImageEdit | FleetUpRequest | FleetDownRequest
+           | FleetPsRequest)
 
 
 def parse(kind: type[Request], body: object) -> Request:
     """The request in `body` (decoded JSON), or BadRequest naming what is wrong. Fields without a
-    default are required strings; a flag is taken as true or false; an optional string left out
-    (or empty) takes its default."""
+    default are required strings; a flag is taken as true or false, a number as a number; an
+    optional string left out (or empty) takes its default."""
     required = [f.name for f in fields(kind) if f.default is MISSING]
     if not isinstance(body, dict) or any(not isinstance(body.get(name), str) for name in required):
         raise BadRequest(f"request body must be a JSON object with string fields: {', '.join(required)}")
@@ -167,9 +187,10 @@ def parse(kind: type[Request], body: object) -> Request:
         value = body.get(f.name)
         if isinstance(f.default, bool):
             value = bool(value)
-        elif f.default is None:  # an optional number
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise BadRequest(f"`{f.name}` must be a number")
+        elif f.default is None or isinstance(f.default, float):  # a number (None: its default's own)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+                raise BadRequest(f"`{f.name}` must be a number, at least 0, not {value!r}")
+            value = f.default if value is None else value
         elif f.default is not MISSING and not value:
             value = f.default
         elif not isinstance(value, str):
@@ -316,8 +337,43 @@ class ReportWritten:
     file: str  # its page, in that folder
 
 
+@dataclass(frozen=True)
+class FleetReplica:
+    host: str
+    url: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class FleetUpDone:
+    done: ClassVar[str] = "fleet up"
+    stack: str
+    replicas: tuple[FleetReplica, ...]
+    failed: dict[str, str] = field(default_factory=dict)  # host -> why its engine did not start
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FleetDownDone:
+    done: ClassVar[str] = "fleet down"
+    stack: str
+    removed: dict[str, tuple[str, ...]]  # host -> names its Docker removed (confirmed gone)
+    unreachable: dict[str, str] = field(default_factory=dict)  # host -> why it could not confirm anything
+
+
+@dataclass(frozen=True)
+class FleetPs:
+    """Every host's containers of this instance, as each host's agent listed them, and the book."""
+
+    hosts: tuple[str, ...]  # every host asked, in order
+    containers: tuple[HostContainer, ...] = ()  # as each host's agent listed them
+    unreachable: dict[str, str] = field(default_factory=dict)  # host -> why it gave no answer
+    placed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the book: stack -> its hosts (ranks in order)
+    parked: tuple[str, ...] = ()  # the book's stacks parked across the fleet (no engine; placement kept)
+
+
 Done = (UpDone | PullDone | DownDone | SwitchDone | RouteDone | ParkDone | WakeDone | RetestDone | BenchDone
-        | PatchChecked | ImageEdited | CancelDone | ReportWritten)
+        | PatchChecked | ImageEdited | CancelDone | ReportWritten | FleetUpDone | FleetDownDone)
 DONE: dict[str, type[Done]] = {kind.done: kind for kind in typing.get_args(Done)}
 
 

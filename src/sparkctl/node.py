@@ -111,7 +111,7 @@ class Placement:
 
 
 # -- host agents ------------------------------------------------------------------------------------
-AGENT_CLASS = "sparkctl.agent:HostAgent"  # what each agent actor runs
+AGENT_CLASS = "sparkctl.fleet.hostagent:HostAgent"  # what each agent actor runs
 AGENT_PREFIX = "sparkctl-agent-"  # pinned to its host by the node label LABEL_HOST, not by `spark:<host>`
 
 

@@ -2,7 +2,9 @@
 init` on host a, `sparkctl fleet join` on the others, each inside its host with its own state dir.
 
 `cluster(hosts, ...)` is a context manager the fleet test modules use for their module's cluster
-(about 20 s to start, printed); `Cluster.sparkctl` runs any `sparkctl` command on a host.
+(about 20 s to start, printed), with `sparkctl daemon` on host a (`HeadDaemon`, its gateway on a's
+address, its JSON log read back for its fleet events): it owns the placement book, so `fleet up`,
+`ps` and `down` ask it. `Cluster.sparkctl` runs any `sparkctl` command on a host.
 """
 
 from __future__ import annotations
@@ -13,28 +15,74 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 from sparkctl.adapters import processes
+from sparkctl.deploy.health import http_status
 from sparkctl.fleet import local
 from sparkctl.instance import LABEL as INSTANCE_LABEL
 from tests.fakes.hub import Hub, HubServer
 from tests.fakes.repos import GEMMA4, seed_repos
 from tests.fleet.hosts import Host, Hosts
 from tests.fleet.network import LINK
+from tests.teardown import stop
 
 RAY_TIMEOUT = 40
 START_TIMEOUT = 2 * (RAY_TIMEOUT + 30) + 20  # two `ray start`s (raynode.START_ATTEMPTS), each to its deadline
 IMAGE = "ghcr.io/sparkctl-test/fleet-sim"  # the sim image, as the hosts pull it from the bridge registry
 
 
+class HeadDaemon:
+    """`sparkctl daemon` on host a, its gateway on a's address."""
+
+    def __init__(self, cluster: Cluster, *, port: int, env: dict[str, str] | None = None) -> None:
+        a = cluster.hosts["a"]
+        self.url = f"http://{a.address}:{port}"
+        self.log_path = cluster.root / "daemon.log"
+        # many faults in a few minutes are the point here, not a crash loop: the rule is tested elsewhere
+        env = cluster.env_for(a) | {"SPARKCTL_GATEWAY_HOST": a.address, "SPARKCTL_GATEWAY_PORT": str(port),
+                                    "SPARKCTL_CRASH_LOOP": "100",
+                                    "SPARKCTL_SWITCH_HOLD_TIMEOUT": "150", **(env or {})}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([*a.enter(), sys.executable, "-m", "sparkctl", "daemon"], stdout=log,
+                                         stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 120  # its start is ~2 CPU-s of imports: minutes on a loaded machine
+        while http_status(self.url + "/health") != 200:
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log()[-3000:]
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def until(self, condition: Callable[[], object], timeout: float) -> None:
+        """Wait for `condition`; past `timeout`, fail with the daemon's last log lines."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, self.log()[-4000:]
+            time.sleep(0.05)
+
+    def events(self, name: str) -> list[dict]:
+        found = []
+        for line in self.log().splitlines():
+            if f'"{name}"' in line:
+                try:
+                    found.append(json.loads(line[line.index("{"):]))
+                except ValueError:
+                    continue
+        return found
+
+    def stop(self) -> None:
+        stop(self.proc, 30)
+
+
 class Cluster:
     def __init__(self, hosts: Hosts, root: Path, *, instance: str, port: int, env: dict[str, str]) -> None:
         self.hosts, self.root, self.instance, self.port, self.env = hosts, root, instance, port, env
         self.head = f"{hosts['a'].address}:{port}"
+        self.daemon: HeadDaemon | None = None  # the head's, which `fleet up`, `ps` and `down` ask
 
     def env_for(self, host: Host) -> dict[str, str]:
         """A sparkctl process's environment on `host`: its own state dir, caches and Docker."""
@@ -87,10 +135,11 @@ class Cluster:
 
 
 @contextmanager
-def cluster(hosts: Hosts, *, instance: str, port: int, memory: dict[str, str] | None = None,
-            env: dict[str, str] | None = None) -> Iterator[Cluster]:
-    """Head on a, the other hosts joined, every agent up; all of it stopped (by pid) at the end.
-    `memory`: a host's ceiling in the inventory (default 2GiB)."""
+def cluster(hosts: Hosts, *, instance: str, port: int, gateway_port: int, memory: dict[str, str] | None = None,
+            env: dict[str, str] | None = None, daemon_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """Head on a, the other hosts joined, every agent up, then the head's daemon (its gateway on
+    a's address at `gateway_port`); all of it stopped (by pid) at the end. `memory`: a host's
+    ceiling in the inventory (default 2GiB)."""
     root = Path(tempfile.mkdtemp(prefix="sg", dir="/tmp"))  # short: Ray's unix sockets live under it
     lines = ["head: a", "hosts:"]
     for host in hosts:
@@ -105,9 +154,13 @@ def cluster(hosts: Hosts, *, instance: str, port: int, memory: dict[str, str] | 
         assert done.returncode == 0, done.stdout + done.stderr
         with ThreadPoolExecutor(len(hosts.hosts)) as pool:
             list(pool.map(made.join, [h for h in hosts if h.name != "a"]))
-        print(f"\nRay head on a, workers on the others, agents up: {time.monotonic() - started:.1f} s")
+        made.daemon = HeadDaemon(made, port=gateway_port, env=daemon_env)
+        print(f"\nRay head on a, workers on the others, agents and the head's daemon up: "
+              f"{time.monotonic() - started:.1f} s")
         yield made
     finally:
+        if made.daemon is not None:
+            made.daemon.stop()
         made.stop_all()
         subprocess.run(["rm", "-rf", str(root)], check=False)
 

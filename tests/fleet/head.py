@@ -1,15 +1,11 @@
-"""The fleet's head as the failover and group tests and benchmarks drive it: `sparkctl daemon` on
-host a with its gateway on a's address (`HeadDaemon`, whose JSON log is read back for its fleet
-events), client loops through that gateway with the official `openai` client (`Load`), a whole
-served fleet (`headed`), and hosts for a benchmark run outside pytest (`standalone`).
+"""The fleet's head as the failover and group tests and benchmarks drive it: client loops through
+the head daemon's gateway with the official `openai` client (`Load`), a whole served fleet
+(`headed`), and hosts for a benchmark run outside pytest (`standalone`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,56 +15,11 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from sparkctl.deploy.health import http_status
 from tests.fakes.registry import SIM_IMAGE
 from tests.fakes.tinymodel import cached_model
-from tests.fleet.cluster import Cluster, cluster, deployable
+from tests.fleet.cluster import Cluster, HeadDaemon, cluster, deployable
 from tests.fleet.hosts import Hosts
 from tests.fleet.images import load as load_image
-from tests.teardown import stop
-
-
-class HeadDaemon:
-    """`sparkctl daemon` on host a, its gateway on a's address."""
-
-    def __init__(self, cluster: Cluster, *, port: int, env: dict[str, str] | None = None) -> None:
-        a = cluster.hosts["a"]
-        self.url = f"http://{a.address}:{port}"
-        self.log_path = cluster.root / "daemon.log"
-        # many faults in a few minutes are the point here, not a crash loop: the rule is tested elsewhere
-        env = cluster.env_for(a) | {"SPARKCTL_GATEWAY_HOST": a.address, "SPARKCTL_GATEWAY_PORT": str(port),
-                                    "SPARKCTL_CRASH_LOOP": "100",
-                                    "SPARKCTL_SWITCH_HOLD_TIMEOUT": "150", **(env or {})}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([*a.enter(), sys.executable, "-m", "sparkctl", "daemon"], stdout=log,
-                                         stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 120  # its start is ~2 CPU-s of imports: minutes on a loaded machine
-        while http_status(self.url + "/health") != 200:
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log()[-3000:]
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def until(self, condition: Callable[[], object], timeout: float) -> None:
-        """Wait for `condition`; past `timeout`, fail with the daemon's last log lines."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, self.log()[-4000:]
-            time.sleep(0.05)
-
-    def events(self, name: str) -> list[dict]:
-        found = []
-        for line in self.log().splitlines():
-            if f'"{name}"' in line:
-                try:
-                    found.append(json.loads(line[line.index("{"):]))
-                except ValueError:
-                    continue
-        return found
-
-    def stop(self) -> None:
-        stop(self.proc, 30)
 
 
 class Load:
@@ -112,15 +63,12 @@ def headed(hosts: Hosts, sim_image: str, model_dir: Path, stacks_dir: Path, stac
     """A fleet on `hosts` serving `stacks` (those in `up` placed with `fleet up`, each given
     `wait` seconds), and the head's daemon; at the end the cluster's containers are removed on every host."""
     with (deployable(hosts, sim_image, model_dir, stacks_dir, stacks) as env,
-          cluster(hosts, instance=instance, port=port, memory=memory, env=env) as made):
+          cluster(hosts, instance=instance, port=port, gateway_port=gateway_port, memory=memory, env=env,
+                  daemon_env=daemon_env) as made):
         for stack in up:
             code, out = made.up(stack, wait=wait)
             assert code == 0, out
-        daemon = HeadDaemon(made, port=gateway_port, env=daemon_env)
-        try:
-            yield made, daemon
-        finally:
-            daemon.stop()  # the cluster's end then removes its containers on every host, and its Ray
+        yield made, made.daemon
 
 
 @contextmanager

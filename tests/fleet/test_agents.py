@@ -25,13 +25,14 @@ from tests.fleet.cluster import RAY_TIMEOUT, Cluster
 from tests.fleet.cluster import cluster as start_cluster
 from tests.fleet.hosts import Host, Hosts
 
+GATEWAY_PORT = 18410  # the head daemon's gateway, on a's address
 PORT = 27600  # every host's first Ray port: each host has its own network namespace
 INSTANCE = "fleetagents"
 
 
 @pytest.fixture(scope="module")
 def cluster(fleet: Hosts) -> Iterator[Cluster]:
-    with start_cluster(fleet, instance=INSTANCE, port=PORT) as made:
+    with start_cluster(fleet, instance=INSTANCE, port=PORT, gateway_port=GATEWAY_PORT) as made:
         yield made
 
 

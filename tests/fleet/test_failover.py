@@ -3,8 +3,9 @@ replicas as soon as Ray declares it dead, re-places its stacks where Ray puts th
 host comes back it is swept, so nothing runs twice. Between the kill and Ray's verdict the dead
 host's replicas fail their probes, but its agent cannot answer, so nothing is restarted there: no
 engine is ever started on the killed host while its stacks are re-placed elsewhere (issue 31).
-Then an alias switches across hosts, from the replicated `pair` to `green`, placed where it fits,
-under the same kind of load.
+A `fleet up` racing a host's death and the re-placement of what it served ends with one book (the
+head daemon's, its only writer) that matches what runs on every host. Then an alias switches
+across hosts, from the replicated `pair` to `green`, placed where it fits, under the same kind of load.
 
 Host a's ceiling (1 GiB) keeps `solo` (1.2 GiB) on b or c; `pair` has a replica on two hosts.
 Clients are the official `openai` client without retries, one loop per stack: `pair` must see no
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.fleet.cluster import Cluster
+from tests.fleet.cluster import Cluster, HeadDaemon
 from tests.fleet.exposure import send
-from tests.fleet.head import HeadDaemon, Load, headed
+from tests.fleet.head import Load, headed
 from tests.fleet.hosts import Hosts
 
 PORT = 28200
@@ -32,7 +34,7 @@ RESTARTS = ("fleet_replica_down", "fleet_replica_restarted", "fleet_replica_rest
 # `pair`'s engines keep a sleeping engine's requests waiting without an answer, as real vLLM does (no 503)
 QUEUE_ASLEEP = {"container": {"env": {"SPARKCTL_SIM_FAULTS": "queue_while_asleep"}}}
 STACKS = {"solo": (0.6, 8701, {}), "pair": (0.2, 8702, {"replicas": 2}, QUEUE_ASLEEP),
-          "green": (0.2, 8703, {"replicas": 1})}
+          "green": (0.2, 8703, {"replicas": 1}), "late": (0.2, 8704, {"replicas": 1})}
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +139,54 @@ def test_a_dead_host_leaves_routing_its_stack_moves_and_it_comes_back_swept(head
     assert restarts_on(daemon, solo_host) == earlier, daemon.log()[-4000:]
     waited = [e for e in daemon.events("fleet_replica_awaits_ray") if e["host"] == solo_host]
     print(f"probes of {solo_host}'s replicas before Ray's verdict left to it: {[e['stack'] for e in waited]}")
+
+
+def test_a_fleet_up_racing_a_hosts_death_and_re_placement_ends_with_one_consistent_book(head) -> None:
+    """`fleet up late` is asked of the head's daemon as the host serving `solo` is killed: the up's
+    placement, its hosts' preparation and its record overlap Ray's verdict and `solo`'s
+    re-placement, all written by the one daemon. However the race goes (the up lands on live
+    hosts, or is refused whole because a chosen host died under it, and is asked again), the book
+    ends with every stack on live hosts, each host runs exactly what the book places there, and
+    the dead host, back, is swept of what it ran."""
+    cluster, daemon = head
+    victim = cluster.hosts[cluster.hosts_of("solo")[0]]
+    back = len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name])
+    with ThreadPoolExecutor(1) as pool:
+        racing = pool.submit(cluster.up, "late", wait=120)
+        victim.kill()
+        code, out = racing.result()
+    daemon.until(lambda: victim.name not in cluster.hosts_of("solo"), 150)  # re-placed
+    if code != 0:  # refused whole: a host it chose died under it; nothing of it was recorded
+        assert "late" not in cluster.book(), out
+        code, out = cluster.up("late", wait=120)
+    assert code == 0, out + daemon.log()[-3000:]
+    daemon.until(lambda: all(victim.name not in hosts for hosts in placed(cluster).values()), 150)
+    book = placed(cluster)
+    assert {"solo", "pair", "late"} <= set(book), book
+    live = [h for h in cluster.hosts if h.name != victim.name]
+    daemon.until(lambda: {h.name: running(h) for h in live} == expected(book, live), 60)
+
+    victim.start()
+    cluster.join(victim)
+    daemon.until(lambda: len([e for e in daemon.events("fleet_host_back") if e["host"] == victim.name]) > back, 60)
+    assert running(victim) == set() and placed(cluster) == book  # swept; the book unchanged by its return
+    print(f"\nfleet up late raced {victim.name}'s death: exit {code} first; book {book}")
+
+
+def placed(cluster: Cluster) -> dict[str, list[str]]:
+    """The head's book on disk (its owner writes it through): each stack's hosts."""
+    return {stack: [r["host"] for r in entry["replicas"]] for stack, entry in cluster.book().items()}
+
+
+def expected(book: dict[str, list[str]], hosts: list) -> dict[str, set[str]]:
+    return {h.name: {stack for stack, on in book.items() if h.name in on} for h in hosts}
+
+
+def running(host) -> set[str]:  # noqa: ANN001 - a tests.fleet Host
+    """The stacks whose containers of this instance run on `host`."""
+    listed = host.docker("ps", "--filter", f"label=sparkctl.instance={INSTANCE}", "--format",
+                         '{{.Label "sparkctl.stack"}}')
+    return set(listed.split())
 
 
 def test_an_alias_switches_across_hosts_without_a_failed_request(head) -> None:

@@ -25,9 +25,9 @@ import pytest
 from openai import OpenAI
 
 from sparkctl.instance import LABEL as INSTANCE_LABEL
-from tests.fleet.cluster import Cluster
+from tests.fleet.cluster import Cluster, HeadDaemon
 from tests.fleet.exposure import check_closed
-from tests.fleet.head import FAULTS, HeadDaemon, Load, headed, inject
+from tests.fleet.head import FAULTS, Load, headed, inject
 from tests.fleet.network import LINK
 
 DETECT_WITHIN = 5.0

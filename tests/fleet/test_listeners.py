@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from sparkctl import instance as instances
-from sparkctl.agent import HostAgent
 from sparkctl.container import LABEL_PLACED, LABEL_STACK
 from sparkctl.errors import SparkctlError
+from sparkctl.fleet.hostagent import HostAgent
 from tests.fleet.conftest import SIM_ENV
 from tests.fleet.exposure import send
 from tests.fleet.hosts import Host, Hosts

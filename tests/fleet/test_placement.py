@@ -21,6 +21,7 @@ from tests.fleet.cluster import cluster as start_cluster
 from tests.fleet.exposure import check_closed
 from tests.fleet.hosts import Hosts
 
+GATEWAY_PORT = 18420  # the head daemon's gateway, on a's address
 PORT = 27900
 INSTANCE = "fleetplace"
 # name: (fraction of a 2 GiB "Spark", engine port, placement)
@@ -43,7 +44,8 @@ STACKS = {
 @pytest.fixture(scope="module")
 def placed(fleet: Hosts, fleet_sim: str, tiny_model_dir: Path, tmp_path_factory) -> Iterator[Cluster]:
     with (deployable(fleet, fleet_sim, tiny_model_dir, tmp_path_factory.mktemp("fleet-stacks"), STACKS) as env,
-          start_cluster(fleet, instance=INSTANCE, port=PORT, memory={"c": "0.6GiB"}, env=env) as made):
+          start_cluster(fleet, instance=INSTANCE, port=PORT, gateway_port=GATEWAY_PORT, memory={"c": "0.6GiB"},
+                        env=env) as made):
         yield made  # the cluster's end removes its containers on every host, and its Ray
 
 

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import figure, load, runs, spread  # noqa: E402
 
-from tests.fleet.head import HeadDaemon, Load, headed, standalone  # noqa: E402
+from tests.fleet.cluster import HeadDaemon  # noqa: E402
+from tests.fleet.head import Load, headed, standalone  # noqa: E402
 from tests.fleet.hosts import check_machine  # noqa: E402
 
 KILLS = runs(5)
@@ -69,7 +70,7 @@ def main() -> None:
 def kill_one(fleet, daemon: HeadDaemon) -> tuple[float, float]:  # noqa: ANN001 - a tests.fleet Cluster
     """Kill a non-head host holding a replica; (Ray's detection, the eject after it), then rejoin."""
     victim = fleet.hosts[next(h for h in fleet.hosts_of("pair") if h != "a")]
-    seen = len(daemon.events("fleet_host_ejected"))
+    seen, replaced = len(daemon.events("fleet_host_ejected")), len(daemon.events("fleet_replaced"))
     killed = time.time()
     victim.kill()
     deadline = time.monotonic() + 60
@@ -81,7 +82,9 @@ def kill_one(fleet, daemon: HeadDaemon) -> tuple[float, float]:  # noqa: ANN001 
     victim.start()
     fleet.join(victim)
     deadline = time.monotonic() + 120
-    while len(daemon.events("fleet_host_back")) == back or len(fleet.hosts_of("pair")) < 2:
+    # back, and `pair` re-placed (a rejoin can come before the re-placement ends: the book names the victim till then)
+    while (len(daemon.events("fleet_host_back")) == back or len(daemon.events("fleet_replaced")) == replaced
+           or len(fleet.hosts_of("pair")) < 2):
         assert time.monotonic() < deadline, daemon.log()[-3000:]
         time.sleep(0.1)
     return ejected["died_at"] - killed, ejected["after_ray_s"]

@@ -33,9 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from world import figure, load, runs, spread  # noqa: E402
 
-from tests.fleet.cluster import Cluster  # noqa: E402
+from tests.fleet.cluster import (
+    Cluster,  # noqa: E402
+    HeadDaemon,  # noqa: E402
+)
 from tests.fleet.exposure import credential  # noqa: E402
-from tests.fleet.head import FAULTS, HeadDaemon, Load, headed, inject, standalone  # noqa: E402
+from tests.fleet.head import FAULTS, Load, headed, inject, standalone  # noqa: E402
 from tests.fleet.hosts import check_machine  # noqa: E402
 
 RUNS = runs(3)

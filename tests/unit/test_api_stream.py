@@ -175,3 +175,62 @@ def test_a_cancel_names_its_action_a_queued_one_leaves_the_queue_and_a_running_o
             assert actions.ran == ["up"]  # the cancelled pull never ran, before or after
 
     asyncio.run(main())
+
+
+def test_fleet_requests_to_a_daemon_that_heads_no_fleet_say_what_to_do() -> None:
+    """`fleet up`, `down` and `ps` are asked of the head's daemon, the one writer of the book: any
+    other daemon refuses each with what to do, before it takes a place in the stack's queue."""
+    async def main() -> tuple[list[tuple[int, str]], int]:
+        actions, app = build()
+        actions.fleet = None
+        async with TestClient(TestServer(app)) as client:
+            said = []
+            for path in ("/v1/fleet/up", "/v1/fleet/down", "/v1/fleet/ps"):
+                response = await client.post(path, json={"stack": "a"})
+                said.append((response.status, (await response.json())["error"]["message"]))
+            return said, actions.turns.ticket("a")
+
+    said, next_ticket = asyncio.run(main())
+    assert [status for status, _ in said] == [400] * 3
+    assert all(text.startswith("this daemon heads no fleet") and "fleet init" in text for _, text in said), said
+    assert next_ticket == 0  # no place taken in the stack's queue
+
+
+def test_a_fleet_request_with_a_bad_wait_is_refused_before_it_queues() -> None:
+    async def main() -> tuple[int, str, int]:
+        actions, app = build()
+        actions.fleet = object()
+        async with TestClient(TestServer(app)) as client:
+            response = await client.post("/v1/fleet/up", json={"stack": "a", "wait": "soon"})
+            return response.status, (await response.json())["error"]["message"], actions.turns.ticket("a")
+
+    assert asyncio.run(main()) == (400, "`wait` must be a number, at least 0, not 'soon'", 0)
+
+
+def test_a_fleet_up_takes_its_turn_so_the_next_action_on_the_stack_runs() -> None:
+    """The ticket a `fleet up` takes as it arrives is used by its action: a `park` after it is not
+    left waiting for a turn that never comes."""
+    class Fleet:
+        def __init__(self, turns: Turns) -> None:
+            self.turns = turns
+
+        def up(self, stack: str, *, wait: float, ticket: int, say) -> messages.FleetUpDone:  # noqa: ANN001
+            with self.turns.turn(stack, ticket):
+                return messages.FleetUpDone(stack, ())
+
+    async def main() -> tuple[bool, bool]:
+        actions, app = build()
+        actions.fleet = Fleet(actions.turns)
+        async with TestClient(TestServer(app)) as client:
+            first = [json.loads(line) for line in (await (await client.post(
+                "/v1/fleet/up", json={"stack": "a"})).text()).splitlines()]
+            ticket = actions.turns.ticket("a")
+            free = await asyncio.wait_for(asyncio.to_thread(_takes_turn, actions.turns, ticket), 5)
+            return first[-1]["ok"], free
+
+    assert asyncio.run(main()) == (True, True)
+
+
+def _takes_turn(turns: Turns, ticket: int) -> bool:
+    with turns.turn("a", ticket):
+        return True

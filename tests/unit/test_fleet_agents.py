@@ -13,9 +13,9 @@ import pytest
 
 from sparkctl.adapters import processes
 from sparkctl.adapters.raynode import _check_ports
-from sparkctl.agent import _digest_for, exposed
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, local, survey
+from sparkctl.fleet.hostagent import _digest_for, exposed
 from sparkctl.node import (
     CALLS,
     AgentAnswer,
@@ -96,17 +96,17 @@ def test_the_census_keeps_silent_hosts_apart() -> None:
     row = HostContainer(host="b", stack="tiny", name="sparkctl-tiny", state="running", image="sim:1", repo_digest=D1)
     found = survey.census([AgentAnswer("a", value=[]), AgentAnswer("b", value=[row, replace(row, stack="big")]),
                            AgentAnswer("c", error="did not answer within 8 s")])
-    assert [(r.host, r.stack) for r in found.rows] == [("b", "big"), ("b", "tiny")]
+    assert [(r.host, r.stack) for r in found.containers] == [("b", "big"), ("b", "tiny")]
     assert found.hosts == ("a", "b", "c") and found.unreachable == {"c": "did not answer within 8 s"}
-    assert not found.complete and found.to_dict()["containers"][1]["repo_digest"] == D1
+    assert found.unreachable and found.containers[1].repo_digest == D1
 
 
 def test_a_removal_is_complete_only_when_every_host_confirmed() -> None:
     done = survey.removal("tiny", [AgentAnswer("a", value=Removed("a", "tiny", ())),
                                    AgentAnswer("b", value=Removed("b", "tiny", ("sparkctl-tiny",)))])
-    assert done.complete and done.removed == {"a": (), "b": ("sparkctl-tiny",)}
+    assert not done.unreachable and done.removed == {"a": (), "b": ("sparkctl-tiny",)}
     partial = survey.removal("tiny", [AgentAnswer("a", value=Removed("a", "tiny", ())), AgentAnswer("c", error="dead")])
-    assert not partial.complete and partial.unreachable == {"c": "dead"}
+    assert partial.unreachable == {"c": "dead"}
 
 
 def image(host: str, digest: str | None, image_id: str = "id1", present: bool = True) -> HostImage:
@@ -189,7 +189,7 @@ def test_every_call_crosses_as_plain_data_and_comes_back_typed() -> None:
     import json
     import typing
 
-    from sparkctl.agent import HostAgent
+    from sparkctl.fleet.hostagent import HostAgent
 
     answers = {
         "describe": AgentSpec("a", None, "t1"),

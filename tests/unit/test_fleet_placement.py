@@ -9,18 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl.adapters.placements import BOOK_FILE, PlacementFile
 from sparkctl.fleet.placement import (
-    BOOK_FILE,
     GIB,
     PINNED_SHARE,
+    Book,
     Placed,
     Replica,
     agree,
     bundles,
     fits_nowhere,
-    read_book,
     serving,
-    write_book,
 )
 from sparkctl.node import AgentAnswer, Prepared
 from sparkctl.spec.models import Stack
@@ -131,21 +130,45 @@ def placed(stack_name: str, *hosts: str) -> Placed:
 
 def test_the_book_round_trips_and_a_parked_stack_is_not_serving(tmp_path: Path) -> None:
     book = {"gemma": placed("gemma", "a", "b"), "qwen": dataclasses.replace(placed("qwen", "c"), parked=True)}
-    write_book(tmp_path / "fleet", book)
-    assert read_book(tmp_path / "fleet") == book
-    assert read_book(tmp_path / "fleet")["gemma"].hosts == ["a", "b"]
-    assert list(serving(read_book(tmp_path / "fleet"))) == ["gemma"]
+    Book(PlacementFile(tmp_path / "fleet")).change(lambda entries: entries.update(book))
+    again = Book(PlacementFile(tmp_path / "fleet")).entries()  # a restarted daemon reads it back
+    assert again == book and again["gemma"].hosts == ["a", "b"]
+    assert list(serving(again)) == ["gemma"]
 
 
 @pytest.mark.parametrize("where", ["", "missing"])
 def test_no_book_is_nothing_placed(tmp_path: Path, where: str) -> None:
-    assert read_book(tmp_path / where) == {}
+    assert Book(PlacementFile(tmp_path / where)).entries() == {}
+
+
+def test_the_book_is_held_in_memory_and_written_through(tmp_path: Path) -> None:
+    """Its one owner, the head's daemon, reads the file once: what it holds is the book, and each
+    change is on disk when `change` returns."""
+    storage = PlacementFile(tmp_path)
+    book = Book(storage)
+    book.change(lambda entries: entries.update(gemma=placed("gemma", "a")))
+    assert Book(storage).entries() == {"gemma": placed("gemma", "a")}
+    storage.save({})  # written behind the owner's back (never done): not read back
+    assert book.get("gemma") == placed("gemma", "a")
+
+
+def test_a_failed_write_changes_nothing(tmp_path: Path) -> None:
+    """A change that cannot be written leaves the book as it was, in memory as on disk."""
+    storage = PlacementFile(tmp_path / "fleet")
+    book = Book(storage)
+    book.change(lambda entries: entries.update(gemma=placed("gemma", "a")))
+    storage.path = tmp_path / "not-a-dir" / BOOK_FILE
+    (tmp_path / "not-a-dir").write_text("a file where the fleet dir should be")
+    with pytest.raises(OSError):
+        book.change(lambda entries: entries.update(qwen=placed("qwen", "b")))
+    assert list(book.entries()) == ["gemma"] and list(Book(PlacementFile(tmp_path / "fleet")).entries()) == ["gemma"]
 
 
 def test_the_book_is_replaced_atomically(tmp_path: Path) -> None:
-    write_book(tmp_path, {"gemma": placed("gemma", "a")})
+    storage = PlacementFile(tmp_path)
+    storage.save({"gemma": dataclasses.asdict(placed("gemma", "a"))})
     with (tmp_path / BOOK_FILE).open() as before:  # a reader that opened the old book...
-        write_book(tmp_path, {"qwen": placed("qwen", "b", "c")})
+        storage.save({"qwen": dataclasses.asdict(placed("qwen", "b", "c"))})
         assert '"gemma"' in before.read()  # ...still reads all of it: a new file took its place
-    assert read_book(tmp_path) == {"qwen": placed("qwen", "b", "c")}
+    assert Book(storage).entries() == {"qwen": placed("qwen", "b", "c")}
     assert [p.name for p in tmp_path.iterdir()] == [BOOK_FILE]  # no temporary file left

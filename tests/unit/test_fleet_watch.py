@@ -10,6 +10,7 @@ an injected clock; the watch's threads are not started."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +18,15 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from sparkctl.daemon import fleetprobe
+from sparkctl.adapters.placements import PlacementFile
 from sparkctl.daemon.events import EventBus
-from sparkctl.daemon.fleetwatch import FleetWatch
-from sparkctl.daemon.planner import Policy
+from sparkctl.daemon.planner import Policy, backoff
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, triage
-from sparkctl.fleet.deploy import Recovered
-from sparkctl.fleet.placement import Placed, Replica, write_book
+from sparkctl.fleet import watch as probes
+from sparkctl.fleet.deploy import Fleetwide, Recovered
+from sparkctl.fleet.placement import Book, Placed, Replica
+from sparkctl.fleet.watch import FleetWatch
 from sparkctl.node import LABEL_ADDRESS, LABEL_HOST, AgentAnswer, HostContainer, Node, NodeState
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet, load_fleet
@@ -44,15 +46,16 @@ class Recorder:
 
     def __init__(self, settings: Settings, fleet: Fleet | None) -> None:
         self.settings, self.fleet, self.backend, self.head = settings, fleet, None, "10.0.0.2:6379"
+        self.book = Book(PlacementFile(settings.fleet_dir))
         self.calls: list[tuple] = []
         self.sweep_fails = False
         self.listing: dict[str, AgentAnswer] = {}  # host -> its agent's containers() answer (default: none listed)
         self.while_asked: Callable[[], None] = lambda: None  # what happens elsewhere while the agents are asked
 
     # Fleetwide
-    def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered:
+    def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered | None:
         self.calls.append(("recover", placed.stack, wait, within))
-        return Recovered(placed, {})
+        return Recovered(placed, {}) if self.book.get(placed.stack) == placed else None
 
     def restart(self, placed: Placed, host: str, *, wait: float, nodes: list[Node]) -> None:
         self.calls.append(("restart", placed.stack, host))
@@ -91,6 +94,11 @@ class Recorder:
         return [c for c in self.calls if c[0] in names]
 
 
+def write_book(recorder: Recorder, book: dict[str, Placed]) -> None:
+    """The book as its owner (the daemon) holds it, replaced whole."""
+    recorder.book.change(lambda entries: (entries.clear(), entries.update(book)))
+
+
 def node(host: str, state: NodeState = NodeState.ALIVE, node_id: str = "", **labels: str) -> Node:
     return Node(node_id=node_id or host * 8, address="10.0.0.9", state=state, labels={LABEL_HOST: host, **labels},
                 died_at=time.time() - 0.5 if state is NodeState.DEAD else None)
@@ -105,10 +113,12 @@ def watched(tmp_path: Path) -> tuple[FleetWatch, Recorder, EventBus]:
     settings = Settings(state_dir=tmp_path, instance="t1")
     (tmp_path / "fleet.yaml").write_text(FLEET)
     recorder, bus = Recorder(settings, load_fleet(tmp_path / "fleet.yaml")), EventBus()
-    write_book(settings.fleet_dir, {"gemma": GEMMA})
+    write_book(recorder, {"gemma": GEMMA})
     local.ensure_token(membership.token_path(settings))  # the fleet's token: placed engines' relays ask for it
     watch = FleetWatch(recorder, control=recorder, refresh=lambda: recorder.calls.append(("refresh",)),
-                       bus=bus, wait=30.0, within=12.0, background=lambda work: work(), clock=lambda: NOW)
+                       bus=bus, wait=30.0, within=12.0, policy=Policy(),
+                       backoff=lambda failures: backoff(failures, watch.policy), background=lambda work: work(),
+                       clock=lambda: NOW)
     watch.nodes = table()
     return watch, recorder, bus
 
@@ -178,9 +188,9 @@ def test_a_group_that_fails_its_probe_is_held_out_and_recreated_until_a_crash_lo
         watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
-    write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
+    write_book(watch.fleetwide, {"duo": DUO})
     answers = {"why": "status 500"}
-    monkeypatch.setattr(fleetprobe, "probe", lambda url, model, auth: answers["why"])
+    monkeypatch.setattr(probes, "probe", lambda url, model, auth: answers["why"])
     for _ in range(4):
         watch._probe(DUO)
     url = "http://10.0.0.2:8901"
@@ -195,14 +205,14 @@ def test_a_group_that_fails_its_probe_is_held_out_and_recreated_until_a_crash_lo
 def test_a_group_recovered_meanwhile_is_not_recreated_again(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=5, window=600, backoff_base=0, backoff_max=0)
-    write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
+    write_book(watch.fleetwide, {"duo": DUO})
     moved = dataclasses.replace(DUO, ranks=("a", "c"))
 
     def failing(url: str, model: str, auth: str) -> str:
-        write_book(watch.fleetwide.settings.fleet_dir, {"duo": moved})  # its host died: the watch re-placed it
+        write_book(watch.fleetwide, {"duo": moved})  # its host died: the watch re-placed it
         return "no answer within 3 s"
 
-    monkeypatch.setattr(fleetprobe, "probe", failing)
+    monkeypatch.setattr(probes, "probe", failing)
     watch._probe(DUO)
     assert recorder.named("eject_engine") and not recorder.named("recover")
 
@@ -222,7 +232,7 @@ def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop
     watch, recorder, _ = watched
     watch.policy = Policy(crash_loop=3, window=600, backoff_base=0, backoff_max=0)
     alive = dict(B_DOWN)
-    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(alive[url]))
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: state(alive[url]))
     recorder.listing = {"b": listed("b", "exited")}
     with capture_logs() as logs:
         for _ in range(4):
@@ -238,7 +248,7 @@ def test_a_dead_replica_on_a_live_host_is_started_there_again_until_a_crash_loop
 
 
 def state(healthy: bool) -> str:
-    return fleetprobe.SERVING if healthy else fleetprobe.DOWN
+    return probes.SERVING if healthy else probes.DOWN
 
 
 def test_a_replica_asleep_without_the_daemons_word_is_out_of_routing_until_it_wakes(
@@ -247,12 +257,12 @@ def test_a_replica_asleep_without_the_daemons_word_is_out_of_routing_until_it_wa
     cannot see it; the probe does (`vllm:engine_sleep_state`). Alive, it is neither restarted nor
     counted as a failure."""
     watch, recorder, _ = watched
-    states = {"http://10.0.0.2:8110": fleetprobe.SERVING, "http://10.0.0.3:8110": fleetprobe.ASLEEP}
-    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: states[url])
+    states = {"http://10.0.0.2:8110": probes.SERVING, "http://10.0.0.3:8110": probes.ASLEEP}
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: states[url])
     with capture_logs() as logs:
         watch.check_replicas([GEMMA])
         watch.check_replicas([GEMMA])  # still asleep: ejected once
-        states["http://10.0.0.3:8110"] = fleetprobe.SERVING
+        states["http://10.0.0.3:8110"] = probes.SERVING
         watch.check_replicas([GEMMA])
     assert recorder.named("eject_engine", "restore_engine", "restart", "containers") == [
         ("eject_engine", "http://10.0.0.3:8110"), ("restore_engine", "http://10.0.0.3:8110")]
@@ -270,11 +280,11 @@ def test_engine_state_reads_health_then_the_sleep_gauge(engine: str, metrics: st
     del engine
     server = _Pages({"/health": "", "/metrics": metrics})
     try:
-        assert fleetprobe.engine_state(server.url, "Bearer k") == expected
+        assert probes.engine_state(server.url, "Bearer k") == expected
         assert server.seen == ["Bearer k", "Bearer k"]  # the relay's credential on each
     finally:
         server.close()
-    assert fleetprobe.engine_state(server.url, "Bearer k") == fleetprobe.DOWN  # closed: refused
+    assert probes.engine_state(server.url, "Bearer k") == probes.DOWN  # closed: refused
 
 
 class _Pages:
@@ -317,7 +327,7 @@ def test_a_failing_replica_whose_agent_is_silent_gets_nothing_until_rays_verdict
     agent cannot answer, so nothing is restarted there, however many passes run meanwhile; Ray's
     verdict then moves the stack elsewhere, and the dead host is not even asked any more."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": silence}
     with capture_logs() as logs:
         for _ in range(3):  # Ray still lists b alive
@@ -338,7 +348,7 @@ def test_a_host_whose_agent_answers_again_is_decided_on_from_its_answer(
     """Ray kept b alive (a slow agent, a link back up): once its agent answers that the container
     exited, the replica is started again there, and a later silence is logged anew."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": SILENT}
     with capture_logs() as logs:
         watch.check_replicas([GEMMA])
@@ -357,7 +367,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
     """The agent's answer comes after Ray declared its node dead (or after the host rejoined as a
     new node): it speaks for a host the node watch now owns, so no restart follows it."""
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": listed("b", "exited")}
     rejoined = [node("a"), node("b", NodeState.DEAD), node("b", node_id="bbbbnew1"), node("c")]
     now = table(dead="b") if meanwhile == "declared_dead" else rejoined
@@ -368,7 +378,7 @@ def test_a_late_answer_after_rays_table_changed_for_the_host_sends_nothing(
 
 def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(False))
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: state(False))
     watch.down.add("b")
     watch.nodes = table(dead="b")
     recorder.listing = {"a": listed("a", "running")}
@@ -378,9 +388,9 @@ def test_a_replica_on_a_dead_host_is_the_node_watchs(watched, monkeypatch: pytes
 
 def test_a_replica_moved_while_its_agent_was_asked_is_not_restarted(watched, monkeypatch: pytest.MonkeyPatch) -> None:
     watch, recorder, _ = watched
-    monkeypatch.setattr(fleetprobe, "engine_state", lambda url, auth: state(B_DOWN[url]))
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: state(B_DOWN[url]))
     recorder.listing = {"b": listed("b", "exited")}
-    recorder.while_asked = lambda: write_book(watch.fleetwide.settings.fleet_dir, {})  # `fleet down gemma`
+    recorder.while_asked = lambda: write_book(watch.fleetwide, {})  # `fleet down gemma`
     watch.check_replicas([GEMMA])
     assert recorder.named("restart") == []
 
@@ -424,7 +434,7 @@ def test_a_failing_replica_is_restarted_only_on_its_live_agents_word(
 
 def test_a_parked_stack_is_neither_ejected_nor_recovered_when_its_host_dies(watched) -> None:
     watch, recorder, _ = watched
-    write_book(watch.fleetwide.settings.fleet_dir, {"gemma": dataclasses.replace(GEMMA, parked=True)})
+    write_book(watch.fleetwide, {"gemma": dataclasses.replace(GEMMA, parked=True)})
     watch.on_nodes(table(dead="b"))
     assert recorder.calls == [] and watch.down == set()  # nothing runs there: Ray moves its bundle, a wake follows it
 
@@ -460,8 +470,8 @@ def test_a_group_being_recreated_stays_out_of_routing_though_it_answers_again(
     """A link back up lets the old group answer while the node watch recreates it (its host was
     declared dead): the recreation holds rank 0 out, and a passing probe does not put it back."""
     watch, recorder, _ = watched
-    write_book(watch.fleetwide.settings.fleet_dir, {"duo": DUO})
-    monkeypatch.setattr(fleetprobe, "probe", lambda url, model, auth: None)
+    write_book(watch.fleetwide, {"duo": DUO})
+    monkeypatch.setattr(probes, "probe", lambda url, model, auth: None)
     inside = []
 
     def recover(placed, *, wait, within):
@@ -473,3 +483,37 @@ def test_a_group_being_recreated_stays_out_of_routing_though_it_answers_again(
     watch.on_nodes(table(dead="b"))
     assert inside == [[("eject_engine", "http://10.0.0.2:8901")]]
     assert recorder.named("eject_engine", "restore_engine")[-1] == ("restore_engine", "http://10.0.0.2:8901")
+
+
+def test_an_entry_recorded_on_a_host_that_died_meanwhile_is_re_placed_at_the_next_probe_pass(
+        watched, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `fleet up` placed gemma on b and recorded it after the node watch saw b die: no node
+    table changes again, so the probe pass settles the book against the last table."""
+    watch, recorder, _ = watched
+    monkeypatch.setattr(probes, "engine_state", lambda url, auth: probes.SERVING)
+    write_book(recorder, {})
+    watch.on_nodes(table(dead="b"))
+    assert recorder.calls == []  # b served nothing when it died
+    write_book(recorder, {"gemma": GEMMA})  # the `fleet up` that raced b's death records its entry
+    watch.probe_pass()
+    assert recorder.named("eject_host", "recover") == [("eject_host", "10.0.0.3"), ("recover", "gemma", 30.0, 12.0)]
+    assert watch.down == {"b"}
+
+
+def test_a_recovery_waits_for_an_up_of_its_stack_and_then_finds_its_entry_moved(tmp_path: Path) -> None:
+    """The head's daemon changes a stack's placement one change at a time: a recovery decided on
+    gemma's old entry waits while a `fleet up` of gemma runs, then finds the book moved on and
+    leaves it (it would otherwise write the old entry back over the new one)."""
+    book = Book(PlacementFile(tmp_path))
+    book.change(lambda entries: entries.update(gemma=GEMMA))
+    fleetwide = Fleetwide(backend=None, settings=Settings(state_dir=tmp_path), fleet=None, head="h", book=book)
+    moved = dataclasses.replace(GEMMA, replicas=(Replica("c", "http://10.0.0.4:8110", "fp2"),))
+    results: list = []
+    with fleetwide.owning("gemma"):  # an up of gemma under way
+        recovery = threading.Thread(target=lambda: results.append(fleetwide.recover(GEMMA, wait=1, within=1)))
+        recovery.start()
+        recovery.join(0.2)
+        assert recovery.is_alive()  # waiting for the up
+        book.change(lambda entries: entries.update(gemma=moved))  # the up records where gemma runs now
+    recovery.join(5)
+    assert results == [None] and book.get("gemma") == moved

@@ -5,6 +5,7 @@ not its own or whose interface does not hold its address."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -12,12 +13,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sparkctl.agent import HostAgent, placeable
+from sparkctl.cli.client import DaemonClient
 from sparkctl.container import LABEL_RANK, LABEL_RELAY
 from sparkctl.errors import SparkctlError, SpecError
 from sparkctl.fleet.deploy import group_ranks, rank_on
+from sparkctl.fleet.hostagent import HostAgent, placeable
 from sparkctl.fleet.local import check_on_interface
-from sparkctl.fleet.placement import Placed, Replica, write_book
+from sparkctl.messages import FleetPs
 from sparkctl.spec.fleet import Fleet
 from sparkctl.spec.load import load_stacks
 from sparkctl.spec.models import Parallel, Stack
@@ -316,12 +318,20 @@ def test_render_takes_the_fleet_file_in_the_state_dir(workspace: Path, cli, monk
     assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in out and "--headless" in out
 
 
-def test_render_follows_the_hosts_the_group_was_placed_on(group_workspace: Path, cli) -> None:
-    placed = Placed("group", "sparkctl-group", (Replica("c", "http://192.168.100.12:8110", "fp"),), "spec", {},
-                    ranks=("c", "a"))
-    write_book(group_workspace / "state" / "fleet", {"group": placed})
+def test_render_follows_the_hosts_the_group_was_placed_on(group_workspace: Path, cli,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a group was placed is the head's daemon's to say (it owns the book): the CLI asks it."""
+    asked = []
+
+    def post(client: DaemonClient, path: str, body: dict) -> dict:
+        asked.append((path, body))
+        return dataclasses.asdict(FleetPs(hosts=(), placed={"group": ("c", "a")}))
+
+    monkeypatch.setattr(DaemonClient, "available", lambda client: True)
+    monkeypatch.setattr(DaemonClient, "post", post)
     code, out, err = cli("stacks", "render", "group", "--rank", "1")
     assert code == 0, err
+    assert asked == [("/v1/fleet/ps", {"book_only": True})]
     args = shlex.split(out)
     assert value(args, "--master-addr") == "192.168.100.12" and "VLLM_HOST_IP=192.168.100.10" in args
     assert "NCCL_SOCKET_IFNAME=enp1s0f0np0" in args and "enp1s0f1np1" not in out

@@ -2,25 +2,27 @@
 this Spark's Ray node in a fleet of Sparks, stacks placed across it, and every host's containers
 through its host agent.
 
-Nodes, their state and the inventory; the host agents (one detached Ray actor per Spark owning
-its local Docker) for deploying, listing, removing and image checks across hosts. The backend
-(Ray) is built here and passed down; the steps are in `fleet`.
+Nodes, their state and the inventory (`init`, `join`, `status`, `leave`: this Spark's own node
+record and token, nothing the daemon owns) and image checks across hosts are run here, through the
+backend (Ray) built here; `up`, `down` and `ps` are asked of this Spark's daemon, which heads the
+fleet and is the one writer of its placement book (`fleet/machine.py`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 
+from sparkctl import messages
 from sparkctl.cli.console import OUTPUT, Column, Output, table
 from sparkctl.cli.runtime import Runtime, runtime
 from sparkctl.errors import SparkctlError
-from sparkctl.fleet import agents, local, membership, placement, survey
-from sparkctl.fleet.deploy import Fleetwide
-from sparkctl.node import AgentAnswer, AgentCall, Containers, ImageDigest, NodeState, Pull
+from sparkctl.fleet import agents, local, membership, survey
+from sparkctl.node import AgentAnswer, AgentCall, ImageDigest, NodeState, Pull
 from sparkctl.spec.fleet import Fleet, load_fleet
 
 app = typer.Typer(help="A fleet of Sparks on Ray: start or join this Spark's node, see every host's state.",
@@ -127,19 +129,19 @@ def leave(ctx: typer.Context) -> None:
 
 @app.command("up")
 def up(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack to place and start."),
-       head: str | None = HEAD, wait: float | None = typer.Option(None, "--wait", min=1, help="Seconds each host has "
-                                                                  "to pull, fetch and start its engine (default: "
-                                                                  "SPARKCTL_FLEET_DEPLOY_TIMEOUT).")) -> None:
+       wait: float | None = typer.Option(None, "--wait", min=1, help="Seconds each host has to pull, fetch and start "
+                                         "its engine (default: SPARKCTL_FLEET_DEPLOY_TIMEOUT).")) -> None:
     """Place STACK with Ray (its `placement:` section: a host, or replicas on different hosts) and
-    start it on each chosen host, once every host holds the same image digest and weights."""
+    start it on each chosen host, once every host holds the same image digest and weights. Asked of
+    this Spark's daemon, which heads the fleet and keeps its book."""
+    from sparkctl.cli.console import through_daemon
+
     rt = runtime(ctx)
-    chosen = rt.catalog.stack(stack)
-    done = _fleetwide(rt, head).up(chosen, total_bytes=local.memory_total(rt.settings),
-                                   wait=wait or rt.settings.fleet_deploy_timeout,
-                                   say=lambda text: rt.console.print(escape(text)))
-    for note in dict.fromkeys(done.notes):
+    done = through_daemon(rt.daemon, "/v1/fleet/up", messages.FleetUpRequest(stack, wait or 0.0),
+                          messages.FleetUpDone)
+    for note in done.notes:
         rt.console.print(f"[dim]{escape(note)}[/]")
-    for replica in done.placed.replicas:
+    for replica in done.replicas:
         rt.console.print(f"[green]{escape(stack)}[/] on host {escape(replica.host)} at {escape(replica.url)} "
                          f"({replica.fingerprint})")
     for host, why in done.failed.items():
@@ -149,39 +151,42 @@ def up(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack to p
 
 
 @app.command("ps")
-def ps(ctx: typer.Context, head: str | None = HEAD, wait: float = WAIT,
+def ps(ctx: typer.Context, wait: float = WAIT,
        as_json: bool = typer.Option(False, "--json", help="Print JSON."), output: Output | None = OUTPUT) -> None:
     """Every container of this instance on every host, as that host's Docker reports it, and
     the stacks parked across the fleet (no container; their placement kept)."""
     rt = runtime(ctx)
-    found = survey.census(_ask(rt, head, Containers(), wait))
-    parked = {name: p.hosts for name, p in placement.read_book(rt.settings.fleet_dir).items() if p.parked}
+    found = messages.load(messages.FleetPs, rt.daemon.post("/v1/fleet/ps", {"wait": wait}))
+    parked = {name: list(found.placed[name]) for name in found.parked}
     if as_json:
-        print(json.dumps(found.to_dict() | {"parked": parked}, indent=2))
+        print(json.dumps({"hosts": list(found.hosts), "containers": [asdict(r) for r in found.containers],
+                          "unreachable": found.unreachable, "parked": parked}, indent=2))
     else:
-        rt.console.print(table(CONTAINERS, [(escape(row.host), escape(row.stack), escape(row.name), row.state,
-                                              escape(row.image), (row.repo_digest or "-")[:19]) for row in found.rows],
-                               output=output, title="fleet containers"))
+        rows = [(escape(row.host), escape(row.stack), escape(row.name), row.state, escape(row.image),
+                 (row.repo_digest or "-")[:19]) for row in found.containers]
+        rt.console.print(table(CONTAINERS, rows, output=output, title="fleet containers"))
         for name, hosts in parked.items():
             rt.console.print(f"{escape(name)} is parked: no engine runs, its placement on {', '.join(hosts)} is kept")
         _print_unreachable(rt, found.unreachable, "its containers are not listed")
-    if not found.complete:
+    if found.unreachable:
         raise typer.Exit(1)
 
 
 @app.command("down")
 def down(ctx: typer.Context, stack: str = typer.Argument(..., help="The stack whose containers to remove."),
-         head: str | None = HEAD, wait: float = typer.Option(40.0, "--wait", min=0.5, help="Seconds each host has "
-                                                             "to confirm its containers are gone.")) -> None:
+         wait: float = typer.Option(40.0, "--wait", min=0.5, help="Seconds each host has to confirm its containers "
+                                    "are gone.")) -> None:
     """Remove STACK's containers on every host and release its placement; returns once each
-    host's Docker confirms they are gone."""
+    host's Docker confirms they are gone. Asked of this Spark's daemon, which heads the fleet."""
+    from sparkctl.cli.console import through_daemon
+
     rt = runtime(ctx)
-    done = survey.removal(stack, _fleetwide(rt, head).down(stack, wait=wait))
+    done = through_daemon(rt.daemon, "/v1/fleet/down", messages.FleetDownRequest(stack, wait), messages.FleetDownDone)
     for host, names in done.removed.items():
         what = f"removed {escape(', '.join(names))}" if names else "had none"
         rt.console.print(f"host {escape(host)}: {what} (its Docker confirms none is left)")
     _print_unreachable(rt, done.unreachable, f"{escape(stack)}'s containers there may still run")
-    if not done.complete:
+    if done.unreachable:
         raise typer.Exit(1)
 
 
@@ -231,11 +236,6 @@ def _ask(rt: Runtime, head: str | None, call: AgentCall, wait: float) -> list[Ag
     fleet = _inventory(rt)
     return agents.ask(_backend(rt), head=membership.head_endpoint(rt.settings, fleet, head), settings=rt.settings,
                       fleet=fleet, call=call, wait=wait)
-
-
-def _fleetwide(rt: Runtime, head: str | None) -> Fleetwide:
-    fleet = _inventory(rt)
-    return Fleetwide(_backend(rt), rt.settings, fleet, membership.head_endpoint(rt.settings, fleet, head))
 
 
 def _wanted_digest(rt: Runtime, ref: str) -> str | None:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from sparkctl.cli import views
 from sparkctl.cli.console import OUTPUT, Output
 from sparkctl.cli.runtime import Runtime, runtime
-from sparkctl.errors import ImageRefused, SpecError
+from sparkctl.errors import ImageRefused, SparkctlError, SpecError
 
 if TYPE_CHECKING:  # the spec layer is imported when a command runs, not when the CLI starts
     from sparkctl.spec.engine import Weights
@@ -93,8 +93,8 @@ def render_(
     fleet file's hosts in order."""
     from ruamel.yaml import YAML
 
-    from sparkctl.agent import placeable
     from sparkctl.deploy.memory import GIB, folder_bytes, kv_plan, usable_memory
+    from sparkctl.fleet.hostagent import placeable
     from sparkctl.policy.parking import sleep_refusal
     from sparkctl.spec.models import Kind
     from sparkctl.spec.render import Sources, additions, render
@@ -240,7 +240,6 @@ def _rank(rt: Runtime, stack: Stack, index: int | None) -> Rank | None:
     """The rank `--rank` asks for, on the host that runs it (placed) or would (the fleet file's
     order); without a fleet file, placeholders."""
     from sparkctl.fleet.deploy import rank_on
-    from sparkctl.fleet.placement import read_book
     from sparkctl.spec.fleet import load_fleet
     from sparkctl.spec.ranks import Rank, RankHost
 
@@ -255,12 +254,25 @@ def _rank(rt: Runtime, stack: Stack, index: int | None) -> Rank | None:
         unknown = RankHost(f"<rank {index}'s host>", "<its serving interface>", "<its serving address>")
         return Rank(index, "<rank 0's serving address>", unknown)
     fleet = load_fleet(rt.settings.fleet_path)
-    placed = read_book(rt.settings.fleet_dir).get(stack.name)
-    hosts = list(placed.ranks) if placed and placed.ranks else fleet.names[:stack.parallel.nodes]
+    hosts = list(_placed_on(rt, stack.name)) or fleet.names[:stack.parallel.nodes]
     if len(hosts) <= index:
         raise SpecError(str(rt.settings.fleet_path), "hosts", f"rank {index} needs {stack.parallel.nodes} hosts; "
                                                                f"there are {len(hosts)}")
     return rank_on(fleet, hosts, index)
+
+
+def _placed_on(rt: Runtime, stack: str) -> tuple[str, ...]:
+    """The hosts a placed stack runs on, by rank, as the fleet's head daemon (its book's owner)
+    says; none when no daemon runs here or it heads no fleet."""
+    from sparkctl import messages
+
+    if not rt.client.available():
+        return ()
+    try:
+        answer = rt.client.post("/v1/fleet/ps", {"book_only": True})
+    except SparkctlError:  # a daemon that heads no fleet
+        return ()
+    return messages.load(messages.FleetPs, answer).placed.get(stack, ())
 
 
 def _cache_path(rt: Runtime, weights: Weights | None) -> str:

@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 
 from sparkctl.adapters import hub, processes
+from sparkctl.adapters.placements import PlacementFile
 from sparkctl.daemon import api, planner, process
 from sparkctl.daemon.actions import Actions, Benchmarks, ImageBook, PatchChecks
 from sparkctl.daemon.actions.context import Context
@@ -25,8 +26,6 @@ from sparkctl.daemon.api.actions import Underway
 from sparkctl.daemon.api.service import Gauge
 from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
-from sparkctl.daemon.fleetswitch import FleetSwitch
-from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.loops import Loops
 from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.reads import Reads
@@ -40,6 +39,8 @@ from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
 from sparkctl.fleet.deploy import Fleetwide
+from sparkctl.fleet.machine import FleetMachine
+from sparkctl.fleet.watch import FleetWatch
 from sparkctl.gateway.exchange import Bounds
 from sparkctl.gateway.limits import Limits
 from sparkctl.gateway.login import Logins, ensure_key
@@ -78,8 +79,9 @@ class Daemon:
         # The reconciler asks the loop that runs it for the next pass: the one cycle, closed by a lambda.
         self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
                                      settled=lambda: self.loops.kick())
+        fleetwide = _fleetwide(s)  # None unless this Spark heads a fleet
         self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired,
-                             placed=lambda: placement.read_book(s.fleet_dir),
+                             placed=fleetwide.book.entries if fleetwide else dict,
                              engine_auth=lambda: membership.relay_auth(s),
                              restarting=lambda: self.sentinel.restarting())
         self.loops = Loops(reconciler=self.reconciler, docker=self.docker, store=self.store,
@@ -98,8 +100,7 @@ class Daemon:
             counters=Counters(self._model_dir),
             ui=Dashboard(f"unix:{s.socket_path}", upstreams, Logins(ensure_key(s.dashboard_key_path))))
         control = LoopControl(self.gateway, asyncio.get_running_loop())
-        fleetwide = _fleetwide(s)  # None unless this Spark heads a fleet
-        fleet = fleetwide and FleetSwitch(fleetwide, self.machine, self.routes, self.store,
+        fleet = fleetwide and FleetMachine(fleetwide, self.machine, self.routes, self.store, control,
                                           total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
         context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
                           fleet=fleet)
@@ -127,7 +128,8 @@ class Daemon:
         self.fleet_watch = fleetwide and FleetWatch(
             fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
             wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
-            served_name=lambda name: wiring.catalog().stack(name).served_name, policy=policy)
+            policy=policy, backoff=lambda failures: planner.backoff(failures, policy),
+            served_name=lambda name: wiring.catalog().stack(name).served_name)
 
     def _started(self, serving_since: dict[str, float]) -> dict[str, float]:
         """Each running engine of this instance, not parked: when it last started or woke (epoch s),
@@ -292,10 +294,12 @@ async def run(settings: Settings) -> None:
 
 
 def _fleetwide(settings: Settings) -> Fleetwide | None:
-    """The fleet this Spark heads (`sparkctl fleet init`), if it heads one: the daemon then
+    """The fleet this Spark heads (`sparkctl fleet init`), if it heads one: the daemon then owns
+    its placement book (read here once, written through), places and removes stacks across it,
     watches its hosts and switches to stacks placed across it."""
     record = local.read_record(settings.fleet_dir / local.RECORD_FILE)
     if record is None or not record.is_head:
         return None
     inventory = load_fleet(settings.fleet_path) if settings.fleet_path.exists() else None
-    return Fleetwide(membership.control_plane(settings), settings, inventory, record.head)
+    return Fleetwide(membership.control_plane(settings), settings, inventory, record.head,
+                     placement.Book(PlacementFile(settings.fleet_dir)))

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.fleet import placement
-from sparkctl.fleet.placement import Placed
 from sparkctl.gateway.routes import RouteTable, Upstream, build_table
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Stack
@@ -28,7 +27,7 @@ class Routes:
     store: Store
     catalog: Callable[[], Catalog]
     desired: Callable[[], Desired]
-    placed: Callable[[], dict[str, Placed]] = dict
+    placed: Callable[[], dict[str, placement.Placed]] = dict  # the book, as its owner holds it
     engine_auth: Callable[[], str] = lambda: ""  # what placed engines' relays ask for (`membership.relay_auth`)
     # Stacks whose hung engine is restarting (the sentinel's): kept routed, their replica held out,
     # so their requests wait for the restart instead of meeting a 404.

@@ -12,15 +12,17 @@ but keeps the placement, so waking starts them again where Ray has the stack's b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sparkctl.errors import NoRoom, SparkctlError
 from sparkctl.fleet import agents, placement
 from sparkctl.fleet.backend import FleetBackend
-from sparkctl.fleet.placement import Placed, Replica
+from sparkctl.fleet.placement import Book, Placed, Replica
 from sparkctl.node import AgentAnswer, AgentCall, Containers, Node, Prepare, Remove, Up, unreachable
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import Fleet
@@ -48,45 +50,56 @@ class FleetUp:
 
 @dataclass
 class Fleetwide:
-    """One fleet's control plane as the head's commands use it."""
+    """One fleet's control plane as the head's daemon uses it, with the book it owns."""
 
     backend: FleetBackend
     settings: Settings
     fleet: Fleet | None
     head: str
+    book: Book
+
+    _owners: dict[str, threading.Lock] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def owning(self, stack: str) -> Iterator[None]:
+        """One change of `stack`'s placement at a time (an `up`, `down`, park, wake or recovery),
+        so a recovery decided on an entry that an `up` then replaced finds it moved."""
+        with self._owners.setdefault(stack, threading.Lock()):
+            yield
 
     def up(self, stack: Stack, *, total_bytes: int, wait: float,
            say: Callable[[str], None] = lambda _: None) -> FleetUp:
-        bundles, strategy = placement.bundles(stack, total_bytes)
-        group = placement.group_name(stack.name)
-        known = placement.read_book(self.settings.fleet_dir).get(stack.name)
-        if known is not None and len(known.hosts) != len(bundles):
-            self._release(group)  # a new replica count is a new placement
-        address = agents.driver_address(self.settings)
-        try:
-            placed = self.backend.place(self.head, local_address=address, name=group, bundles=bundles,
-                                        strategy=strategy, wait=PLACE_WAIT)
-        except NoRoom:
-            raise NoRoom(placement.fits_nowhere(stack, bundles[0], self.free(), len(bundles))) from None
-        nodes = self.backend.nodes(self.head)
-        hosts = [_host_of(node_id, nodes) for node_id in placed.nodes]
-        say(f"Ray placed {stack.name} on {', '.join(hosts)} ({strategy})")
-        spec = spec_hash(stack)
-        prepared = self._ask(hosts, Prepare(stack.name, spec), wait, nodes)
-        agreement = placement.agree(prepared)
-        if agreement.differences:
-            self._release(group)
-            raise SparkctlError(agreement.refusal(stack.name))
-        say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
-        if stack.parallel is None:
-            started = self._ask(hosts, Up(stack.name, spec, agreement.expected), wait, nodes)
-            entry = Placed(stack.name, group, _replicas(started), spec, agreement.expected)
-        else:
-            started = self._start_group(stack.name, hosts, spec, agreement.expected, wait, nodes)
-            entry = Placed(stack.name, group, _replicas(started[:1]), spec, agreement.expected, tuple(hosts))
-        placed = self._record(entry)
-        notes = [n for a in [*prepared, *started] if a.ok for n in a.value.notes]
-        return FleetUp(placed, unreachable(started), notes)
+        with self.owning(stack.name):
+            bundles, strategy = placement.bundles(stack, total_bytes)
+            group = placement.group_name(stack.name)
+            known = self.book.get(stack.name)
+            if known is not None and len(known.hosts) != len(bundles):
+                self._release(group)  # a new replica count is a new placement
+            address = agents.driver_address(self.settings)
+            try:
+                placed = self.backend.place(self.head, local_address=address, name=group, bundles=bundles,
+                                            strategy=strategy, wait=PLACE_WAIT)
+            except NoRoom:
+                raise NoRoom(placement.fits_nowhere(stack, bundles[0], self.free(), len(bundles))) from None
+            nodes = self.backend.nodes(self.head)
+            hosts = [_host_of(node_id, nodes) for node_id in placed.nodes]
+            say(f"Ray placed {stack.name} on {', '.join(hosts)} ({strategy})")
+            spec = spec_hash(stack)
+            prepared = self._ask(hosts, Prepare(stack.name, spec), wait, nodes)
+            agreement = placement.agree(prepared)
+            if agreement.differences:
+                self._release(group)
+                raise SparkctlError(agreement.refusal(stack.name))
+            say(f"every host holds image {agreement.expected['image'][:19]} and the same weights; starting")
+            if stack.parallel is None:
+                started = self._ask(hosts, Up(stack.name, spec, agreement.expected), wait, nodes)
+                entry = Placed(stack.name, group, _replicas(started), spec, agreement.expected)
+            else:
+                started = self._start_group(stack.name, hosts, spec, agreement.expected, wait, nodes)
+                entry = Placed(stack.name, group, _replicas(started[:1]), spec, agreement.expected, tuple(hosts))
+            placed = self._record(entry)
+            notes = [n for a in [*prepared, *started] if a.ok for n in a.value.notes]
+            return FleetUp(placed, unreachable(started), notes)
 
     def _start_group(self, stack: str, hosts: list[str], spec: str, expected: dict[str, str], wait: float,
                      nodes: list[Node]) -> list[AgentAnswer]:
@@ -115,10 +128,17 @@ class Fleetwide:
         entry = self._record(dataclasses.replace(placed, replicas=_replicas(started[:1]), ranks=tuple(hosts)))
         return Recovered(entry, {}, started[0].value.timings.get("engine_start_s"))
 
-    def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered:
+    def recover(self, placed: Placed, *, wait: float, within: float) -> Recovered | None:
         """Replace the replicas whose host died, on the hosts where Ray re-placed their bundles,
         with what was agreed; the replicas on live hosts stay (a multi-node group is recreated
-        whole). Returns the new entry (also in the book) and the hosts that failed to start theirs."""
+        whole). Returns the new entry (also in the book) and the hosts that failed to start theirs;
+        None when the book no longer has `placed` (re-placed, parked or taken down meanwhile)."""
+        with self.owning(placed.stack):
+            if self.book.get(placed.stack) != placed:
+                return None
+            return self._recover(placed, wait=wait, within=within)
+
+    def _recover(self, placed: Placed, *, wait: float, within: float) -> Recovered:
         hosts, alive, nodes = self._placed_on(placed, within)
         if placed.ranks:
             return self.recreate(placed, hosts, wait=wait, nodes=nodes)
@@ -132,33 +152,35 @@ class Fleetwide:
         """Remove the stack's engines on every host; its placement stays. Marked parked in the
         book first, so the head's daemon neither routes, probes nor restarts it meanwhile; then
         `before()` (its requests drain)."""
-        placed = placement.update_book(self.settings.fleet_dir, lambda book: _park(book, stack))[stack]
-        before()
-        removed = self._ask(placed.hosts, Remove(stack), wait, self.backend.nodes(self.head))
-        if failed := [a for a in removed if not a.ok]:
-            raise SparkctlError(f"{stack} is parked, but its engine is not confirmed gone on "
-                                + "; ".join(f"host {a.host} ({a.error})" for a in failed)
-                                + f"; `sparkctl park {stack}` again removes it there")
-        return placed
+        with self.owning(stack):
+            placed = self.book.change(lambda book: _parked(book, stack))[stack]
+            before()
+            removed = self._ask(placed.hosts, Remove(stack), wait, self.backend.nodes(self.head))
+            if failed := [a for a in removed if not a.ok]:
+                raise SparkctlError(f"{stack} is parked, but its engine is not confirmed gone on "
+                                    + "; ".join(f"host {a.host} ({a.error})" for a in failed)
+                                    + f"; `sparkctl park {stack}` again removes it there")
+            return placed
 
     def wake(self, stack: str, *, wait: float, within: float) -> Recovered:
         """Start a parked stack's engines again with what was agreed, where Ray has its bundles
         now (a host that died meanwhile had them re-placed); a group starts whole."""
-        placed = placement.read_book(self.settings.fleet_dir).get(stack)
-        if placed is None or not placed.parked:
-            raise SparkctlError(f"{stack} is not parked across the fleet")
-        hosts, _, nodes = self._placed_on(placed, within)
-        if placed.ranks:
-            started = self._start_group(stack, hosts, placed.spec, placed.parts, wait, nodes)
-            replicas, ranks = _replicas(started[:1]), tuple(hosts)
-        else:
-            started = self._ask(hosts, Up(stack, placed.spec, placed.parts), wait, nodes)
-            replicas, ranks = _replicas(started), ()
-        if not replicas:
-            raise SparkctlError(f"{stack} woke on no host: " + "; ".join(f"{a.host}: {a.error}" for a in started))
-        entry = self._record(dataclasses.replace(placed, replicas=replicas, ranks=ranks, parked=False))
-        return Recovered(entry, unreachable(started),
-                         started[0].value.timings.get("engine_start_s") if started[0].ok else None)
+        with self.owning(stack):
+            placed = self.book.get(stack)
+            if placed is None or not placed.parked:
+                raise SparkctlError(f"{stack} is not parked across the fleet")
+            hosts, _, nodes = self._placed_on(placed, within)
+            if placed.ranks:
+                started = self._start_group(stack, hosts, placed.spec, placed.parts, wait, nodes)
+                replicas, ranks = _replicas(started[:1]), tuple(hosts)
+            else:
+                started = self._ask(hosts, Up(stack, placed.spec, placed.parts), wait, nodes)
+                replicas, ranks = _replicas(started), ()
+            if not replicas:
+                raise SparkctlError(f"{stack} woke on no host: " + "; ".join(f"{a.host}: {a.error}" for a in started))
+            entry = self._record(dataclasses.replace(placed, replicas=replicas, ranks=ranks, parked=False))
+            return Recovered(entry, unreachable(started),
+                             started[0].value.timings.get("engine_start_s") if started[0].ok else None)
 
     def _placed_on(self, placed: Placed, within: float) -> tuple[list[str], set[str], list[Node]]:
         """Where Ray has the stack's bundles, once every one of them is on a live host (within
@@ -200,7 +222,7 @@ class Fleetwide:
         (listed,) = self._ask([host], Containers(), wait, self.backend.nodes(self.head))
         if not listed.ok:
             raise SparkctlError(f"host {host} did not list its containers: {listed.error}")
-        serving = placement.serving(placement.read_book(self.settings.fleet_dir))
+        serving = placement.serving(self.book.entries())
         strays = sorted({c.stack for c in listed.value if c.placed
                          and host not in (serving[c.stack].hosts if c.stack in serving else [])})
         for stack in strays:
@@ -211,12 +233,13 @@ class Fleetwide:
         """Remove the stack's containers on every host. Its book entry goes first, so the head's
         daemon stops restarting what is being removed; the placement goes once every host
         confirmed (a retry asks every host again and releases it)."""
-        placement.update_book(self.settings.fleet_dir, lambda book: book.pop(stack, None))
-        answers = agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet,
-                             call=Remove(stack), wait=wait)
-        if all(a.ok for a in answers):
-            self._release(placement.group_name(stack))
-        return answers
+        with self.owning(stack):
+            self.book.change(lambda book: book.pop(stack, None))
+            answers = agents.ask(self.backend, head=self.head, settings=self.settings, fleet=self.fleet,
+                                 call=Remove(stack), wait=wait)
+            if all(a.ok for a in answers):
+                self._release(placement.group_name(stack))
+            return answers
 
     def free(self) -> dict[str, int]:
         """Each live host's free memory as Ray accounts it (its ceiling less what is placed)."""
@@ -229,7 +252,7 @@ class Fleetwide:
                           wait=wait, only=hosts, nodes=nodes)
 
     def _record(self, placed: Placed) -> Placed:
-        placement.update_book(self.settings.fleet_dir, lambda book: book.update({placed.stack: placed}))
+        self.book.change(lambda book: book.update({placed.stack: placed}))
         return placed
 
     def _release(self, group: str) -> None:
@@ -252,7 +275,7 @@ def rank_on(fleet: Fleet, hosts: list[str], index: int) -> Rank:
     return Rank(index, fleet.host(hosts[0]).serving.address, host)
 
 
-def _park(book: dict[str, Placed], stack: str) -> None:
+def _parked(book: dict[str, Placed], stack: str) -> None:
     if stack not in book:
         raise SparkctlError(f"{stack} is not placed across the fleet (`sparkctl fleet ps` lists what is)")
     book[stack] = dataclasses.replace(book[stack], parked=True)

@@ -7,20 +7,17 @@ Ray's placement of one bundle per replica (`STRICT_SPREAD`: replicas on differen
 host adds a sliver of its `spark:<host>` resource). Before anything starts, every chosen host
 says what it would run; the hosts must agree on the image digest, the weights' commits, the
 patches and the engine environment, or the placement is refused, naming each host that differs.
-The book (`placements.json` in the fleet dir, written atomically) is what the gateway routes by.
+The book (`Book`, held by the head's daemon, persisted by `adapters/placements.py`) is what the
+gateway routes by.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sparkctl.node import AgentAnswer, host_resource
 from sparkctl.spec.models import Stack
@@ -28,7 +25,6 @@ from sparkctl.spec.models import Stack
 GIB = 1 << 30
 PINNED_SHARE = 0.001  # of a host's one `spark:<host>` unit: any number of stacks may name the host
 COMPARED = ("image", "model", "draft", "patches", "env")  # the parts every replica must share
-BOOK_FILE = "placements.json"
 
 
 def group_name(stack: str) -> str:
@@ -126,34 +122,41 @@ class Placed:
                    ranks=tuple(data.get("ranks", ())), parked=bool(data.get("parked", False)))
 
 
-def read_book(fleet_dir: Path) -> dict[str, Placed]:
-    """What runs where, as the last `fleet up` (or re-placement) wrote it; {} when nothing is placed."""
-    try:
-        data = json.loads((fleet_dir / BOOK_FILE).read_text())
-    except FileNotFoundError:
-        return {}
-    return {name: Placed.from_dict(entry) for name, entry in data.items()}
+class Storage(Protocol):
+    """Where the book persists (`adapters.placements.PlacementFile`)."""
+
+    def load(self) -> dict[str, Any]: ...
+
+    def save(self, book: dict[str, Any]) -> None: ...
+
+
+class Book:
+    """What runs where across the fleet, held in memory by its one owner, the head's daemon,
+    and written through to `storage` on every change (never read back while the daemon runs).
+    Its changes are serialised, so a `fleet up` and a re-placement never lose each other's entry."""
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+        self._lock = threading.Lock()
+        self._entries = {name: Placed.from_dict(entry) for name, entry in storage.load().items()}
+
+    def entries(self) -> dict[str, Placed]:
+        with self._lock:
+            return dict(self._entries)
+
+    def get(self, stack: str) -> Placed | None:
+        return self.entries().get(stack)
+
+    def change(self, change: Callable[[dict[str, Placed]], None]) -> dict[str, Placed]:
+        """`change` the book in place and write it through; the book as written."""
+        with self._lock:
+            book = dict(self._entries)
+            change(book)
+            self._storage.save({name: asdict(p) for name, p in book.items()})
+            self._entries = book
+            return dict(book)
 
 
 def serving(book: dict[str, Placed]) -> dict[str, Placed]:
     """The book's stacks that run engines (not parked): what is routed, watched and probed."""
     return {name: placed for name, placed in book.items() if not placed.parked}
-
-
-def write_book(fleet_dir: Path, book: dict[str, Placed]) -> None:
-    fleet_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = fleet_dir / f".{BOOK_FILE}.{os.getpid()}.{threading.get_ident()}"
-    temporary.write_text(json.dumps({name: asdict(p) for name, p in sorted(book.items())}, indent=2))
-    temporary.replace(fleet_dir / BOOK_FILE)
-
-
-def update_book(fleet_dir: Path, change: Callable[[dict[str, Placed]], None]) -> dict[str, Placed]:
-    """Read, `change` in place and write the book under a lock, so that a `fleet up` and the
-    daemon's re-placement never lose each other's entry; the book as written."""
-    fleet_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with (fleet_dir / f".{BOOK_FILE}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        book = read_book(fleet_dir)
-        change(book)
-        write_book(fleet_dir, book)
-        return book

@@ -4,9 +4,9 @@ and renders.
 - `sparkctl fleet status`: each inventory host beside the backend's node for it (several nodes
   for a host, a dead one then the one it rejoined with: the live one wins, else the last
   listed; none, or no answer from the backend: `unknown`), then the nodes of no inventory host.
-- `sparkctl fleet ps` and `down`: the hosts' containers merged from the agents' answers. A host
-  that did not answer is kept, with its error, in `unreachable`: a listing or a removal never
-  passes a silent host off as an empty one.
+- `sparkctl fleet ps` and `down` (answered by the head's daemon, `fleet/machine.py`): the hosts'
+  containers merged from the agents' answers. A host that did not answer is kept, with its error,
+  in `unreachable`: a listing or a removal never passes a silent host off as an empty one.
 - `sparkctl fleet check-image`: whether every host holds the same image under a ref, judged by
   registry digest (RepoDigest), before anything starts. `docker load` drops RepoDigests; such a
   host still counts as holding digest D when its image id (the digest of the image's config,
@@ -21,7 +21,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkctl.node import AgentAnswer, HostContainer, HostImage, Node, NodeState, unreachable
+from sparkctl.messages import FleetDownDone, FleetPs
+from sparkctl.node import AgentAnswer, HostImage, Node, NodeState, unreachable
 from sparkctl.spec.fleet import GIB, Fleet, Host
 
 
@@ -83,44 +84,17 @@ def _problems(host: Host | None, node: Node | None) -> tuple[str, ...]:
 
 
 # -- containers ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Census:
-    hosts: tuple[str, ...]  # every host asked, in order
-    rows: tuple[HostContainer, ...] = ()  # as each host's agent listed them
-    unreachable: dict[str, str] = field(default_factory=dict)  # host -> why it gave no answer
-
-    @property
-    def complete(self) -> bool:
-        return not self.unreachable
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"hosts": list(self.hosts), "containers": [asdict(r) for r in self.rows],
-                "unreachable": self.unreachable}
-
-
-@dataclass(frozen=True)
-class Removal:
-    stack: str
-    removed: dict[str, tuple[str, ...]]  # host -> names its Docker removed (confirmed gone)
-    unreachable: dict[str, str]
-
-    @property
-    def complete(self) -> bool:
-        return not self.unreachable
-
-
-def census(answers: list[AgentAnswer]) -> Census:
+def census(answers: list[AgentAnswer]) -> FleetPs:
     """Rows from each host's `containers()` answer, by host (in asked order), stack and name."""
     order = {a.host: i for i, a in enumerate(answers)}
-    rows = [c for a in answers if a.ok for c in a.value]
-    rows.sort(key=lambda r: (order[r.host], r.stack, r.name))
-    return Census(hosts=tuple(order), rows=tuple(rows), unreachable=unreachable(answers))
+    rows = sorted((c for a in answers if a.ok for c in a.value), key=lambda r: (order[r.host], r.stack, r.name))
+    return FleetPs(hosts=tuple(order), containers=tuple(rows),
+                   unreachable=unreachable(answers))
 
 
-def removal(stack: str, answers: list[AgentAnswer]) -> Removal:
+def removal(stack: str, answers: list[AgentAnswer]) -> FleetDownDone:
     """What each host's `remove(stack)` confirmed, and which hosts could not confirm anything."""
-    removed = {a.host: a.value.removed for a in answers if a.ok}
-    return Removal(stack=stack, removed=removed, unreachable=unreachable(answers))
+    return FleetDownDone(stack, {a.host: a.value.removed for a in answers if a.ok}, unreachable(answers))
 
 
 # -- image drift -----------------------------------------------------------------------------------

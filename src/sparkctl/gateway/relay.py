@@ -3,7 +3,7 @@ without that engine ever listening beyond its host's loopback.
 
 A placed engine binds 127.0.0.1 like any other, so vLLM's dev endpoints (`/sleep`, `/wake_up`,
 `/collective_rpc`, `/reset_prefix_cache`: its `--api-key` guards only `/v1`) are never reachable
-from off the host. The host's agent (`agent.py`) serves each one on the host's serving address,
+from off the host. The host's agent (`fleet/hostagent.py`) serves each one on the host's serving address,
 same port, through an `EngineRelay`: a request must carry the fleet's relay credential
 (`Authorization: Bearer <key>`, derived from the fleet's Ray token, which every host holds 0600)
 and ask for one of the few routes the head uses; anything else is refused before its body is

@@ -33,35 +33,37 @@ class Aliases:
                 raise SparkctlError(f"{alias} is routed by prompt length ({'; '.join(r.describe() for r in rules)}): "
                                     f"change its rules with `sparkctl route set {alias} ...`, or `sparkctl route rm "
                                     f"{alias}` and switch it then")
-            if self.ctx.fleet is not None and self.ctx.fleet.applies(spec):
-                return self.ctx.fleet.run(alias, spec, self.ctx.gateway)
-            if self.ctx.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
-                return SwitchDone(alias, spec.name, "unchanged", up=self.deploys.up(spec.name))
-            desired, view = self.ctx.machine.desired(), self.ctx.memory()
-            old, memory = desired.aliases.get(alias), view.now(desired.parked)
-            leaving = Leaving()
-            if old in self.ctx.machine.catalog().stacks and old in memory.held and old not in memory.parked:
-                old_spec = self.ctx.machine.catalog().stack(old)
-                leaving = Leaving(old_spec.switch.park, view.footprint(old),
-                                  self.parking.cannot_sleep(old_spec, waking=spec.name))
-            # a stack a routed alias names is still named: the switch leaves it running
-            named = desired.aliases | {f"{a}[{i}]": r.stack for a, rules in desired.routes.items()
-                                       for i, r in enumerate(rules)}
-            plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=named,
-                               memory=memory, leaving=leaving)
-            self.ctx.reconciler.forget(spec.name)
-            ctx, catalog = self.ctx, self.ctx.machine.catalog
-            verdicts = Verdicts(ctx.settings, ctx.store, ctx.bus, lambda name: catalog().stack(name),
-                                ctx.machine.docker)
-            switcher = Switcher(machine=ctx.machine, reconciler=ctx.reconciler, gateway=ctx.gateway,
-                                refresh_routes=ctx.routes.refresh, store=ctx.store, reporter=BusReporter(ctx.bus),
-                                bench=verdicts.bench, blame=verdicts.blame, woke=self.parking.record_wake,
-                                bench_mode=lambda s: catalog().stack(s).switch.bench)
-            try:
-                return switcher.run(plan)
-            finally:
-                self.ctx.serving_since[spec.name] = time.monotonic()
-                self.ctx.kick()
+            return self.ctx.machines.of(spec.name).switch(alias, spec)
+
+    def switch_here(self, alias: str, spec: Stack) -> SwitchDone:
+        """On this Spark's Docker machine (`machines.Spark`), in the alias's turn and the memory lock."""
+        if self.ctx.machine.desired().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
+            return SwitchDone(alias, spec.name, "unchanged", up=self.deploys.up(spec.name))
+        desired, view = self.ctx.machine.desired(), self.ctx.memory()
+        old, memory = desired.aliases.get(alias), view.now(desired.parked)
+        leaving = Leaving()
+        if old in self.ctx.machine.catalog().stacks and old in memory.held and old not in memory.parked:
+            old_spec = self.ctx.machine.catalog().stack(old)
+            leaving = Leaving(old_spec.switch.park, view.footprint(old),
+                              self.parking.cannot_sleep(old_spec, waking=spec.name))
+        # a stack a routed alias names is still named: the switch leaves it running
+        named = desired.aliases | {f"{a}[{i}]": r.stack for a, rules in desired.routes.items()
+                                   for i, r in enumerate(rules)}
+        plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=named,
+                           memory=memory, leaving=leaving)
+        self.ctx.reconciler.forget(spec.name)
+        ctx, catalog = self.ctx, self.ctx.machine.catalog
+        verdicts = Verdicts(ctx.settings, ctx.store, ctx.bus, lambda name: catalog().stack(name),
+                            ctx.machine.docker)
+        switcher = Switcher(machine=ctx.machine, reconciler=ctx.reconciler, gateway=ctx.gateway,
+                            refresh_routes=ctx.routes.refresh, store=ctx.store, reporter=BusReporter(ctx.bus),
+                            bench=verdicts.bench, blame=verdicts.blame, woke=self.parking.record_wake,
+                            bench_mode=lambda s: catalog().stack(s).switch.bench)
+        try:
+            return switcher.run(plan)
+        finally:
+            self.ctx.serving_since[spec.name] = time.monotonic()
+            self.ctx.kick()
 
     def route(self, alias: str, rules: str, *, ticket: int | None = None) -> RouteDone:
         """Route `alias` by prompt length (`rules`: `STACK:TOKENS ... STACK`), or, with no rules,
@@ -69,15 +71,15 @@ class Aliases:
         request to any of them at once."""
         with self.ctx.turns.turn(f"alias:{alias}", ticket):
             parsed = routing.check(alias, [routing.parse(r) for r in rules.split()]) if rules.strip() else None
-            catalog, desired = self.ctx.machine.catalog(), self.ctx.machine.desired()
+            catalog = self.ctx.machine.catalog()
             memory, serving = 0.0, {}
             for rule in parsed or ():
                 spec = catalog.stack(rule.stack)
-                placed = self.ctx.fleet is not None and self.ctx.fleet.placed(rule.stack)
-                if rule.stack not in desired.stacks and not placed:
+                machine = self.ctx.machines.of(rule.stack)
+                if not machine.serves(rule.stack):
                     raise SparkctlError(f"routed alias {alias}: {rule.stack} is neither up nor parked, and the gateway "
                                         f"may send it a request at any time; `sparkctl up {rule.stack}` first")
-                memory += 0.0 if placed else spec.resources.gpu_memory_utilization
+                memory += spec.resources.gpu_memory_utilization if machine.local else 0.0
                 serving[rule.stack] = self._serving(spec)
             fits = routing.fit(parsed or (), serving)
             self.ctx.machine.update_desired(lambda d: d.routed(alias, parsed))

@@ -21,7 +21,8 @@ from sparkctl.settings import Settings
 from sparkctl.state.store import Store
 
 if TYPE_CHECKING:
-    from sparkctl.daemon.fleetswitch import FleetSwitch
+    from sparkctl.daemon.actions.machines import Machines
+    from sparkctl.fleet.machine import FleetMachine
 
 
 @dataclass
@@ -40,7 +41,8 @@ class Context:
     # Held from a memory decision (switch, park, wake) until it is carried out, so two of them
     # never both count on the same free memory. Taken before any stack's turn, never after.
     memory_lock: threading.RLock = field(default_factory=threading.RLock)
-    fleet: FleetSwitch | None = None  # on a fleet's head: switches to stacks placed across it
+    fleet: FleetMachine | None = None  # on a fleet's head: the machine of the stacks placed across it
+    machines: Machines = field(init=False)  # each stack's machine, this Spark's or the fleet's (`Actions.over`)
 
     @property
     def store(self) -> Store:

@@ -25,10 +25,11 @@ class Parking:
              still: Callable[[], bool] = lambda: True) -> ParkDone:
         """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
         requests drain first. `still`: checked once in the stack's turn (an idle park that a
-        request or a switch overtook does nothing)."""
-        if self.ctx.fleet is not None and self.ctx.fleet.placed(stack):
-            with self.ctx.turns.turn(stack, ticket):
-                return self.ctx.fleet.park(stack, self.quiesce)
+        request or a switch overtook does nothing). On the machine that runs it."""
+        return self.ctx.machines.of(stack).park(stack, how=how, ticket=ticket, still=still)
+
+    def park_here(self, stack: str, *, how: Park, ticket: int | None, still: Callable[[], bool]) -> ParkDone:
+        """On this Spark's Docker machine (`machines.Spark`)."""
         with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
             spec, desired = self.ctx.machine.catalog().stack(stack), self.ctx.machine.desired()
             if stack in desired.parked or not still():
@@ -52,10 +53,11 @@ class Parking:
         self.ctx.gateway.drain(stack)
 
     def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
-        """Wake a parked stack, if its wake peak fits beside what runs."""
-        if self.ctx.fleet is not None and self.ctx.fleet.placed(stack):
-            with self.ctx.turns.turn(stack, ticket):
-                return self.ctx.fleet.wake(stack)
+        """Wake a parked stack, on the machine that runs it."""
+        return self.ctx.machines.of(stack).wake(stack, ticket=ticket)
+
+    def wake_here(self, stack: str, *, ticket: int | None) -> WakeDone:
+        """On this Spark's Docker machine, if its wake peak fits beside what runs."""
         with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
             desired = self.ctx.machine.desired()
             if stack not in desired.parked:
@@ -119,7 +121,7 @@ class Parking:
 
     def wake_on_demand(self, stack: str) -> None:
         """A request named the parked stack (the gateway holds it meanwhile)."""
-        if stack in self.ctx.machine.desired().parked or (self.ctx.fleet is not None and self.ctx.fleet.parked(stack)):
+        if self.ctx.machines.of(stack).parked(stack):
             self.wake(stack)
         else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
             self.ctx.routes.refresh()

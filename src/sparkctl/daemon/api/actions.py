@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -22,6 +22,9 @@ from sparkctl.daemon.api.service import COMMANDS, QUERIES, Commands
 from sparkctl.errors import SparkctlError
 from sparkctl.log import redact
 from sparkctl.policy.parking import Park
+
+if TYPE_CHECKING:
+    from sparkctl.fleet.machine import FleetMachine
 
 UNDERWAY = web.AppKey("underway", dict)  # name -> the action `Underway`: what a cancel can name
 
@@ -106,6 +109,39 @@ async def park(request: web.Request) -> web.StreamResponse:
 async def wake(request: web.Request) -> web.StreamResponse:
     return await _on_stack(request, messages.WakeRequest,
                            lambda actions, ask, stack, this: actions.parking.wake(stack, ticket=this.ticket))
+
+
+async def fleet_up(request: web.Request) -> web.StreamResponse:
+    """`sparkctl fleet up`: placed and started across the fleet this daemon heads, in the stack's turn."""
+    fleet = _fleet(request.app[COMMANDS])
+    return await _on_stack(request, messages.FleetUpRequest, lambda actions, ask, stack, this: fleet.up(
+        stack, wait=ask.wait, ticket=this.ticket, say=lambda text: actions.bus.publish(messages.Note(stack, text))))
+
+
+async def fleet_down(request: web.Request) -> web.StreamResponse:
+    """`sparkctl fleet down`: any stack's containers across the fleet, whether a stack file still names it."""
+    fleet = _fleet(request.app[COMMANDS])
+    ask = await http.parse_body(request, messages.FleetDownRequest)
+    async with _queued(request, ask, ask.stack) as this:
+        pass
+    return await _stream_action(request, this, (ask.stack,),
+                                lambda: fleet.down(ask.stack, wait=ask.wait, ticket=this.ticket))
+
+
+async def fleet_ps(request: web.Request) -> web.Response:
+    """`sparkctl fleet ps`: every host's containers, as its agent lists them, and the book."""
+    fleet = _fleet(request.app[COMMANDS])
+    ask = await http.parse_body(request, messages.FleetPsRequest)
+    return web.json_response(asdict(await asyncio.to_thread(fleet.ps, wait=ask.wait, book_only=ask.book_only)))
+
+
+def _fleet(actions: Commands) -> FleetMachine:
+    """The fleet this daemon heads; refused before anything queues when it heads none."""
+    if actions.fleet is None:
+        raise SparkctlError("this daemon heads no fleet (it reads this Spark's node record at its start): run it "
+                            "on the fleet's head, after `sparkctl fleet init` (`sparkctl daemon --stop`, then "
+                            "run the command again, or `systemctl restart sparkctl`)")
+    return actions.fleet
 
 
 async def retest(request: web.Request) -> web.StreamResponse:

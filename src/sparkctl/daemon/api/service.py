@@ -20,6 +20,7 @@ from sparkctl.state.desired import Desired
 
 if TYPE_CHECKING:
     from sparkctl.daemon.actions import Aliases, Benchmarks, Deploys, ImageBook, Parking, PatchChecks, Trials
+    from sparkctl.fleet.machine import FleetMachine
 
 
 class Commands(Protocol):
@@ -52,6 +53,9 @@ class Commands(Protocol):
 
     @property
     def images(self) -> ImageBook: ...
+
+    @property
+    def fleet(self) -> FleetMachine | None: ...
 
 
 class Queries(Protocol):
