@@ -57,13 +57,18 @@ def test_a_broken_file_names_itself(workspace: Path, cli) -> None:
     assert code == 1 and "images.yaml: pins.x:v1.digest" in err
 
 
-def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(workspace: Path, cli, monkeypatch) -> None:
-    """Seed 003's qwen36-v4 tag ships pinned without a digest (none was published): the first
-    deploy's digest fills the pin in, once; later deploys and unpinned tags change nothing."""
+@pytest.mark.parametrize(("ref", "said"), [
+    ("ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4", "seed 003:21,25"),  # "ran about a month, stable"
+    ("ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2", "seed 003:31,37"),  # "the v2 image is the one that works"
+])
+def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(workspace: Path, cli, monkeypatch,
+                                                                          ref: str, said: str) -> None:
+    """Seed 003's known-good tags (qwen36-v4, Gemma-4's v2) ship pinned without a digest (none was
+    published): the first deploy's digest fills the pin in, once; later deploys and unpinned tags
+    change nothing."""
     path = workspace / "stacks" / "images.yaml"
-    ref = "ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4"
     shipped = imagefile.load_policy(path).pin_for(ref)
-    assert shipped.known_good and not shipped.settled and shipped.provenance.startswith("seed 003:21,25")
+    assert shipped.known_good and not shipped.settled and shipped.provenance.startswith(said)
     code, out, _ = cli("image", "check", ref)
     assert code == 0 and "pinned to (none yet: the first `up` records it)" in out
 
@@ -71,7 +76,7 @@ def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(workspa
     settled = imagefile.load_policy(path).pin_for(ref)
     # first seen, not known-good: the seed vouches for the build it ran, not for what the tag names now
     assert (settled.digest, settled.known_good, settled.first_seen) == (D1, False, dt.date.today())
-    assert settled.provenance.startswith("seed 003:21,25")
+    assert settled.provenance.startswith(said)
     assert "digest recorded at first deploy on" in settled.provenance
     assert not imagefile.settle_pin(path, ref, digest="sha256:" + "b" * 64)  # pinned now: a moved tag stays pinned
     assert not imagefile.settle_pin(path, "vllm/vllm-openai:v0.24.0", digest=D1)  # no pin: nothing to settle
