@@ -292,3 +292,14 @@ def test_the_startup_is_read_from_the_deployment_that_served_the_run(tmp_path: P
                                                         at[Phase.RUNNING] - at[Phase.STARTING]))
     assert report._startup(store, BenchRun(2, "s", "other", {}, "quick", "", at[Phase.RUNNING] + 1, None, None,
                                            None, [])) is None
+
+
+def test_a_stacks_request_defaults_are_said_to_come_from_the_gateway_only(catalog) -> None:
+    """DiffusionGemma's thinking default (seed 003:120) reaches the engine only through the gateway:
+    a `bench run` at the engine's port, or a compose project run by hand, measures without it."""
+    lines = caveats.caveats([_entry(catalog.stack("diffusiongemma"), [_row(0, 210.0)]),
+                             _entry(catalog.stack("qwen36-nvfp4-stock"), [_row(0, 9.0)])])
+    [said] = [line for line in lines if "request defaults" in line]
+    assert said.startswith('diffusiongemma: its request defaults ({"chat_template_kwargs": {"enable_thinking": true}})'
+                           " are added by sparkctl's gateway only: a run at the engine's own port (`sparkctl bench "
+                           "run`) has none of them")
