@@ -3,8 +3,9 @@
 A loopback registry holds the engine images under their real names (the sim image), a local
 Hub serves the model repos, and everything sparkctl writes goes to ./demo/. Steps: start the
 daemon and gateway; `up qwen36-dflash` (digest from the registry, weights, overlays, shim);
-benchmark it; an agent loop through the gateway; switch `primary` to aeon-gemma4-v2 under that
-loop; show the blacklisted `latest` Gemma refused; switch to diffusiongemma (compose); write the
+benchmark it; an agent loop through the gateway; switch `primary` to Aeon Gemma-4 without
+speculation (aeon-gemma4-v2-nospec: seed 003's 81 tok/s is its no-spec figure) under that loop;
+show the blacklisted `latest` Gemma refused; switch to diffusiongemma (compose); write the
 comparison report. Engines decode at the calibrated profiles' real speed; only loading is
 shortened. Everything started here is stopped at the end.
 """
@@ -65,9 +66,9 @@ def main() -> int:
             sparkctl(env, "bench", "run", "qwen36-dflash", "--profile", "quick", "--depths", "0,4096")
             step(f"4. an agent loop through the gateway ({gateway}, model `primary`)")
             print(f"   {agent_loop(gateway, calls=8)} answered, 0 failed")
-            step("5. sparkctl switch primary aeon-gemma4-v2, with the agent loop running")
+            step("5. sparkctl switch primary aeon-gemma4-v2-nospec, with the agent loop running")
             with Background(gateway) as loop:
-                sparkctl(env, "switch", "primary", "aeon-gemma4-v2")
+                sparkctl(env, "switch", "primary", "aeon-gemma4-v2-nospec")
             print(f"   the agent loop meanwhile: {loop.ok} answered, {loop.failed} failed")
             step("6. aeon-gemma4 at `latest` is refused by the blacklist")
             sparkctl(env, "up", "aeon-gemma4-latest", check=False)
@@ -76,10 +77,10 @@ def main() -> int:
                 sparkctl(env, "switch", "primary", "diffusiongemma")
             print(f"   the agent loop meanwhile: {loop.ok} answered, {loop.failed} failed")
             step("8. the comparison report of the three stacks")
-            sparkctl(env, "bench", "report", "qwen36-dflash", "aeon-gemma4-v2", "diffusiongemma", "--out",
+            sparkctl(env, "bench", "report", "qwen36-dflash", "aeon-gemma4-v2-nospec", "diffusiongemma", "--out",
                      str(OUT / "report"), "--label", LABEL)
             sparkctl(env, "status")
-            for stack in ("diffusiongemma", "aeon-gemma4-v2", "qwen36-dflash"):
+            for stack in ("diffusiongemma", "aeon-gemma4-v2-nospec", "qwen36-dflash"):
                 sparkctl(env, "down", stack, quiet=True)
     finally:
         if daemon is not None:

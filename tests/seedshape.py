@@ -70,7 +70,8 @@ def _run_folder(folder: Path, stack, rows: list[Row], profile) -> str:
 
 
 def _flags(stack) -> list[str]:
-    """`vllm serve` as seed 000 ran it: the fixed serving params, DFlash configs adding theirs."""
+    """`vllm serve` with seed 000's values as sparkctl renders them (the seed prints no command): the fixed
+    serving params, DFlash configs adding theirs."""
     flags = ["vllm", "serve", "/model", "--served-model-name", stack.served_name, "--port", str(stack.port),
              "--max-model-len", "131072", "--gpu-memory-utilization", "0.80", "--no-enable-prefix-caching",
              "--enable-chunked-prefill"]

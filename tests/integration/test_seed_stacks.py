@@ -11,6 +11,7 @@ import datetime as dt
 from tests.conftest import image_policy, name, port
 
 V4 = "ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4"
+GEMMA_V2 = "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2"
 
 
 def test_qwen36_dflash_v4_deploys_on_its_profile_and_pins_its_first_digest(world, published, cli, engine) -> None:
@@ -27,3 +28,18 @@ def test_qwen36_dflash_v4_deploys_on_its_profile_and_pins_its_first_digest(world
     pin = image_policy(world).pin_for(V4)
     assert (pin.digest, pin.known_good, pin.first_seen) == (served, False, dt.date.today())  # until a bench passes
     assert pin.provenance.startswith("seed 003:21,25") and "digest recorded at first deploy" in pin.provenance
+
+
+def test_gemma4_without_speculation_runs_the_seeds_no_spec_profile_and_pins_v2(world, published, cli, engine) -> None:
+    """Seed 003's 81 tok/s is Aeon Gemma-4 without speculation: its stack runs with no draft, on the
+    sim profile of that figure, and its first deploy settles the v2 tag's pin."""
+    served = engine.client.images.get_registry_data(f"{published.host}/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2").id
+    code, out, err = cli("up", "aeon-gemma4-v2-nospec")
+    assert code == 0, err
+    assert f"pinned {GEMMA_V2} to {served}" in " ".join(out.split())
+    container = engine.client.containers.get(name("aeon-gemma4-v2-nospec"))
+    assert "sim profile aeon-gemma4-nospec" in container.logs().decode()
+    args = container.attrs["Args"]
+    assert "--speculative-config" not in args and "--enable-prefix-caching" in args
+    pin = image_policy(world).pin_for(GEMMA_V2)
+    assert (pin.digest, pin.known_good) == (served, False) and pin.provenance.startswith("seed 003:31,37")

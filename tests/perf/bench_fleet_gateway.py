@@ -58,7 +58,8 @@ def main() -> None:
         engine = f"http://{address}:{ENGINE_PORT}"
         procs.append(start(["nsenter", f"--net={network.NETNS_DIR / netns}", sys.executable, "-m", "sparkctl.sim",
                             "serve", str(model), "--served-model-name", "tiny", "--host", address,
-                            "--port", str(ENGINE_PORT), "--max-model-len", "4096", "--sim-profile", "aeon-gemma4-v2"],
+                            "--port", str(ENGINE_PORT), "--max-model-len", "4096",
+                            "--sim-profile", "aeon-gemma4-nospec"],
                            engine + "/health", {"SPARKCTL_SIM_TIME_SCALE": SCALE, "SPARKCTL_SIM_LOAD_SCALE": "0"}))
         port = free_port()
         procs.append(start([sys.executable, str(Path(__file__).parent / "bench_gateway.py"), "--serve-gateway",

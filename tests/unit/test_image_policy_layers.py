@@ -23,6 +23,7 @@ D2 = "sha256:" + "b" * 64
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "stacks" / "images.yaml"
 V4 = "ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4"  # shipped: pinned without a digest
+GEMMA_V2 = "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2"  # so is this
 BANNED = "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:latest"  # shipped: blacklisted
 
 
@@ -83,7 +84,7 @@ def test_unpin_and_unblacklist_of_a_shipped_entry_are_recorded_as_the_owners_ove
     monkeypatch.setenv("COLUMNS", "400")
     out = cli("image", "list", "-o", "wide")[1]
     assert rows(out, "removed by the owner") == [["pins", V4, "shipped"], ["blacklist", BANNED, "shipped"]]
-    assert not rows(out, "pins") and not rows(out, "blacklist")
+    assert [row[0] for row in rows(out, "pins")] == [GEMMA_V2] and not rows(out, "blacklist")  # the other pin stays
     # banned again by the owner: the record replaces the lift
     assert cli("image", "blacklist", BANNED, "--reason", "still broken")[0] == 0
     out = cli("image", "list", "-o", "wide")[1]
@@ -141,29 +142,33 @@ def test_a_broken_file_names_itself(workspace: Path, cli) -> None:
     assert code == 1 and "images.yaml: pins.x:v1.digest" in err
 
 
-def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(tmp_path: Path) -> None:
-    """Seed 003's qwen36-v4 tag ships pinned without a digest (none was published): the first
-    deploy's digest fills the pin in, once, in the state; later deploys and unpinned tags change
-    nothing, and the shipped file stays as shipped."""
+@pytest.mark.parametrize(("tag", "said"), [
+    (V4, "seed 003:21,25"),  # "ran about a month, stable"
+    (GEMMA_V2, "seed 003:31,37"),  # "the v2 image is the one that works"
+])
+def test_a_known_good_tag_without_a_digest_is_pinned_by_its_first_deploy(tmp_path: Path, tag: str, said: str) -> None:
+    """Seed 003's known-good tags (qwen36-v4, Gemma-4's v2) ship pinned without a digest (none was
+    published): the first deploy's digest fills the pin in, once, in the state; later deploys and
+    unpinned tags change nothing, and the shipped file stays as shipped."""
     images = records(tmp_path / "s.db", SHIPPED).images
-    shipped = images.policy().pin_for(V4)
-    assert shipped.known_good and not shipped.settled and shipped.provenance.startswith("seed 003:21,25")
+    shipped = images.policy().pin_for(tag)
+    assert shipped.known_good and not shipped.settled and shipped.provenance.startswith(said)
 
-    assert images.settle_pin(V4, digest=D1)
-    settled = images.policy().pin_for(V4)
+    assert images.settle_pin(tag, digest=D1)
+    settled = images.policy().pin_for(tag)
     # first seen, not known-good: the seed vouches for the build it ran, not for what the tag names now
     assert (settled.digest, settled.known_good, settled.first_seen) == (D1, False, dt.date.today())
-    assert settled.provenance.startswith("seed 003:21,25")
+    assert settled.provenance.startswith(said)
     assert "digest recorded at first deploy on" in settled.provenance
-    assert not images.settle_pin(V4, digest=D2)  # pinned now: a moved tag stays pinned
+    assert not images.settle_pin(tag, digest=D2)  # pinned now: a moved tag stays pinned
     assert not images.settle_pin("vllm/vllm-openai:v0.24.0", digest=D1)  # no pin: nothing to settle
     layered = images.layered()
-    assert layered.origin[("pins", V4)] is Layer.STATE and layered.hidden[("pins", V4)] is Layer.SHIPPED
+    assert layered.origin[("pins", tag)] is Layer.STATE and layered.hidden[("pins", tag)] is Layer.SHIPPED
     assert layered.policy.pin_for("vllm/vllm-openai:v0.24.0") is None
-    images.pin(V4, digest=D1, known_good=True, provenance="benchmark run 3 passed")  # as the gate does
-    passed = images.policy().pin_for(V4)
+    images.pin(tag, digest=D1, known_good=True, provenance="benchmark run 3 passed")  # as the gate does
+    passed = images.policy().pin_for(tag)
     assert (passed.known_good, passed.first_seen) == (True, None)
-    assert not imagefile.load_policy(SHIPPED).pin_for(V4).settled
+    assert not imagefile.load_policy(SHIPPED).pin_for(tag).settled
 
 
 POLICY_TEXT = """# the policy

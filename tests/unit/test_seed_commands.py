@@ -1,13 +1,15 @@
-"""Seed 000's nine configurations render exactly the command the study ran, flag by flag, plus
-what sparkctl adds, each addition named with the setting that causes it. Seed 003's vLLM stacks,
-whose commands the seed does not print, render what it states and, beyond it, only the values
-docs/engines.md lists as not from the seed.
+"""Seed 000 prints no command: it states its serving values in words and a few flags (000:17
+"--max-model-len 131072 --gpu-memory-utilization 0.80, prefix caching off, chunked prefill on,
+TP=1; DFlash configs add --attention-backend flash_attn"; the draft's n, probabilistic drafting
+and float32 mamba cache, 000:10). Each of its nine configurations renders those values, flag by
+flag, and beyond them only what docs/engines.md lists as sparkctl's: the command's shape and mount
+points (`vllm serve /model`, the draft at `/draft`), the served name, loopback host and port,
+`HF_HUB_OFFLINE=1`, `--quantization compressed-tensors` (inferred from the checkpoint's format,
+000:9), and, unless `switch.park: stop`, parking by sleep, each named with the setting that causes
+it. Seed 003's vLLM stacks, whose commands the seed does not print either, render what it states
+and, beyond it, only the values docs/engines.md lists as not from the seed.
 
-The seed's command is rebuilt here from its text, not from the stack files: the fixed serving
-parameters (seed 000:17), the NVFP4 checkpoints' compressed-tensors format (000:9), and the
-draft's flags (000:10, 000:17). Placement (served name, loopback host, port) is sparkctl's and
-listed in docs/engines.md; parking by sleep adds two things, which `switch.park: stop` removes,
-leaving the seed's command exactly."""
+The seed's values are rebuilt here from its text, not from the stack files."""
 
 from __future__ import annotations
 
@@ -28,7 +30,12 @@ SOURCES = Sources(model_dir="/hf/model", draft_dir="/hf/draft", compile_cache_di
 # seed 000:17: "--max-model-len 131072 --gpu-memory-utilization 0.80, prefix caching off, chunked prefill on"
 FIXED = {"--max-model-len": "131072", "--gpu-memory-utilization": "0.8",
          "--no-enable-prefix-caching": None, "--enable-chunked-prefill": None}
-NVFP4 = {"--quantization": "compressed-tensors"}  # seed 000:9, "NVFP4 (compressed-tensors, ~23 GB)"
+# sparkctl's, not the seed's: it says the NVFP4 checkpoint is "compressed-tensors" (000:9), not that a
+# flag named it (vLLM reads the format from the checkpoint's config); docs/engines.md lists it
+NVFP4 = {"--quantization": "compressed-tensors"}
+# what the render adds to the seed's values besides parking by sleep, as docs/engines.md must name it
+SPARKCTL_ADDS = ("`vllm serve /model`", "`/draft`", "`--served-model-name`", "`--host 127.0.0.1`", "port",
+                 "`HF_HUB_OFFLINE=1`", "`--quantization compressed-tensors`", "read-only")
 IMAGES = {"stock": "vllm/vllm-openai:v0.24.0", "eugr": "eugr/spark-vllm:latest",  # seed 000:11
           "aeon": "ghcr.io/aeon-7/aeon-vllm-ultimate:2026-06-18-v0.23.0-dflashfix"}
 
@@ -41,7 +48,8 @@ def dflash(n: int) -> dict[str, str | None]:
             "--speculative-config": json.dumps(config, separators=(",", ":"))}
 
 
-# stack -> (the seed's config, its engine, the flags beyond the fixed ones): seed 000:23-33
+# stack -> (the seed's config, its engine, the flags beyond the fixed ones: the draft's, and NVFP4's
+# inferred --quantization): seed 000:23-33
 SEED_000 = {
     "qwen36-bf16-stock": ("Q_bf16_stock_n0", "stock", {}),
     "qwen36-bf16-eugr": ("Q_bf16_eugr_n0", "eugr", {}),
@@ -68,7 +76,7 @@ def flags(argv: tuple[str, ...]) -> dict[str, str | None]:
 
 @pytest.mark.parametrize("name", sorted(SEED_000))
 @pytest.mark.parametrize("park", [Park.STOP, Park.AUTO])
-def test_a_seed_000_config_renders_the_seeds_command_and_only_the_listed_additions(name: str, park: Park) -> None:
+def test_a_seed_000_config_renders_the_seeds_values_and_only_the_listed_additions(name: str, park: Park) -> None:
     _, engine, extra = SEED_000[name]
     stack = CATALOG.stack(name)
     stack = stack.model_copy(update={"switch": stack.switch.model_copy(update={"park": park})})
@@ -81,7 +89,7 @@ def test_a_seed_000_config_renders_the_seeds_command_and_only_the_listed_additio
     env = {k: v for k, v in plan.env.items() if k != "HF_HUB_OFFLINE"}  # the engine runs offline: weights come first
     assert env == dict(what.split("=", 1) for what, _ in added if not what.startswith("--"))
     if park is Park.STOP:
-        assert added == []  # exactly the seed's command
+        assert added == []  # the seed's values and sparkctl's placement, nothing that parks
     else:
         assert [what for what, _ in added] == ["--enable-sleep-mode", "VLLM_SERVER_DEV_MODE=1"]
         assert all(cause.startswith("switch.park: auto") for _, cause in added)
@@ -92,20 +100,28 @@ def speculative(n: int, **extra: str) -> dict[str, str]:
     return {"--speculative-config": json.dumps(config, separators=(",", ":"))}
 
 
+# The seed sets no prefix-caching flag, so its setups ran vLLM's default, on: the stacks say it outright.
+DEFAULT_ON = {"--enable-prefix-caching": None}
 # stack -> (image, what the seed states, what docs/engines.md lists as not from the seed)
 SEED_003 = {
     "qwen36-dflash-v4": (
         "ghcr.io/aeon-7/vllm-aeon-ultimate-dflash:qwen36-v4",  # seed 003:25
         {"--max-model-len": "262144"} | speculative(7),  # 003:26 (256K), 003:19 (DFlash at 7 tokens)
-        {"--gpu-memory-utilization": "0.8", "--attention-backend": "flash_attn"}),  # ours; from seed 000:17
+        {"--gpu-memory-utilization": "0.8", "--attention-backend": "flash_attn"} | DEFAULT_ON),  # ours; 000:17
     "aeon-gemma4-v2": (
         "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2",  # seed 003:37
         {"--max-model-len": "32768", "--max-num-seqs": "64"},  # 003:68, 32K x 64
-        {"--gpu-memory-utilization": "0.8"} | speculative(10, attention_backend="flash_attn")),  # AEON's recipe
+        {"--gpu-memory-utilization": "0.8"} | DEFAULT_ON
+        | speculative(10, attention_backend="flash_attn")),  # AEON's recipe
     "aeon-gemma4-v2-262k": (
         "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2",  # seed 003:37
         {"--max-model-len": "262144"},  # 003:38
-        {"--gpu-memory-utilization": "0.8", "--max-num-seqs": "2"} | speculative(10, attention_backend="flash_attn")),
+        {"--gpu-memory-utilization": "0.8", "--max-num-seqs": "2"} | DEFAULT_ON
+        | speculative(10, attention_backend="flash_attn")),
+    "aeon-gemma4-v2-nospec": (
+        "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2",  # seed 003:37
+        {},  # 003:104, "no-spec": no --speculative-config
+        {"--gpu-memory-utilization": "0.8", "--max-model-len": "32768", "--max-num-seqs": "64"} | DEFAULT_ON),
 }
 
 
@@ -142,3 +158,9 @@ def test_diffusiongemmas_compose_command_has_the_seeds_values_and_says_where_eac
     assert command["--max-model-len"] == "${MAX_MODEL_LEN:-262144}"  # seed 003:50
     assert command["--max-num-seqs"] == "${MAX_NUM_SEQS:-4}"  # seed 003:66, the stock config
     assert command["--kv-cache-dtype"] == "${KV_CACHE_DTYPE:-fp8_e4m3}"  # seed 003:72
+
+
+def test_docs_name_everything_the_render_adds_to_the_seeds_values() -> None:
+    text = (ROOT / "docs" / "engines.md").read_text()
+    section = text.split("### What a rendered command takes from the seeds", 1)[1].split("\n#", 1)[0]
+    assert [added for added in SPARKCTL_ADDS if added not in section] == []

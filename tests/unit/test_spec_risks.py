@@ -166,3 +166,25 @@ def test_prefix_caching_with_the_dspark_draft_needs_its_opt_in_and_says_the_seed
     assert "000:51" in invalid.problem and "allow: [prefix-caching]" in invalid.problem
     allowed = dspark_stack(tmp_path, "allow: [prefix-caching]\nvllm:\n  enable_prefix_caching: true\n")
     assert allowed.invalid == () and allowed.stack("mine").vllm.enable_prefix_caching
+
+
+@pytest.mark.parametrize(("body", "refused"), [
+    ("vllm:\n  enable_prefix_caching: null\n", True),  # vLLM V1 turns it on when no flag is given
+    ("vllm:\n  enable_prefix_caching: false\n", False),
+    ("vllm:\n  extra_args: [--enable-prefix-caching]\n", True),  # after the rendered --no-enable-...: it wins
+    ("vllm:\n  extra_args: [--enable_prefix]\n", True),  # argparse's abbreviation, vLLM's `_` spelling
+    ("vllm:\n  enable_prefix_caching: null\n  extra_args: [--enable-prefix-caching, --no-enable-prefix-caching]\n",
+     False),  # the last one wins
+    ("allow: [prefix-caching]\nvllm:\n  enable_prefix_caching: null\n", False),
+])
+def test_the_dspark_refusal_judges_prefix_caching_as_the_engine_will_run_it(tmp_path: Path, body: str,
+                                                                           refused: bool) -> None:
+    """Seed 000:51: the DSpark proposer with the aeon prefix-align patch hung with prefix caching on,
+    whether a flag turns it on or vLLM's default does."""
+    catalog = dspark_stack(tmp_path, body)
+    if not refused:
+        assert catalog.invalid == ()
+        return
+    [invalid] = catalog.invalid
+    assert invalid.key == "vllm.enable_prefix_caching" and "000:51" in invalid.problem
+    assert ("vLLM turns it on when no flag is given" in invalid.problem) is ("null" in body)

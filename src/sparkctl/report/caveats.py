@@ -1,12 +1,14 @@
 """The report's Caveats, as seed 000 ends with them, built from what the report knows: how many
 streams and runs were measured, that speculative decode depends on the text, the stacks' known
-issues with their sources (and whether the gateway enforces their caps), the expectations a run
-did not meet (decode at depth 0, acceptance, KV-cache tokens), the loopback corpus when a run
-used it, and a sampling temperature that is not greedy. Pure; `markdown.py` calls it.
+issues with their sources (and whether the gateway enforces their caps), request defaults only the
+gateway adds, the expectations a run did not meet (decode at depth 0, acceptance, KV-cache
+tokens), the loopback corpus when a run used it, and a sampling temperature that is not greedy.
+Pure; `markdown.py` calls it.
 """
 
 from __future__ import annotations
 
+import json
 from statistics import mean
 
 from sparkctl.report.environment import Entry, benchy_args
@@ -15,8 +17,8 @@ CLOSING = "Numbers are specific to these images, models, hardware and dates."
 
 
 def caveats(entries: list[Entry]) -> list[str]:
-    return [*_load(entries), *_content(entries), *_issues(entries), *_expectations(entries), *_corpus(entries),
-            *_temperature(entries), CLOSING]
+    return [*_load(entries), *_content(entries), *_issues(entries), *_defaults(entries), *_expectations(entries),
+            *_corpus(entries), *_temperature(entries), CLOSING]
 
 
 def _load(entries: list[Entry]) -> list[str]:
@@ -51,6 +53,14 @@ def _issues(entries: list[Entry]) -> list[str]:
                      f" Its cap of {cap} is advice, not enforced (no source; `enforce: true` opts in).")
         out.append(line)
     return out
+
+
+def _defaults(entries: list[Entry]) -> list[str]:
+    """A stack's `request_defaults` (seed 003's thinking, say) are added by sparkctl's gateway alone."""
+    return [f"{e.stack.name}: its request defaults ({json.dumps(e.stack.request_defaults, sort_keys=True)}) are added "
+            "by sparkctl's gateway only: a run at the engine's own port (`sparkctl bench run`) has none of them, nor "
+            "has a client of the engine or compose project started by hand; a switch's benchmark, through the "
+            "gateway, has them." for e in entries if e.stack.request_defaults]
 
 
 def _expectations(entries: list[Entry]) -> list[str]:

@@ -123,12 +123,15 @@ _BF16 = _seed_000((0, 4.5), (12288, 4.35), (65536, 3.9))
 # 12800 on. The draft head's effective context lies between; 9216 is the next 1K step past 8960.
 _DSPARK_CLIFF = 9216
 _DSPARK_GB = 4.0  # the DSpark draft's size: the seeds give none (estimate)
+_GEMMA4: Curve = ((0, 81.0), (32768, 70.0), (262144, 48.0))  # 81 at depth 0 measured (seed 003:104), the rest estimate
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("qwen36-nvfp4", _NVFP4, _QWEN_PREFILL, load_s=150, compile_s=40, weights_gib=23 * GB_IN_GIB),
     Profile("qwen36-bf16", _BF16, _QWEN_PREFILL, load_s=300, compile_s=40, weights_gib=51 * GB_IN_GIB),
-    # DFlash n=8 on NVFP4: 21-26 tok/s through 8k, then below no-spec: 7.5 @12k, 5.7 @64k (measured).
-    Profile("qwen36-dflash-n8", _seed_000((0, 26.0), (4096, 23.5), (8192, 21.0), (12288, 7.5), (65536, 5.7)),
+    # DFlash n=8 on NVFP4: "21-26 tok/s through 8k" (measured as a range: its ends placed at depth 0
+    # and 8192 are this project's reading, the seed gives no per-depth figure before 12k), then below
+    # no-spec: 7.5 @12k, 5.7 @64k (measured).
+    Profile("qwen36-dflash-n8", _seed_000((0, 26.0), (8192, 21.0), (12288, 7.5), (65536, 5.7)),
             _QWEN_PREFILL, load_s=170, compile_s=45, weights_gib=(23 + _DSPARK_GB) * GB_IN_GIB, acceptance=0.648,
             cliff=_DSPARK_CLIFF),
     # DFlash n=8 on BF16: the seeds give no figure; NVFP4's shape scaled to BF16's no-spec (estimate).
@@ -147,10 +150,15 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     # tokens at the stack's 0.80 (this project's choice of fraction; the seed gives none).
     Profile("qwen36-dflash-v4", ((0, 57.0), (262144, 35.0)), _QWEN_PREFILL, load_s=140, compile_s=45,
             weights_gib=(21 + 3.2) * GB_IN_GIB, acceptance=0.648),
-    # Seed 003: 81 tok/s single stream is its NO-SPEC figure (seed 003:104); the seed gives no
-    # DFlash-on decode figure for Gemma-4, so the DFlash stacks decode at it here. Acceptance
-    # 55-62% with DFlash (seed 003:33), KV ~340K tokens at 0.80 (measured; fraction our choice).
-    Profile("aeon-gemma4-v2", ((0, 81.0), (32768, 70.0), (262144, 48.0)), _MOE_PREFILL,
+    # Seed 003: Aeon Gemma-4 without speculation, 81 tok/s single stream at depth 0 (measured, seed
+    # 003:104; its depth curve is an estimate); weights 15.3 GB (seed 003:33). "54 tok/s with
+    # thinking" is not modelled (docs/engines.md says why).
+    Profile("aeon-gemma4-nospec", _GEMMA4, _MOE_PREFILL, load_s=90, compile_s=30, weights_gib=15.3 * GB_IN_GIB,
+            kv_tokens_per_gib=4_250),
+    # Aeon Gemma-4 + DFlash on v2: decode is an ESTIMATE, the no-spec curve (the seed gives no
+    # DFlash-on figure for Gemma-4). Acceptance 55-62% (0.58), weights 15.3 GB + the 1 GB drafter,
+    # KV ~340K tokens at 0.80 (measured, seed 003:33-39; the fraction is this project's choice).
+    Profile("aeon-gemma4-v2", _GEMMA4, _MOE_PREFILL,
             load_s=90, compile_s=30, weights_gib=(15.3 + 1) * GB_IN_GIB, acceptance=0.58, kv_tokens_per_gib=4_250),
     # The broken `latest` of 2026-06-10: acceptance ~10%, crashes above 16 concurrent requests.
     Profile("aeon-gemma4-latest-broken", ((0, 44.0), (32768, 38.0), (262144, 26.0)), _MOE_PREFILL,
@@ -174,7 +182,7 @@ def auto_profile(model_name: str, speculative: dict) -> str:
     if "diffusiongemma" in name:
         return "diffusiongemma"
     if "gemma-4" in name or "gemma4" in name:
-        return "aeon-gemma4-v2"
+        return "aeon-gemma4-v2" if speculative.get("method") == "dflash" else "aeon-gemma4-nospec"
     bf16 = "bf16" in name
     if speculative.get("method") == "dflash":
         tokens = speculative.get("num_speculative_tokens")

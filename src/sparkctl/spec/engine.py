@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sparkctl.settings import SECRET_ENV
 from sparkctl.spec.base import SIZE, Port, RelativePath, Revision, Spec
-from sparkctl.spec.risks import flag_values, is_root, reaches_docker_socket
+from sparkctl.spec.risks import flag_name, flag_values, is_root, reaches_docker_socket
 
 # The variables sparkctl gives a compose project (`Launch.compose`): a stack's `compose.env` adds
 # to them and may not replace one (a base image the policy never judged, the engine's address,
@@ -100,6 +100,17 @@ class VllmArgs(Spec):
     enforce_eager: bool = False
     speculative: Speculative | None = None
     extra_args: tuple[str, ...] = ()
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the engine will cache prefixes, read as vLLM reads the command: the last
+        `--[no-]enable-prefix-caching` in `extra_args` (rendered after this section's flags), else
+        `enable_prefix_caching`, else vLLM V1's default when no flag is given, which is on for a
+        generating model (`EngineArgs` takes `ModelConfig.is_prefix_caching_supported`)."""
+        toggles = [name for arg in self.extra_args if _prefix_toggle(name := flag_name(arg).partition("=")[0])]
+        if toggles:
+            return not toggles[-1].startswith("--no-")
+        return True if self.enable_prefix_caching is None else self.enable_prefix_caching
 
     @field_validator("extra_args")
     @classmethod
@@ -192,3 +203,9 @@ class ComposeProject(Spec):
                                  "not the project: sparkctl sets how compose runs")
         return not_ours(no_secret_names(env), COMPOSE_VARIABLES, "its image, address, folders and weights")
 
+
+def _prefix_toggle(name: str) -> bool:
+    """Whether a flag turns vLLM's prefix caching on or off, as argparse takes its abbreviations (a
+    shorter prefix than `--enable-prefix` is shared with other flags: the engine refuses it)."""
+    return any(full.startswith(name) and name.startswith(least) for full, least in
+               (("--enable-prefix-caching", "--enable-prefix"), ("--no-enable-prefix-caching", "--no-enable-prefix")))

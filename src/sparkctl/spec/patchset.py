@@ -43,7 +43,8 @@ class Limits(Spec):
     patch set is held to it when the catalog loads."""
 
     max_speculative_tokens: int | None = Field(default=None, ge=1)
-    # Why prefix caching is unsupported; a stack turning it on then needs `allow: [prefix-caching]`.
+    # Why prefix caching is unsupported; a stack whose engine would run it (`VllmArgs.prefix_caching`:
+    # vLLM turns it on when no flag says otherwise) then needs `allow: [prefix-caching]`.
     prefix_caching: str | None = None
     source: str  # where the limits are stated (a seed's line)
 
@@ -67,8 +68,9 @@ class PatchSet(Spec):
             return (["vllm", "speculative", "num_speculative_tokens"],
                     f"{tokens} is more than the {limits.max_speculative_tokens} the draft of patch set {self.name!r} "
                     f"supports ({limits.source})")
-        if limits.prefix_caching and v.enable_prefix_caching and "prefix-caching" not in stack.allow:
+        if limits.prefix_caching and v.prefix_caching and "prefix-caching" not in stack.allow:
+            unset = " (vLLM turns it on when no flag is given)" if v.enable_prefix_caching is None else ""
             return (["vllm", "enable_prefix_caching"],
-                    f"{limits.prefix_caching} ({limits.source}); add `allow: [prefix-caching]` to the stack if you "
-                    "mean it")
+                    f"prefix caching would be on{unset}, but {limits.prefix_caching} ({limits.source}): set "
+                    "`enable_prefix_caching: false`, or add `allow: [prefix-caching]` to the stack if you mean it")
         return None

@@ -204,7 +204,7 @@ def vllm_args(stack: Stack, draft_subpath: str = "", sleep: bool = True, kv_cach
             config["model"] = _inside(DRAFT_DIR, draft_subpath)
         config |= v.speculative.model_dump(exclude={"method"}, exclude_none=True)
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-    # after the seeds' own flags
+    # after the stack file's flags (seed values and sparkctl's placement alike)
     args += [what for what, _ in additions(stack, sleep, kv_cache_bytes) if what.startswith("--")]
     return args + list(v.extra_args)
 
