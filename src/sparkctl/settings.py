@@ -17,7 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sparkctl import instance as instances
-from sparkctl.locate import LOCK_FILE, SOCKET_FILE, STORE_FILE, default_config_dir, default_state_dir, resolve
+from sparkctl.instance import LOCK_FILE, SOCKET_FILE, STORE_FILE, default_config_dir, default_state_dir, resolve
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -156,7 +156,7 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _instance(cls, data: Any) -> Any:
-        """An instance and its state dir name each other (`locate.resolve`, which the CLI's
+        """An instance and its state dir name each other (`instance.resolve`, which the CLI's
         daemon client uses too)."""
         if not isinstance(data, dict):
             return data

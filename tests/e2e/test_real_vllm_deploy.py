@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from sparkctl.deploy.edits import apply_shim
 from sparkctl.deploy.patches import find_vllm
-from sparkctl.deploy.shim import apply_shim
 from sparkctl.sim.main import SHIM_ATTRIBUTES
 from tests.conftest import image_policy, ours
 from tests.integration.conftest import DaemonProcess

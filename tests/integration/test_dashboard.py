@@ -340,10 +340,10 @@ def test_log_follows_hold_no_worker_thread_and_end_when_their_clients_leave(daem
     daemon's cap (then 503). Meanwhile and after, status and an action answer at once; once the
     clients leave, though the engine logs nothing new, the follows end and the daemon's threads
     are as many as before."""
+    from sparkctl.cli.client import UnixHTTP
     from sparkctl.daemon.api.queries import KEEPALIVE
     from sparkctl.daemon.api.service import MAX_FOLLOWS
     from sparkctl.gateway.ui import FOLLOWS_PER_CLIENT
-    from sparkctl.unixhttp import UnixHTTP
 
     sock = daemon.state_dir / "sparkctl.sock"
 

@@ -56,7 +56,7 @@ class Prober(threading.Thread):
         self.sock, self.took, self.stopped = sock, [], threading.Event()
 
     def run(self) -> None:
-        from sparkctl.unixhttp import UnixHTTP
+        from sparkctl.cli.client import UnixHTTP
 
         while not self.stopped.wait(0.2):
             began = time.perf_counter()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sparkctl.bench.metrics import between
-from sparkctl.deploy import diffs
+from sparkctl.deploy import edits
+from sparkctl.deploy.edits import ShimError, apply_shim
 from sparkctl.deploy.health import HealthError
-from sparkctl.deploy.shim import ShimError, apply_shim
 from sparkctl.phase import Phase
 from sparkctl.policy.admission import admit
 from sparkctl.state.journal import Answers
@@ -79,15 +79,15 @@ DIFF = """--- a/vllm/x.py
 
 
 def test_diff_applies_with_offset_and_names_the_failing_hunk() -> None:
-    [file_diff] = diffs.parse(DIFF)
+    [file_diff] = edits.parse_diff(DIFF)
     assert file_diff.path == "vllm/x.py"
-    assert diffs.apply("a = 1\nb = 2\nc = 3\ne = 5\n", file_diff) == "a = 1\nb = 2\nc = 30\nd = 4\ne = 5\n"
+    assert edits.apply_diff("a = 1\nb = 2\nc = 3\ne = 5\n", file_diff) == "a = 1\nb = 2\nc = 30\nd = 4\ne = 5\n"
     shifted = "# new\n# lines\na = 1\nb = 2\nc = 3\ne = 5\n"
-    assert "c = 30\nd = 4\n" in diffs.apply(shifted, file_diff)
-    with pytest.raises(diffs.DiffError, match=r"hunk 1 \(at line 2, starting 'b = 2'\) does not apply to vllm/x.py"):
-        diffs.apply("a = 1\nb = 2\nc = 99\n", file_diff, source="mine.diff")
-    with pytest.raises(diffs.DiffError, match="no file changes"):
-        diffs.parse("just text\n")
+    assert "c = 30\nd = 4\n" in edits.apply_diff(shifted, file_diff)
+    with pytest.raises(edits.DiffError, match=r"hunk 1 \(at line 2, starting 'b = 2'\) does not apply to vllm/x.py"):
+        edits.apply_diff("a = 1\nb = 2\nc = 99\n", file_diff, source="mine.diff")
+    with pytest.raises(edits.DiffError, match="no file changes"):
+        edits.parse_diff("just text\n")
 
 
 @pytest.mark.parametrize(("fraction", "running", "fits", "in_the_way"), [

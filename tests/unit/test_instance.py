@@ -11,7 +11,7 @@ from ruamel.yaml import YAML
 
 from sparkctl import instance
 from sparkctl.adapters.compose import override
-from sparkctl.locate import default_state_dir
+from sparkctl.instance import default_state_dir
 from sparkctl.settings import Settings
 from sparkctl.spec.load import load_catalog
 from sparkctl.spec.render import Sources, render

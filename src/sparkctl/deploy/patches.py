@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkctl.adapters.docker import DockerEngine
-from sparkctl.deploy import diffs
-from sparkctl.deploy.shim import apply_shim
+from sparkctl.deploy import edits
 from sparkctl.errors import SparkctlError
 from sparkctl.spec.base import inside
 from sparkctl.spec.patchset import Overlay, PatchSet, Shim
@@ -124,7 +123,7 @@ def _found(cache: Path) -> dict[str, str]:
 @dataclass(frozen=True)
 class _Diff:
     source: Path  # the diff file, for error messages
-    change: diffs.FileDiff
+    change: edits.FileDiff
 
 
 Action = Overlay | _Diff | Shim
@@ -140,7 +139,7 @@ def _steps(patch_sets: list[PatchSet], patches_dir: Path) -> dict[str, list[Acti
             path = within(patches_dir, name)
             if not path.is_file():
                 raise PatchError(f"patch set {patch_set.name}: diff file {path} does not exist")
-            for file_diff in diffs.parse(path.read_text(), source=str(path)):
+            for file_diff in edits.parse_diff(path.read_text(), source=str(path)):
                 rel = file_diff.path  # relative to vLLM's package dir (`vllm/x.py` or `x.py`)
                 rel = rel.split("vllm/", 1)[1] if "vllm/" in rel else rel
                 try:
@@ -166,8 +165,8 @@ def _apply(action: Action, text: str | None, *, rel: str, sources: Mapping[str, 
         raise PatchError(f"patch target {vllm_dir}/{rel} is missing from the image: the image's vLLM "
                          "is not the one this patch set was written for")
     if isinstance(action, _Diff):
-        return diffs.apply(text, action.change, source=str(action.source))
-    return apply_shim(text, action.class_name, action.attributes, filename=f"{vllm_dir}/{rel}")
+        return edits.apply_diff(text, action.change, source=str(action.source))
+    return edits.apply_shim(text, action.class_name, action.attributes, filename=f"{vllm_dir}/{rel}")
 
 
 def _check(rel: str, text: str, actions: list[Action], vllm_dir: str) -> None:
@@ -176,7 +175,7 @@ def _check(rel: str, text: str, actions: list[Action], vllm_dir: str) -> None:
     except SyntaxError as e:
         raise PatchError(f"patched {vllm_dir}/{rel} is not valid Python (line {e.lineno}: {e.msg})") from None
     for shim in (a for a in actions if isinstance(a, Shim)):
-        if apply_shim(text, shim.class_name, shim.attributes) != text:
+        if edits.apply_shim(text, shim.class_name, shim.attributes) != text:
             raise PatchError(f"shim on {vllm_dir}/{rel} is not idempotent")
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.unixhttp import UnixHTTP
+from sparkctl.cli.client import UnixHTTP
 
 
 def serve_once(path: Path, pieces: list[bytes]) -> threading.Thread:
