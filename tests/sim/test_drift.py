@@ -14,6 +14,7 @@ import json
 import pytest
 
 from sparkctl.bench import drift
+from sparkctl.errors import SparkctlError
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from sparkctl.phase import Phase
@@ -133,3 +134,12 @@ def test_the_drift_gate_refuses_only_where_the_stack_asks(served) -> None:
     assert store.greedy.run(3).verdict == f"fail: {reason} (run 3)"
     passing = store.greedy.passed(prompts=drift.shipped().key, model="google/gemma-4")
     assert [r.id for r in passing] == [2, 1]  # the refused run is no one's baseline
+
+
+def test_a_keyless_ask_is_turned_away_and_stores_nothing(served) -> None:
+    deploy, store = served
+    settings = deploy(stack(), BUILD_1).model_copy(update={"gateway_api_keys": []})
+    with pytest.raises(SparkctlError, match=r"greedy drift: the gateway refused a prompt for tiny at http://127\.0\."
+                                            r"0\.1:\d+/v1: .*401"):
+        drift.record_and_compare(stack(), settings=settings, store=store)
+    assert store.greedy.runs("gemma") == []
