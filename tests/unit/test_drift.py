@@ -203,3 +203,9 @@ def test_the_sims_greedy_replies_are_fixed_per_prompt_and_drift_from_token_k(tmp
     assert drifted[:12] == first[:12] and all(a[1] != b[1] for a, b in zip(drifted[12:], first[12:], strict=True))
     assert 12 <= Vocabulary.greedy_length("a prompt") <= 40
     assert Faults.parse("drift_after=12").drift_after == 12
+
+
+def test_token_ids_count_where_both_sides_have_them() -> None:
+    same_text = drift.compare((Output("ab", (1, 2)),), (Output("ab", (1, 3)),))
+    assert (same_text.identical, same_text.first.char, same_text.first.token) == (0, 2, 1)
+    assert drift.compare((Output("ab", (1, 2)),), (Output("ab"),)).identical == 1  # an engine without ids: the text

@@ -133,9 +133,6 @@ def ask(endpoint: Endpoint, prompts: Prompts, *, concurrency: int = CONCURRENCY,
     engine returns them (vLLM's `return_token_ids`)."""
     import openai
 
-    client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "unused", max_retries=0,
-                           timeout=timeout)
-
     def one(text: str) -> Output:
         reply = client.chat.completions.create(
             model=endpoint.model, messages=[{"role": "user", "content": text}], temperature=0,
@@ -145,7 +142,8 @@ def ask(endpoint: Endpoint, prompts: Prompts, *, concurrency: int = CONCURRENCY,
         return Output(choice.message.content or "", tuple(ids) if isinstance(ids, list) else None)
 
     try:
-        with ThreadPoolExecutor(concurrency) as pool:
+        with openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key or "unused", max_retries=0,
+                           timeout=timeout) as client, ThreadPoolExecutor(concurrency) as pool:
             return list(pool.map(one, prompts.texts))
     except openai.APIError as e:
         raise SparkctlError(f"greedy drift: the gateway refused a prompt for {endpoint.model} at "
@@ -194,7 +192,7 @@ def judged(drift: Drift, expect: DriftSpec) -> Drift:
 
 def compare(ours: Sequence[Output], theirs: Sequence[Output]) -> Comparison:
     """How many of the outputs are identical, and where the first that is not diverged. Pure."""
-    same = [a == b for a, b in zip(ours, theirs, strict=True)]
+    same = [_identical(a, b) for a, b in zip(ours, theirs, strict=True)]
     index = next((i for i, s in enumerate(same) if not s), None)
     return Comparison(sum(same), len(same), None if index is None else divergence(index, ours[index], theirs[index]))
 
@@ -220,6 +218,11 @@ def twin(run: GreedyRun, passed: Sequence[GreedyRun]) -> GreedyRun | None:
         return None
     return next((p for p in passed if p.id < run.id and p.stack != run.stack and not p.speculative
                  and _same_weights(p, run)), None)
+
+
+def _identical(a: Output, b: Output) -> bool:
+    """The same text, and the same tokens where both sides have their ids."""
+    return a.text == b.text and (a.tokens is None or b.tokens is None or a.tokens == b.tokens)
 
 
 def _same_weights(a: GreedyRun, b: GreedyRun) -> bool:
