@@ -9,14 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl import report as comparison
 from sparkctl.bench import drift
 from sparkctl.phase import Phase
 from sparkctl.report import drift as report
+from sparkctl.settings import Settings
 from sparkctl.sim.engine import Faults, Vocabulary
 from sparkctl.spec.models import Drift
 from sparkctl.state.drift import GreedyRun, Output
 from sparkctl.state.store import Store
 from tests.fakes.tinymodel import write_model
+from tests.seedshape import seed_study
 
 PARTS = {"image": "sha256:" + "a" * 64, "model": "c0ffee", "draft": "", "patches": "p1", "spec": "s1"}
 
@@ -166,6 +169,19 @@ def test_the_reports_section_reads_each_stacks_newest_run(tmp_path: Path) -> Non
         "character 0: 'w' here, 'x' there",
         "- a: refused by its drift gate: 0 of 2 (run 3)", ""]
     assert report.section(store, ["b"]) == []
+
+
+def test_the_comparison_report_ends_with_the_greedy_drift_section(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    entries = seed_study(store)
+    name = entries[0][0].name
+    greedy = store.greedy.record(name, "fp", PARTS, model="org/m", speculative=False, prompts="k",
+                                 outputs=[Output("x"), Output("y")])
+    store.greedy.judge(greedy, "pass")
+    path = comparison.compare(entries, Settings(state_dir=tmp_path / "state"), store, folder=tmp_path / "out")
+    assert path.read_text().endswith(
+        f"\n## Greedy drift (temperature 0, sparkctl's fixed prompts)\n\n- {name}: greedy outputs of 2 prompts stored "
+        f"(run 1): no earlier passing build of {name} on the same weights to compare with\n")
 
 
 SPEC = "name: a\nextends: qwen36-nvfp4-stock\nexpectations:\n  drift:\n"
