@@ -42,6 +42,12 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)  # the gateway's, when it requires one
 
 
+def gateway(stack: Stack, settings: Settings) -> Endpoint:
+    """The gateway's OpenAI endpoint, asked for `stack` by its served name with the gateway's first API key."""
+    keys = [k.get_secret_value() for k in settings.gateway_api_keys]
+    return Endpoint(f"{settings.gateway_url}/v1", stack.served_name, api_key=keys[0] if keys else None)
+
+
 def measure(endpoint: Endpoint, quality: Quality, *, folder: Path, concurrency: int = CONCURRENCY,
             timeout: float = 3 * 3600) -> Measured:
     """Run lm-eval's `quality.task` over its first `quality.items` questions against `endpoint`."""
@@ -75,8 +81,7 @@ def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRu
     deployment = store.deployments.latest(stack.name)
     if deployment is None or deployment.phase is not Phase.RUNNING:
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
-    keys = [k.get_secret_value() for k in settings.gateway_api_keys]
-    endpoint = Endpoint(f"{settings.gateway_url}/v1", stack.served_name, api_key=keys[0] if keys else None)
+    endpoint = gateway(stack, settings)
     run_id = store.quality.begin(stack.name, deployment.fingerprint, deployment.parts, task=quality.task,
                                  items=quality.items)
     folder = settings.state_dir / "quality" / str(run_id)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
-from sparkctl.report import environment, markdown
+from sparkctl.report import drift, environment, markdown
 from sparkctl.report.analysis import Config, crossover, efficiency, speedups, twin
 from sparkctl.report.environment import Entry
 from sparkctl.settings import Settings
@@ -46,7 +46,8 @@ def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, store: St
     folder = folder or settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
     startups = {stack.name: found for stack, run in entries if (found := _startup(store, run)) is not None}
     return write(entries, folder, bandwidth_gbs=settings.memory_bandwidth_gbs, label=label, bans=bans,
-                 title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries), startups=startups)
+                 title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries), startups=startups,
+                 drift=drift.section(store, [s.name for s, _ in entries]))
 
 
 def _startup(store: Store, run: BenchRun) -> tuple[float, float] | None:
@@ -62,9 +63,10 @@ def _startup(store: Store, run: BenchRun) -> tuple[float, float] | None:
 
 
 def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs: float, title: str, label: str,
-          bans: dict[str, str] | None = None, startups: dict[str, tuple[float, float]] | None = None) -> Path:
+          bans: dict[str, str] | None = None, startups: dict[str, tuple[float, float]] | None = None,
+          drift: list[str] | None = None) -> Path:
     """Write the report into `folder` (created); returns the path of comparison.md. `startups`:
-    each stack's (fetch, start to serving) seconds, where known."""
+    each stack's (fetch, start to serving) seconds, where known; `drift`: the greedy drift section."""
     folder.mkdir(parents=True, exist_ok=True)
     studied = list({stack.name: Entry(stack, run, _environment(run), (startups or {}).get(stack.name))
                     for stack, run in entries}.values())
@@ -77,7 +79,7 @@ def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs:
     results = _copy_results(studied, folder / "results")
     text = markdown.render(studied, data, configs, title=title, label=label, bandwidth_gbs=bandwidth_gbs,
                            images=images, results=results, bans=bans or {})
-    (folder / REPORT).write_text(text)
+    (folder / REPORT).write_text("\n".join([text, *(drift or [])]))
     return folder / REPORT
 
 

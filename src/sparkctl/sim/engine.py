@@ -11,6 +11,7 @@ The HTTP layer (server.py) drives this; main.py builds it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import mmap
 import os
 import random
@@ -58,6 +59,9 @@ class Faults:
     grow_s: float = 10.0
     # The share of the quality task's questions answered right (`quality.py`), in place of the profile's.
     accuracy: float | None = None
+    # At temperature 0, replies are the same for the same prompt on every run (`Vocabulary.greedy`);
+    # from this token on they are other ones: a build whose greedy outputs drift.
+    drift_after: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -217,6 +221,22 @@ class Vocabulary:
     def tokens(self, n: int) -> list[tuple[int, str]]:
         """`n` random (id, text) tokens of the model's vocabulary."""
         return [self.rng.choice(self.pool) for _ in range(n)]
+
+    def greedy(self, prompt: str, n: int, *, drift_after: int | None = None) -> list[tuple[int, str]]:
+        """A reply at temperature 0: `n` tokens fixed by `prompt`, the same on every run, with or
+        without speculation (verification is lossless); from token `drift_after` on, each one
+        another than it would be (the `drift_after` fault)."""
+        same, other = random.Random(_digest(prompt)), random.Random(_digest("drift:" + prompt))
+        tokens = [same.choice(self.pool) for _ in range(n)]
+        for k in range(drift_after if drift_after is not None else n, n):
+            drawn = other.choice(self.pool)
+            tokens[k] = drawn if drawn[1] != tokens[k][1] else next(t for t in self.pool if t[1] != tokens[k][1])
+        return tokens
+
+    @staticmethod
+    def greedy_length(prompt: str) -> int:
+        """Where a reply at temperature 0 would end of itself: 12 to 40 tokens, fixed by `prompt`."""
+        return 12 + _digest("length:" + prompt) % 29
 
     def script(self, text: str) -> list[tuple[int, str]]:
         """`text` as the model's (id, text) tokens, whose texts join back to `text` exactly."""
@@ -495,6 +515,10 @@ class Engine:
         print(f"ERROR [core.py] EngineCore encountered a fatal error.\n{reason}", file=sys.stderr, flush=True)
         self.healthy = False
         os._exit(1)
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def log(message: str) -> None:

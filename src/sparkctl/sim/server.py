@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from sparkctl.sim import quality
-from sparkctl.sim.engine import KV_BLOCK_SIZE, VERSION, Aborted, Engine, Histogram, log
+from sparkctl.sim.engine import KV_BLOCK_SIZE, VERSION, Aborted, Engine, Histogram, Vocabulary, log
 from sparkctl.sim.ranks import Group, GroupBroken
 
 _PAUSE_MODES = ("abort", "wait", "keep")
@@ -99,9 +99,13 @@ class Api:
                           f"you requested {prompt_tokens + (max_tokens or 1)} tokens.", "BadRequestError")
         reply_text = quality.answer(prompt, self.engine.accuracy)
         script = self.engine.vocab.script(reply_text) if reply_text is not None else []
+        greedy = reply_text is None and body.get("temperature") == 0  # the same reply for the same prompt
         length = self.engine.output_length(prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                                            min_tokens=int(body.get("min_tokens") or 0),
-                                           ignore_eos=bool(body.get("ignore_eos")), scripted=len(script))
+                                           ignore_eos=bool(body.get("ignore_eos")),
+                                           scripted=Vocabulary.greedy_length(prompt) if greedy else len(script))
+        if greedy:
+            script = self.engine.vocab.greedy(prompt, length, drift_after=self.engine.faults.drift_after)
         if self.engine.asleep and not self.engine.faults.queue_while_asleep:
             # Real vLLM queues the request until /wake_up; the sim answers at once.
             return _error(503, "The engine is sleeping; POST /wake_up to serve requests again.",

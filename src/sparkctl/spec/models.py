@@ -80,6 +80,23 @@ class Quality(Spec):
         return self
 
 
+class Drift(Spec):
+    """Greedy drift (`bench/drift.py`): sparkctl's fixed prompts at temperature 0, their outputs
+    compared with the stack's last passing build of the same weights and, on a speculative stack,
+    with its no-spec twin's. Always reported; refused only with `gate: true`, when fewer than
+    `min_identical` of the outputs (a fraction: 1 is every one) are identical to either."""
+
+    gate: bool = False
+    min_identical: Fraction = 1.0
+
+    @model_validator(mode="after")
+    def _gating(self) -> Drift:
+        if "min_identical" in self.model_fields_set and not self.gate:
+            raise ValueError("`min_identical` refuses nothing without `gate: true`: add `gate: true`, or drop "
+                             "`min_identical` (drift is reported either way)")
+        return self
+
+
 class Expectations(Spec):
     min_decode_tps: float | None = Field(default=None, gt=0)  # at depth 0, single stream
     min_acceptance: float | None = Field(default=None, ge=0, le=1)
@@ -91,6 +108,7 @@ class Expectations(Spec):
     # reference line. Only a figure the seed gives for it; none for an estimate or a range.
     seed_decode_tps: float | None = Field(default=None, gt=0)
     quality: Quality | None = None  # the answers' accuracy on a task (lm-eval), beside the speed
+    drift: Drift = Drift()  # greedy outputs against the last passing build and the no-spec twin
 
 
 class Placement(Spec):

@@ -1,6 +1,7 @@
 """The state database: one SQLite file in the state dir (WAL, private), its numbered schema
 migrations, and short write transactions. The repositories (`deployments.py`, `bench.py`,
-`quality.py`, `journal.py`, `images.py`) read and write through it; `store.py` opens it and hands it to them.
+`quality.py`, `drift.py`, `journal.py`, `images.py`) read and write through it; `store.py` opens
+it and hands it to them.
 
 Rows come back as `sqlite3.Row`, read by column name: a migration that adds a column changes
 no reader.
@@ -124,6 +125,22 @@ MIGRATIONS = (
     );
     CREATE TABLE imports (what TEXT PRIMARY KEY);
     INSERT INTO imports VALUES ('images.yaml');
+    """,
+    # Greedy drift (state/drift.py): a deployment's outputs of the fixed prompts at temperature 0.
+    """
+    CREATE TABLE greedy_runs (
+        id INTEGER PRIMARY KEY,
+        stack TEXT NOT NULL,
+        fingerprint TEXT,
+        parts TEXT NOT NULL DEFAULT '{}',
+        model TEXT NOT NULL DEFAULT '',
+        speculative INTEGER NOT NULL DEFAULT 0,
+        prompts TEXT NOT NULL,
+        at REAL NOT NULL,
+        outputs TEXT NOT NULL,
+        verdict TEXT
+    );
+    CREATE INDEX greedy_runs_prompts ON greedy_runs (prompts, model, id);
     """,
 )
 

@@ -1,5 +1,5 @@
 """The state store: the state database (`db.py`) and the repositories over it, opened once per
-process. Deployments and their transitions, benchmark runs and known-good pins, quality runs, events,
+process. Deployments and their transitions, benchmark runs and known-good pins, quality runs, greedy runs, events,
 switches, resolved digests and the image policy's records each have their own repository; the
 daemon (with the deploy pipeline and the benchmarks it runs) writes them, `status`, `history` and
 the report read them; the CLI opens the store read-only. Every write is its own short
@@ -14,6 +14,7 @@ from sparkctl.spec.imagefile import PolicyFiles
 from sparkctl.state.bench import BenchRuns
 from sparkctl.state.db import Database
 from sparkctl.state.deployments import Deployments
+from sparkctl.state.drift import GreedyRuns
 from sparkctl.state.images import ImageRecords
 from sparkctl.state.journal import Answers, Digests, Events, Switches
 from sparkctl.state.quality import QualityRuns
@@ -27,6 +28,7 @@ class Store:
         self.deployments = Deployments(self.db)
         self.bench = BenchRuns(self.db)
         self.quality = QualityRuns(self.db)
+        self.greedy = GreedyRuns(self.db)
         self.events = Events(self.db)
         self.switches = Switches(self.db)
         self.digests = Digests(self.db)
