@@ -91,7 +91,7 @@ class Drift(Spec):
 
     @model_validator(mode="after")
     def _gating(self) -> Drift:
-        if "min_identical" in self.model_fields_set and not self.gate:
+        if self.min_identical != 1.0 and not self.gate:  # (1.0, the default, is what a dump writes back)
             raise ValueError("`min_identical` refuses nothing without `gate: true`: add `gate: true`, or drop "
                              "`min_identical` (drift is reported either way)")
         return self
