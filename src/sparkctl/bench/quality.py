@@ -65,9 +65,12 @@ def measure(endpoint: Endpoint, quality: Quality, *, folder: Path, concurrency: 
     return measured(json.loads((folder / "results.json").read_text()), quality.task)
 
 
-def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRun, Verdict]:
-    """Measure the running `stack` through the gateway, store the run with its deployment's
-    fingerprint, judge it against `expectations.quality` and the last passing run, record the verdict."""
+def assess(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool = True,
+           baseline_of: str | None = None) -> tuple[QualityRun, Verdict]:
+    """Measure the running `stack` through the gateway (or at its engine: a retest's trial, which the
+    gateway never routes), store the run with its deployment's fingerprint, judge it against
+    `expectations.quality` and the last passing run of `baseline_of` (default: the stack itself),
+    record the verdict."""
     quality = stack.expectations.quality
     if quality is None:
         raise SparkctlError(f"{stack.name} sets no `expectations.quality`: add `quality: {{task: sparkctl_arith, "
@@ -76,7 +79,8 @@ def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRu
     if deployment is None or deployment.phase is not Phase.RUNNING:
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
     keys = [k.get_secret_value() for k in settings.gateway_api_keys]
-    endpoint = Endpoint(f"{settings.gateway_url}/v1", stack.served_name, api_key=keys[0] if keys else None)
+    endpoint = Endpoint(f"{settings.gateway_url}/v1", stack.served_name, api_key=keys[0] if keys else None) \
+        if via_gateway else Endpoint(f"{stack.url}/v1", stack.served_name)
     run_id = store.quality.begin(stack.name, deployment.fingerprint, deployment.parts, task=quality.task,
                                  items=quality.items)
     folder = settings.state_dir / "quality" / str(run_id)
@@ -88,7 +92,8 @@ def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRu
     store.quality.finish(run_id, folder=str(folder), measured=result)
     run = store.quality.run(run_id)
     assert run is not None
-    verdict = judge_quality(run, quality, baseline=store.quality.last_pass(stack.name, task=run.task, items=run.items))
+    verdict = judge_quality(run, quality, baseline=store.quality.last_pass(baseline_of or stack.name, task=run.task,
+                                                                     items=run.items))
     store.quality.judge(run_id, verdict.describe())
     judged = store.quality.run(run_id)
     assert judged is not None
