@@ -5,8 +5,10 @@ and the tool's version come back. lm-eval runs as a child process (`lmeval.py`),
 environment, never on its command line; sparkctl's own task (`sparkctl_arith`) runs with the
 Hugging Face libraries offline. `assess` runs it against a running stack, stores the run with the
 deployment's fingerprint and parts (`state/quality.py`), and judges it against the stack's
-`expectations.quality` and its last passing run (`gate.judge_quality`). The run's folder keeps
-lm-eval's results, every item's prompt, reply and score, its command line and its log.
+`expectations.quality` and its last passing run (`gate.judge_quality`): for the switch's gate
+(`switchover.py`), a retest's trial (at its engine), and `sparkctl bench run -p quality`
+(`on_demand`). The run's folder keeps lm-eval's results, every item's prompt, reply and score,
+its command line and its log.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from pathlib import Path
 
 from sparkctl.bench.gate import Verdict, judge_quality
 from sparkctl.bench.lmeval import TASKS, UNKNOWN
+from sparkctl.bench.profiles import QUALITY
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import BenchDone, BenchRequest
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Quality, Stack
@@ -98,6 +102,17 @@ def assess(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool 
     judged = store.quality.run(run_id)
     assert judged is not None
     return judged, verdict
+
+
+def on_demand(stack: Stack, ask: BenchRequest, *, settings: Settings, store: Store) -> BenchDone:
+    """`sparkctl bench run STACK -p quality`: the stack measured and judged as its quality gate does
+    in a switch, nothing pinned or blacklisted (a `bench run` only records)."""
+    if ask.depths or ask.runs or ask.temperature is not None:
+        raise SparkctlError("--depths, --runs and --temperature shape llama-benchy's runs; `-p quality` asks the "
+                            "task's questions at temperature 0 (the task and items are `expectations.quality`'s): "
+                            "leave them out")
+    run, verdict = assess(stack, settings=settings, store=store)
+    return BenchDone(stack.name, run.id, QUALITY, run.folder, verdict.passed, verdict.describe(), quality=run.summary())
 
 
 def shipped(task: str) -> bool:
