@@ -288,6 +288,8 @@ class RetestDone:
     rows: tuple[dict[str, Any], ...] = ()  # the benchmark's rows, as llama-benchy reported them
     lifted: tuple[str, ...] = ()  # blacklist entries removed (a pass)
     recorded: bool = True  # False: the ban was lifted by hand while the trial ran
+    quality_run: int | None = None  # with `expectations.quality`: the trial's quality run
+    quality: str = ""  # and what it measured: "<task> <accuracy> (95% CI ..) over N items (tool)"
 
 
 @dataclass(frozen=True)
