@@ -122,7 +122,7 @@ class RetestRequest(Asked):
 @dataclass(frozen=True)
 class BenchRequest(Asked):
     stack: str
-    profile: str = ""  # quick, seed or concurrency (default: the stack's bench_profile)
+    profile: str = ""  # quick, seed, concurrency or quality (default: the stack's bench_profile)
     depths: str = ""  # the profile's depths replaced: `0,4096,8192`
     runs: int | None = None  # the profile's runs per depth replaced
     temperature: float | None = None  # sample at this temperature (default: the engine's)
@@ -288,6 +288,8 @@ class RetestDone:
     rows: tuple[dict[str, Any], ...] = ()  # the benchmark's rows, as llama-benchy reported them
     lifted: tuple[str, ...] = ()  # blacklist entries removed (a pass)
     recorded: bool = True  # False: the ban was lifted by hand while the trial ran
+    quality_run: int | None = None  # with `expectations.quality`: the trial's quality run
+    quality: str = ""  # and what it measured: "<task> <accuracy> (95% CI ..) over N items (tool)"
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,7 @@ class BenchDone:
     passed: bool
     verdict: str  # the gate's, described
     rows: tuple[dict[str, Any], ...] = ()  # per depth and concurrency, as llama-benchy reported them
+    quality: str = ""  # profile `quality`: the run (a quality run) in one phrase: task, accuracy, items, tool
 
 
 @dataclass(frozen=True)
@@ -550,6 +553,7 @@ class StatusRow:
     image: str | None = None
     digest: str | None = None
     verdict: str | None = None  # the image policy's: known-good, pinned, unpinned or blacklisted: why
+    quality: str | None = None  # its last quality run: "<task> <accuracy> (95% CI ..) over N items (tool): <verdict>"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sparkctl.bench import quality
+from sparkctl.bench.gate import GateFailed
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from sparkctl.phase import Phase
@@ -44,3 +45,5 @@ def test_the_quality_gate_passes_the_sim_and_refuses_random_weights(served, tmp_
         assert verdict.reasons == (f"sparkctl_arith accuracy 0.0% over {ITEMS} items (lm-eval 0.4.13) < 70.0% floor",
                                    "no answer was right: the model answers, but wrongly or in no readable form "
                                    "(random weights, a broken image, patch, quantization or draft)")
+        # what a switch's rollback gives as its cause (`Cause: ...`), and blacklists the digest for
+        assert str(GateFailed(verdict)) == f"quality gate: fail: {'; '.join(verdict.reasons)} (quality run {run.id})"

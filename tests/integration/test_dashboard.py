@@ -31,10 +31,11 @@ import openai
 import pytest
 from playwright import sync_api
 
+from sparkctl.state.store import Store
 from tests.conftest import HUB_TOKEN, name, wait_for
 from tests.conftest import _missing as missing
 from tests.fakes.repos import DSPARK_DRAFT, QWEN_NVFP4
-from tests.integration.agents import A, B
+from tests.integration.agents import A, B, amend
 
 KEY = "sk-dashboard-test"
 AXE = Path(os.environ.get("SPARKCTL_BUILD_CACHE", Path.home() / ".cache" / "sparkctl-build")) / "axe-core-4.14.1" / \
@@ -421,3 +422,22 @@ def test_a_used_login_url_is_refused_after_the_daemon_restarts(start_daemon, cli
     start_daemon()
     assert log_in(used) == 403
     assert log_in(login_path(cli)) == 303  # a URL made now works
+
+
+@pytest.mark.timeout(300)
+def test_bench_run_p_quality_stores_a_quality_run_that_the_dashboard_shows(daemon, browser, cli, world) -> None:
+    """`sparkctl bench run STACK -p quality` through the real CLI and daemon: lm-eval asks the
+    sim through the keyed gateway, the run is stored and judged, the CLI prints its accuracy, and
+    the stacks table shows each stack's last quality result."""
+    amend(world / "stacks" / f"{A}.yaml", expectations={"quality": {"floor": 0.7, "items": 50}})
+    code, out, err = cli("bench", "run", A, "-p", "quality")
+    assert code == 0, err
+    run = Store(world / "state" / "sparkctl.db").quality.runs(A)[0]
+    assert run.verdict == "pass" and run.items == 50 and 0.8 <= run.accuracy <= 1.0
+    assert f"quality run {run.id} of {A}: pass" in " ".join(out.split())
+    assert f"{A}: sparkctl_arith {run.accuracy * 100:.1f}% (95% CI " in out
+    page = browser.new_page(http_credentials={"username": "owner", "password": KEY})
+    page.goto(daemon.gateway + login_path(cli))
+    shown = page.locator(f'#stacks tr[data-stack="{A}"] .quality')
+    sync_api.expect(shown).to_have_text(f"quality: {run.summary()}: pass", timeout=20_000)
+    sync_api.expect(page.locator(f'#stacks tr[data-stack="{A}"] .quality.bad')).to_have_count(0)

@@ -7,11 +7,14 @@ requests, and the run is stored with the parts the deploy pipeline recorded (the
 from __future__ import annotations
 
 import pytest
+from ruamel.yaml import YAML
 
 from sparkctl.bench import quality
 from sparkctl.settings import Settings
 from sparkctl.spec.load import catalog_for
 from sparkctl.state.store import Store
+from tests.conftest import image_policy
+from tests.integration.agents import A, B, Load, amend, switch
 
 STACK = """\
 name: wrong
@@ -42,3 +45,49 @@ def test_a_deployed_stack_answering_wrongly_is_refused_through_the_daemons_gatew
     deployment = store.deployments.latest("wrong")
     assert (run.fingerprint, run.parts) == (deployment.fingerprint, deployment.parts)
     assert run.parts["image"].startswith("sha256:") and run.verdict.startswith("fail: ")
+
+
+def answering_at(world, accuracy: float) -> None:
+    """B switched to with its gate and a quality floor of 70 % over 50 items, answering at `accuracy`."""
+    path = world / "stacks" / f"{B}.yaml"
+    data = YAML().load(path.read_text())
+    amend(path, switch={**data["switch"], "bench": "gate"},
+          container={**data["container"], "env": {"SPARKCTL_SIM_FAULTS": f"accuracy={accuracy}"}},
+          expectations={**data["expectations"], "quality": {"floor": 0.7, "items": 50}})
+
+
+@pytest.mark.timeout(600)
+def test_a_switch_to_a_stack_that_answers_wrongly_is_rolled_back_and_its_digest_blacklisted(switching, world,
+                                                                                            cli) -> None:
+    """The quality gate beside the speed gate in `switch.bench: gate`: at 30 % the switch is rolled
+    back with no request of a client failing, the digest blacklisted with the measured accuracy;
+    unbanned and answering at 90 %, the same switch passes and its digest becomes known-good."""
+    daemon = switching(small=False)
+    answering_at(world, 0.3)
+    with Load(daemon.gateway + "/v1", width=4) as load:
+        outcome = switch(daemon, B)
+    assert not outcome["ok"] and "Cause: quality gate: fail: sparkctl_arith accuracy 3" in outcome["error"]
+    assert load.failures() == [] and {a.stack for a in load.answers} == {A}
+    assert daemon.client.get("/v1/desired")["aliases"] == {"primary": A}
+    store = Store(world / "state" / "sparkctl.db")
+    failed = store.quality.runs(B)[0]
+    assert 0.15 <= failed.accuracy <= 0.45 and failed.items == 50
+    assert failed.verdict.endswith(f"(quality run {failed.id})")
+    digest = failed.parts["image"]
+    reason = image_policy(world).blacklist[digest].reason
+    assert reason.startswith(f"ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash:v2: sparkctl_arith accuracy "
+                             f"{failed.accuracy * 100:.1f}% ± ") and reason.endswith(f"(quality run {failed.id})")
+    assert f"blacklisted image {digest}" in outcome["error"]
+    assert store.bench.known_good(B) is None  # its benchmark passed, but the quality gate did not
+
+    assert cli("image", "unblacklist", digest)[0] == 0
+    answering_at(world, 0.9)
+    with Load(daemon.gateway + "/v1", width=4) as load:
+        outcome = switch(daemon, B)
+    assert outcome["ok"] and load.failures() == [], outcome
+    passed = store.quality.run(outcome["result"]["bench"]["quality"]["run"])
+    assert passed.verdict == "pass" and 0.8 <= passed.accuracy <= 1.0
+    assert f"quality run {passed.id}: sparkctl_arith {passed.accuracy * 100:.1f}% (95% CI " \
+        in outcome["result"]["bench"]["summary"]
+    assert store.bench.known_good(B).parts["image"] == digest
+    assert daemon.client.get("/v1/desired")["aliases"] == {"primary": B}

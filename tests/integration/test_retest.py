@@ -9,9 +9,11 @@ llama-benchy run: what the unit tests of the policy and the gate cannot show."""
 from __future__ import annotations
 
 import pytest
+from ruamel.yaml import YAML
 
 from sparkctl.state.store import Store
 from tests.conftest import image_policy, ours
+from tests.integration.agents import amend
 
 GEMMA = "ghcr.io/aeon-7/aeon-gemma-4-26b-a4b-dflash"
 LATEST = "aeon-7/aeon-gemma-4-26b-a4b-dflash:latest"
@@ -63,3 +65,33 @@ def test_a_retest_keeps_the_ban_until_the_tag_moves_to_a_good_image(world, broke
     assert f"benchmark run {passed.id} passed its gate" in pin.provenance and passed.verdict == "pass"
     assert ours(engine) == [] and daemon.client.get("/v1/desired")["stacks"] == []
     assert "container_removed" not in daemon.logs()  # no reconcile pass took the trial away
+
+
+def test_a_retest_of_a_stack_with_a_quality_gate_measures_quality_too(world, broken_latest, published, images, cli,
+                                                                      engine) -> None:
+    """`expectations.quality` set: the trial's accuracy is measured at its engine beside its
+    benchmark, and both gates must pass. An image fast enough but answering at 30 % keeps its ban,
+    with the quality run in the measurement; one answering at 90 % is re-qualified by both runs."""
+    path = world / "stacks" / "aeon-gemma4-v2.yaml"
+    expectations = dict(YAML().load(path.read_text())["expectations"])
+    amend(path, expectations={**expectations, "quality": {"floor": 0.7, "items": 50}})
+    wrong = published.push(images["sim"], LATEST, env={"SPARKCTL_SIM_FAULTS": "accuracy=0.3"})
+    code, out, err = cli("image", "retest", f"{GEMMA}:latest")
+    assert code == 1, out + err
+    store = Store(world / "state" / "sparkctl.db")
+    checked = store.quality.runs("aeon-gemma4-v2.retest")[0]
+    assert checked.parts["image"] == wrong and 0.15 <= checked.accuracy <= 0.45
+    assert f"quality run {checked.id}: sparkctl_arith {checked.accuracy * 100:.1f}%" in out
+    assert f"< 70.0% floor (quality run {checked.id})" in " ".join(err.split()) and "the ban stays" in err
+    measured = image_policy(world).blacklist[f"{GEMMA}:latest"].retests[-1]
+    assert measured.digest == wrong and measured.verdict.startswith("fail: sparkctl_arith accuracy")
+    assert store.bench.run(measured.run).verdict == "pass"  # fast enough: the quality gate kept the ban
+    assert ours(engine) == []
+
+    right = published.push(images["sim"], LATEST, env={"SPARKCTL_SIM_FAULTS": "accuracy=0.9"})
+    code, out, err = cli("image", "retest", f"{GEMMA}:latest")
+    assert code == 0, out + err
+    passed = store.quality.runs("aeon-gemma4-v2.retest")[0]
+    assert passed.parts["image"] == right and passed.verdict == "pass"
+    pin = image_policy(world).pin_for(f"{GEMMA}:latest")
+    assert pin.digest == right and f"and quality run {passed.id} passed its quality gate" in pin.provenance

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.bench import quality
-from sparkctl.bench.gate import judge_quality
+from sparkctl.bench.gate import GateFailed, Verdict, judge_quality
 from sparkctl.bench.quality_task import arith
 from sparkctl.errors import SparkctlError
 from sparkctl.sim import quality as sim_quality
@@ -54,6 +54,13 @@ def test_the_judge(accuracy, expect, before, words) -> None:
 def test_a_run_that_measured_nothing_fails_with_its_error() -> None:
     verdict = judge_quality(run(None, error="lm-eval exited with code 1"), Quality(floor=0.5))
     assert verdict.reasons == ("sparkctl_arith was not measured: lm-eval exited with code 1",)
+
+
+def test_a_quality_verdict_names_its_run_as_a_quality_run_apart_from_benchmark_runs() -> None:
+    verdict = judge_quality(run(0.31, id=7), Quality(floor=0.7))
+    assert verdict.describe().endswith("< 70.0% floor (quality run 7)")
+    assert str(GateFailed(verdict)).startswith("quality gate: fail: sparkctl_arith accuracy 31.0%")
+    assert str(GateFailed(Verdict(7, ("slow",)))) == "benchmark gate: fail: slow (run 7)"
 
 
 def test_the_run_is_never_its_own_baseline() -> None:

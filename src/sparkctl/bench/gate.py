@@ -20,20 +20,24 @@ from sparkctl.state.quality import QualityRun
 
 @dataclass(frozen=True)
 class Verdict:
-    run: int
+    run: int  # the benchmark run judged, or for the quality gate the quality run
     reasons: tuple[str, ...] = ()
+    gate: str = "benchmark"  # or "quality": which gate judged, so whose run `run` is
 
     @property
     def passed(self) -> bool:
         return not self.reasons
 
     def describe(self) -> str:
-        return "pass" if self.passed else f"fail: {'; '.join(self.reasons)} (run {self.run})"
+        """"pass", or "fail: <reasons> (run N)"; a quality verdict names its "quality run N"
+        (its own numbering, apart from the benchmark runs')."""
+        run = f"quality run {self.run}" if self.gate == "quality" else f"run {self.run}"
+        return "pass" if self.passed else f"fail: {'; '.join(self.reasons)} ({run})"
 
 
 class GateFailed(SparkctlError):
     def __init__(self, verdict: Verdict) -> None:
-        super().__init__(f"benchmark gate: {verdict.describe()}")
+        super().__init__(f"{verdict.gate} gate: {verdict.describe()}")
         self.verdict = verdict
 
 
@@ -65,7 +69,7 @@ def judge_quality(run: QualityRun, expect: Quality, *, baseline: QualityRun | No
     """`run`'s accuracy against the floor and against `baseline`, the stack's last passing run on
     the same task and items; the reasons name what was measured, over how many items, and by what."""
     if run.accuracy is None:
-        return Verdict(run.id, (f"{run.task} was not measured: {run.error or 'no result'}",))
+        return Verdict(run.id, (f"{run.task} was not measured: {run.error or 'no result'}",), gate="quality")
     measured = f"{run.task} accuracy {_pct(run.accuracy)}" + (f" ± {_pct(run.stderr)}" if run.stderr else "") + \
         f" over {run.items} items ({run.tool})"
     reasons = []
@@ -79,7 +83,7 @@ def judge_quality(run: QualityRun, expect: Quality, *, baseline: QualityRun | No
     if reasons and run.accuracy == 0:
         reasons.append("no answer was right: the model answers, but wrongly or in no readable form (random "
                        "weights, a broken image, patch, quantization or draft)")
-    return Verdict(run.id, tuple(reasons))
+    return Verdict(run.id, tuple(reasons), gate="quality")
 
 
 def _pct(fraction: float) -> str:

@@ -52,10 +52,13 @@ PROFILES = {
 }
 
 
+QUALITY = "quality"  # `bench run -p quality`: not llama-benchy's, the quality gate's measurement (`quality.py`)
+
 def choose(name: str, *, depths: str = "", runs: int | None = None, temperature: float | None = None) -> Profile:
     """The profile `name`, its depths (`0,4096,8192`), runs per depth and temperature replaced where given."""
     if name not in PROFILES:
-        raise SparkctlError(f"no benchmark profile {name!r}; choose one of {', '.join(PROFILES)}")
+        raise SparkctlError(f"no benchmark profile {name!r}; choose one of {', '.join(PROFILES)} (or {QUALITY}: "
+                            "the quality gate's accuracy, with lm-eval)")
     chosen = PROFILES[name]
     if depths:
         try:

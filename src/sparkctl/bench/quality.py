@@ -5,8 +5,10 @@ and the tool's version come back. lm-eval runs as a child process (`lmeval.py`),
 environment, never on its command line; sparkctl's own task (`sparkctl_arith`) runs with the
 Hugging Face libraries offline. `assess` runs it against a running stack, stores the run with the
 deployment's fingerprint and parts (`state/quality.py`), and judges it against the stack's
-`expectations.quality` and its last passing run (`gate.judge_quality`). The run's folder keeps
-lm-eval's results, every item's prompt, reply and score, its command line and its log.
+`expectations.quality` and its last passing run (`gate.judge_quality`): for the switch's gate
+(`switchover.py`), a retest's trial (at its engine), and `sparkctl bench run -p quality`
+(`on_demand`). The run's folder keeps lm-eval's results, every item's prompt, reply and score,
+its command line and its log.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from pathlib import Path
 
 from sparkctl.bench.gate import Verdict, judge_quality
 from sparkctl.bench.lmeval import TASKS, UNKNOWN
+from sparkctl.bench.profiles import QUALITY
 from sparkctl.errors import SparkctlError
+from sparkctl.messages import BenchDone, BenchRequest
 from sparkctl.phase import Phase
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Quality, Stack
@@ -71,9 +75,12 @@ def measure(endpoint: Endpoint, quality: Quality, *, folder: Path, concurrency: 
     return measured(json.loads((folder / "results.json").read_text()), quality.task)
 
 
-def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRun, Verdict]:
-    """Measure the running `stack` through the gateway, store the run with its deployment's
-    fingerprint, judge it against `expectations.quality` and the last passing run, record the verdict."""
+def assess(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool = True,
+           baseline_of: str | None = None) -> tuple[QualityRun, Verdict]:
+    """Measure the running `stack` through the gateway (or at its engine: a retest's trial, which the
+    gateway never routes), store the run with its deployment's fingerprint, judge it against
+    `expectations.quality` and the last passing run of `baseline_of` (default: the stack itself),
+    record the verdict."""
     quality = stack.expectations.quality
     if quality is None:
         raise SparkctlError(f"{stack.name} sets no `expectations.quality`: add `quality: {{task: sparkctl_arith, "
@@ -81,7 +88,7 @@ def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRu
     deployment = store.deployments.latest(stack.name)
     if deployment is None or deployment.phase is not Phase.RUNNING:
         raise SparkctlError(f"{stack.name} is not running: `sparkctl up {stack.name}` first")
-    endpoint = gateway(stack, settings)
+    endpoint = gateway(stack, settings) if via_gateway else Endpoint(f"{stack.url}/v1", stack.served_name)
     run_id = store.quality.begin(stack.name, deployment.fingerprint, deployment.parts, task=quality.task,
                                  items=quality.items)
     folder = settings.state_dir / "quality" / str(run_id)
@@ -93,11 +100,23 @@ def assess(stack: Stack, *, settings: Settings, store: Store) -> tuple[QualityRu
     store.quality.finish(run_id, folder=str(folder), measured=result)
     run = store.quality.run(run_id)
     assert run is not None
-    verdict = judge_quality(run, quality, baseline=store.quality.last_pass(stack.name, task=run.task, items=run.items))
+    verdict = judge_quality(run, quality, baseline=store.quality.last_pass(baseline_of or stack.name, task=run.task,
+                                                                     items=run.items))
     store.quality.judge(run_id, verdict.describe())
     judged = store.quality.run(run_id)
     assert judged is not None
     return judged, verdict
+
+
+def on_demand(stack: Stack, ask: BenchRequest, *, settings: Settings, store: Store) -> BenchDone:
+    """`sparkctl bench run STACK -p quality`: the stack measured and judged as its quality gate does
+    in a switch, nothing pinned or blacklisted (a `bench run` only records)."""
+    if ask.depths or ask.runs or ask.temperature is not None:
+        raise SparkctlError("--depths, --runs and --temperature shape llama-benchy's runs; `-p quality` asks the "
+                            "task's questions at temperature 0 (the task and items are `expectations.quality`'s): "
+                            "leave them out")
+    run, verdict = assess(stack, settings=settings, store=store)
+    return BenchDone(stack.name, run.id, QUALITY, run.folder, verdict.passed, verdict.describe(), quality=run.summary())
 
 
 def shipped(task: str) -> bool:

@@ -69,16 +69,23 @@ def benchmark(stack: Stack, *, settings: Settings, store: Store, via_gateway: bo
     return found
 
 
-def gate(stack: Stack, run: BenchRun, *, store: Store) -> Verdict:
-    """Judge `run` against the stack's expectations and its last known-good run; record the verdict."""
+def gate(stack: Stack, run: BenchRun, *, store: Store, pin: bool = True) -> Verdict:
+    """Judge `run` against the stack's expectations and its last known-good run; record the verdict.
+    A pass makes it known-good, unless `pin` is False (another gate is still to pass: `pin` later)."""
     verdict = judge(run, stack.expectations, baseline=store.bench.known_good(stack.name))
     store.bench.judge(run.id, verdict.describe())
+    if verdict.passed and pin:
+        known_good(stack, run, store=store)
+    return verdict
+
+
+def known_good(stack: Stack, run: BenchRun, *, store: Store) -> None:
+    """`run` passed: it becomes the stack's known-good run, and its image digest is pinned known-good."""
     digest = run.parts.get("image", "")
-    if verdict.passed and digest.startswith("sha256:"):
+    if digest.startswith("sha256:"):
         store.bench.mark_known_good(stack.name, run.id, digest)
         store.images.pin(stack.image.ref, digest=digest, known_good=True,
-                      provenance=f"benchmark run {run.id} passed its gate")
-    return verdict
+                         provenance=f"benchmark run {run.id} passed its gate")
 
 
 def blacklist_if_new(stack: Stack, digest: str, reason: str, *, store: Store) -> bool:

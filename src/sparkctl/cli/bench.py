@@ -14,7 +14,8 @@ from sparkctl.messages import BenchDone, BenchRequest
 
 app = typer.Typer(help="Benchmark stacks (llama-benchy) and report.", no_args_is_help=True)
 
-PROFILE_HELP = "quick | seed | concurrency (default: the stack's bench_profile)."
+PROFILE_HELP = ("quick | seed | concurrency (default: the stack's bench_profile) | quality (the stack's "
+                "expectations.quality task with lm-eval, judged by its quality gate).")
 TEMPERATURE_HELP = "Sample at this temperature (e.g. 1.0 for DFlash's sampled gains); default: the engine's."
 COHERENCE_HELP = "Skip llama-benchy's coherence check (for random weights or the simulated engine)."
 RUNS = (Column("run"), Column("stack", name=True), Column("profile"), Column("fingerprint", wide=True),
@@ -32,12 +33,12 @@ def run(
     skip_coherence: bool = typer.Option(False, "--skip-coherence", help=COHERENCE_HELP),
 ) -> None:
     """Benchmark the running STACK, store the run with its fingerprint, judge it with its gate
-    (in the daemon: Ctrl-C cancels it there)."""
+    (in the daemon: Ctrl-C cancels it there). `-p quality` measures its accuracy instead."""
     rt = runtime(ctx)
     done = _measure(rt, BenchRequest(stack, profile, depths, runs, temperature, skip_coherence))
     colour = "green" if done.passed else "red"
-    rt.console.print(f"run {done.run} ({done.profile}) of {stack}: [{colour}]{done.verdict}[/]; "
-                     f"raw files in {done.folder}")
+    run_of = f"quality run {done.run}" if done.quality else f"run {done.run} ({done.profile})"
+    rt.console.print(f"{run_of} of {stack}: [{colour}]{done.verdict}[/]; raw files in {done.folder}")
 
 
 @app.command("list")
@@ -56,6 +57,9 @@ def _measure(rt, ask: BenchRequest) -> BenchDone:  # noqa: ANN001 - the CLI's Ru
     from sparkctl.cli.console import through_daemon
 
     done = through_daemon(rt.daemon, "/v1/bench", ask, BenchDone)
+    if done.quality:  # `-p quality`: one accuracy, no llama-benchy rows
+        rt.console.print(f"{done.stack}: {done.quality}", markup=False)
+        return done
     table = Table("depth", "conc", "prefill tok/s", "decode tok/s", "TTFT ms", "acceptance", "accept len",
                   title=f"{done.stack} — run {done.run}")
     for r in done.rows:

@@ -169,6 +169,8 @@ def _show_retest(rt, result: RetestDone) -> None:  # noqa: ANN001 - the CLI's Ru
             table.add_row(str(r["depth"]), str(r["concurrency"]), f"{r['tg_tps']:.1f}", acceptance,
                           "yes" if r["failed"] else "", style="red" if r["failed"] else None)
         rt.console.print(table)
+    if result.quality:
+        rt.console.print(f"quality run {result.quality_run}: {result.quality}", markup=False)
     if result.passed:
         rt.console.print(f"[green]{result.ref} re-qualified[/]: {result.digest} passed {result.stack}'s gate "
                          f"in benchmark run {result.run}; lifted {', '.join(result.lifted)} and pinned the tag "

@@ -110,7 +110,7 @@ class Reads:
         return replace(row, phase=phase, desired=row.stack in desired.stacks, failed=h.failed,
                        recent_failures=len(h.failures), parked=parked, restarts=restarts[row.stack],
                        acceptance=self._acceptance(row.stack, catalog) if row.state == "running" else None,
-                       image=image, digest=digest, verdict=verdict)
+                       image=image, digest=digest, verdict=verdict, quality=self._quality(row.stack))
 
     def stacks(self) -> tuple[StackRow, ...]:
         """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
@@ -134,6 +134,11 @@ class Reads:
         else:
             verdict = "pinned" if pin is not None else "unpinned"
         return image.ref, digest, verdict
+
+    def _quality(self, stack: str) -> str | None:
+        """The stack's last quality run and its gate's verdict, in one line (None: never measured)."""
+        last = next(iter(self.store.quality.runs(stack, limit=1)), None)
+        return f"{last.summary()}: {last.verdict or ('failed' if last.error else 'measuring')}" if last else None
 
     @staticmethod
     def _acceptance(stack: str, catalog: Catalog) -> float | None:

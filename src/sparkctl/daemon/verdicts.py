@@ -1,6 +1,7 @@
 """What a switch learns from measuring its new stack: the switch-over benchmark judged by the
-stack's gate, and, when a measurement fails on an image digest that never passed, that digest
-blacklisted with the reason. The daemon hands these to the Switcher."""
+stack's gate, then its quality gate if it has one, and, when a measurement fails on an image
+digest that never passed, that digest blacklisted with the reason. The daemon hands these to
+the Switcher."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.bench import stack as bench_stack
+from sparkctl.bench import switchover
 from sparkctl.bench.gate import GateFailed
-from sparkctl.bench.profiles import PROFILES
 from sparkctl.daemon.events import EventBus
 from sparkctl.deploy.health import HealthError
 from sparkctl.messages import Note
@@ -30,16 +31,10 @@ class Verdicts:
     docker: DockerEngine | None = None  # to record the engine's command line with the run
 
     def bench(self, name: str) -> dict[str, Any]:
-        """The new primary's `quick` benchmark through the gateway, judged by its gate."""
-        stack = self.stack(name)
-        self.bus.publish(Note(name, f"switch-over benchmark of {name} (quick profile)"))
-        run = bench_stack.benchmark(stack, settings=self.settings, store=self.store, via_gateway=True,
-                                    profile=PROFILES["quick"], docker=self.docker)
-        verdict = bench_stack.gate(stack, run, store=self.store)
-        if not verdict.passed:
-            raise GateFailed(verdict)
-        decode = ", ".join(f"{r['tg_tps']:.1f} tok/s at depth {r['depth']}" for r in run.rows)
-        return {"run": run.id, "verdict": verdict.describe(), "summary": f"run {run.id}: {decode}; passed its gate"}
+        """The new primary's switch-over gates (`bench/switchover.py`): its `quick` benchmark through
+        the gateway, then its quality gate if it has one."""
+        return switchover.measure(self.stack(name), settings=self.settings, store=self.store, docker=self.docker,
+                                  note=lambda text: self.bus.publish(Note(name, text)))
 
     def blame(self, name: str, cause: Exception) -> str | None:
         """A switch to `name` failed on a measurement (its benchmark gate, or the canary's acceptance

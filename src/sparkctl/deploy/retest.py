@@ -5,9 +5,11 @@ worth measuring (not when nothing changed, unless forced). The digest then runs 
 the stack that uses the image's repository: a stack of its own name (`<stack>.retest`), so it
 is in no desired state and no alias and the gateway never routes to it, alone on the machine,
 through the normal deploy pipeline with only the tag's bans lifted. The stack's gate judges a
-benchmark that goes past the concurrency where the banned image fell over. The trial is removed
-afterwards, pass or fail. A pass lifts the bans and pins the tag to the digest as known-good
-(provenance: the run); a failure keeps the ban and appends the measurement to it.
+benchmark that goes past the concurrency where the banned image fell over; a stack that sets
+`expectations.quality` has its quality measured too (at the trial's engine, against the stack's
+last passing quality run), and both gates must pass. The trial is removed afterwards, pass or
+fail. A pass lifts the bans and pins the tag to the digest as known-good (provenance: the runs);
+a failure keeps the ban and appends the measurement to it.
 
 Called by the daemon's `retest` operation (`sparkctl image retest` asks the daemon), which holds
 the trial's name, so reconcile passes leave its container alone.
@@ -20,6 +22,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from sparkctl.bench import quality
 from sparkctl.bench import stack as bench_stack
 from sparkctl.bench.gate import judge, requalifying
 from sparkctl.bench.runner import Progress
@@ -145,16 +148,26 @@ def _measure(trial: Trial, deployer: Deployer) -> RetestDone:
     verdict = judge(bench, trial.stack.expectations, baseline=store.bench.known_good(trial.stack.name),
                     up_to=max(profile.concurrency))
     store.bench.judge(bench.id, verdict.describe())
-    return dataclasses.replace(base, passed=verdict.passed, verdict=verdict.describe(), run=bench.id,
-                               deployment=trial_deployment.id if trial_deployment else None, rows=_rows(bench.rows))
+    verdicts, checked = [verdict], None
+    if trial.stack.expectations.quality is not None:  # its quality gate too, at the engine (nothing routes a trial)
+        deployer.reporter.note(name, f"quality: {trial.stack.expectations.quality.task} with lm-eval")
+        checked, judged = quality.assess(trial.spec, settings=deployer.settings, store=store, via_gateway=False,
+                                         baseline_of=trial.stack.name)
+        verdicts.append(judged)
+    failed = [v.describe() for v in verdicts if not v.passed]
+    return dataclasses.replace(base, passed=not failed, verdict="; ".join(failed) or "pass", run=bench.id,
+                               deployment=trial_deployment.id if trial_deployment else None, rows=_rows(bench.rows),
+                               quality_run=checked.id if checked else None,
+                               quality=checked.summary() if checked else "")
 
 
 def _record(trial: Trial, result: RetestDone, deployer: Deployer) -> RetestDone:
     retrial, images, events = trial.retrial, deployer.store.images, deployer.store.events
     tagged = retrial.name.tagged
     if result.passed:
+        also = f" and quality run {result.quality_run} passed its quality gate" if result.quality_run else ""
         images.requalify(lift=retrial.lift, ref=tagged, digest=retrial.digest,
-                            provenance=f"retest with {trial.stack.name}: benchmark run {result.run} passed its gate")
+                         provenance=f"retest with {trial.stack.name}: benchmark run {result.run} passed its gate{also}")
         events.record(trial.stack.name, "requalified", f"{tagged} at {retrial.digest}: run {result.run} passed")
         return dataclasses.replace(result, lifted=retrial.lift)
     measurement = Measurement(date=dt.date.today(), digest=retrial.digest, verdict=result.verdict, run=result.run,

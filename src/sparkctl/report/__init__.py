@@ -2,10 +2,10 @@
 graphs/ (PNGs), results/ (each run's raw llama-benchy JSON as `<config>.json`) and
 dataset.csv/json (one row per config x depth x concurrency).
 
-`write` takes (stack spec, run) pairs, reads each run folder's environment.json (the machine,
-engine and settings it ran with; absent for older runs), computes the twins, speedups, crossover
-and efficiency (`analysis.py`) and the headline (`headline.py`), and writes everything into one
-folder. Called by `sparkctl bench report`, the sweep and `make demo`.
+`write` takes (stack spec, run) pairs and each stack's quality run (`quality.py`), reads each
+run folder's environment.json (the machine, engine and settings it ran with; absent for older
+runs), computes the twins, speedups, crossover and efficiency (`analysis.py`) and the headline
+(`headline.py`), and writes everything into one folder. Called by `sparkctl bench report`, the sweep and `make demo`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from pathlib import Path
 
 from sparkctl.errors import SparkctlError
 from sparkctl.phase import Phase
-from sparkctl.report import drift, environment, markdown
+from sparkctl.report import drift, environment, markdown, quality
 from sparkctl.report.analysis import Config, crossover, efficiency, speedups, twin
 from sparkctl.report.environment import Entry
 from sparkctl.settings import Settings
 from sparkctl.spec.models import Stack
 from sparkctl.state.bench import BenchRun
+from sparkctl.state.quality import QualityRun
 from sparkctl.state.store import Store
 
 REPORT = "comparison.md"
@@ -45,9 +46,10 @@ def compare(entries: list[tuple[Stack, BenchRun]], settings: Settings, store: St
             if ref.startswith("sha256:") or ref.rsplit(":", 1)[0] in repos}
     folder = folder or settings.state_dir / "reports" / time.strftime("%Y%m%d-%H%M%S")
     startups = {stack.name: found for stack, run in entries if (found := _startup(store, run)) is not None}
+    checked = {stack.name: found for stack, run in entries if (found := quality.chosen(store, run)) is not None}
     return write(entries, folder, bandwidth_gbs=settings.memory_bandwidth_gbs, label=label, bans=bans,
                  title="sparkctl benchmark report: " + ", ".join(s.name for s, _ in entries), startups=startups,
-                 drift=drift.section(store, [s.name for s, _ in entries]))
+                 quality=checked, drift=drift.section(store, [s.name for s, _ in entries]))
 
 
 def _startup(store: Store, run: BenchRun) -> tuple[float, float] | None:
@@ -64,9 +66,10 @@ def _startup(store: Store, run: BenchRun) -> tuple[float, float] | None:
 
 def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs: float, title: str, label: str,
           bans: dict[str, str] | None = None, startups: dict[str, tuple[float, float]] | None = None,
-          drift: list[str] | None = None) -> Path:
+          quality: dict[str, QualityRun] | None = None, drift: list[str] | None = None) -> Path:
     """Write the report into `folder` (created); returns the path of comparison.md. `startups`:
-    each stack's (fetch, start to serving) seconds, where known; `drift`: the greedy drift section."""
+    each stack's (fetch, start to serving) seconds, where known; `quality`: each stack's quality
+    run; `drift`: the greedy drift section."""
     folder.mkdir(parents=True, exist_ok=True)
     studied = list({stack.name: Entry(stack, run, _environment(run), (startups or {}).get(stack.name))
                     for stack, run in entries}.values())
@@ -78,7 +81,7 @@ def write(entries: list[tuple[Stack, BenchRun]], folder: Path, *, bandwidth_gbs:
     images = _draw(data, folder / "graphs", subtitle=label, seeds=seeds)
     results = _copy_results(studied, folder / "results")
     text = markdown.render(studied, data, configs, title=title, label=label, bandwidth_gbs=bandwidth_gbs,
-                           images=images, results=results, bans=bans or {})
+                           images=images, results=results, bans=bans or {}, quality=quality or {})
     (folder / REPORT).write_text("\n".join([text, *(drift or [])]))
     return folder / REPORT
 

@@ -1,6 +1,7 @@
 """comparison.md, in seed 000's layout: the headline (`headline.py`), the Environment and
 Configs tested tables (`environment.py`), the folder's contents and the commands that reproduce
-it, decode, prefill and TTFT by depth, the Caveats (`caveats.py`); then speculative acceptance,
+it, decode, prefill and TTFT by depth, startup, the Quality section (`quality.py`: each config's
+accuracy, where measured), the Caveats (`caveats.py`); then speculative acceptance,
 diffusion steps, speedups over the no-spec twin with the crossover depth, decode efficiency with
 its assumptions, failures under load, each config's fingerprint, the graphs and any blacklisted
 digests with their reasons. Pure: `report.write` writes the text."""
@@ -13,10 +14,13 @@ from sparkctl.report.analysis import Config, crossover
 from sparkctl.report.caveats import caveats
 from sparkctl.report.environment import Entry
 from sparkctl.report.headline import headline
+from sparkctl.report.quality import section as quality_section
+from sparkctl.state.quality import QualityRun
 
 
 def render(entries: list[Entry], data: list[dict], configs: list[Config], *, title: str, label: str,
-           bandwidth_gbs: float, images: list[str], results: list[str], bans: dict[str, str]) -> str:
+           bandwidth_gbs: float, images: list[str], results: list[str], bans: dict[str, str],
+           quality: dict[str, QualityRun] | None = None) -> str:
     single = [r for r in data if r["concurrency"] == 1]
     names = list(dict.fromkeys(r["config"] for r in data))
     depths = sorted({r["depth"] for r in single})
@@ -34,6 +38,7 @@ def render(entries: list[Entry], data: list[dict], configs: list[Config], *, tit
     out += _cached(data)
     out += _aggregate(data, names)
     out += _startup(entries)
+    out += quality_section(quality or {}, {e.stack.name: e.run.fingerprint for e in entries})
     out += ["## Caveats", "", *[f"- {line}" for line in caveats(entries)], ""]
     out += _analysis(data, single, names, depths, bandwidth_gbs=bandwidth_gbs)
     out += ["## Graphs", "", *[f"![{name}](graphs/{name})" for name in images], ""]

@@ -32,6 +32,20 @@ class QualityRun:
     error: str | None
     verdict: str | None  # the gate's: "pass" or "fail: <why>"
 
+    def interval(self) -> tuple[float, float] | None:
+        """The accuracy's 95 % confidence interval (± 1.96 standard errors, within 0 to 1), if known."""
+        if self.accuracy is None or not self.stderr:
+            return None
+        return max(0.0, self.accuracy - 1.96 * self.stderr), min(1.0, self.accuracy + 1.96 * self.stderr)
+
+    def summary(self) -> str:
+        """In one phrase: the task, the accuracy with its 95 % confidence interval, the items, the tool."""
+        if self.accuracy is None:
+            return f"{self.task} not measured: {self.error or 'no result'}"
+        interval = self.interval()
+        ci = f" (95% CI {_pct(interval[0])}–{_pct(interval[1])})" if interval else ""
+        return f"{self.task} {_pct(self.accuracy)}{ci} over {self.items} items ({self.tool})"
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -79,6 +93,10 @@ class QualityRuns:
         row = self.db.one(f"SELECT {COLUMNS} FROM quality_runs WHERE stack = ? AND task = ? AND items = ? "
                           "AND verdict = 'pass' ORDER BY id DESC LIMIT 1", (stack, task, items))
         return _run(row) if row else None
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.1f}%"
 
 
 def _run(row) -> QualityRun:

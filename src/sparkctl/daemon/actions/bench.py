@@ -3,7 +3,9 @@ or park of it meanwhile) and marked busy (reconcile passes and the idle park lea
 requests bypass the gateway), the run stored with its fingerprint and judged by the stack's
 gate (`bench/stack.py`: a pass pins the digest as known-good). Each test's start goes out as a
 note; a cancel, a `down` or the daemon's stop (its `stop` is among the machine's `fetching`)
-ends llama-benchy at its next request, and the run is stored as failed."""
+ends llama-benchy at its next request, and the run is stored as failed. `-p quality` measures
+the stack's accuracy with lm-eval instead (`bench/quality.py`: a quality run, judged by its
+quality gate), through the gateway, in the same turn."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from sparkctl.adapters.docker import DockerEngine
+from sparkctl.bench import quality
 from sparkctl.bench import stack as bench_stack
-from sparkctl.bench.profiles import choose
+from sparkctl.bench.profiles import QUALITY, choose
 from sparkctl.bench.runner import Progress
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.progress import Reporter, Stopped
@@ -37,6 +40,8 @@ class Benchmarks:
         stop = stop or threading.Event()
         with self.turns.turn(stack, ticket), self.holding(stack):
             spec = self.catalog().stack(stack)
+            if ask.profile == QUALITY:
+                return quality.on_demand(spec, ask, settings=self.settings, store=self.store)
             profile = choose(ask.profile or spec.bench_profile, depths=ask.depths, runs=ask.runs,
                              temperature=ask.temperature)
             self.fetching[stack] = stop
