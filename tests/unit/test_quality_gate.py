@@ -156,3 +156,26 @@ FAILURES = [
 @pytest.mark.parametrize(("output", "words"), [c[1:] for c in FAILURES], ids=[c[0] for c in FAILURES])
 def test_a_failed_lm_eval_run_says_why_and_what_to_do(output, words) -> None:
     assert words in quality.failure(1, output, log=Path("/r/lm-eval.log"))
+
+
+@pytest.mark.parametrize(("task", "offline", "datasets"), [
+    ("sparkctl_arith", True, "run"),  # ours: nothing to fetch, the Hugging Face libraries offline
+    ("gsm8k", False, "cache"),  # the Hub's: fetched once into the HF cache, kept like the weights
+])
+def test_a_hub_task_keeps_its_dataset_in_the_hf_cache_and_ours_runs_offline(tmp_path: Path, monkeypatch, task: str,
+                                                                            offline: bool, datasets: str) -> None:
+    seen: dict[str, str] = {}
+
+    def child(command: list[str], *, env: dict[str, str], **_: object) -> object:
+        seen.update(env)
+        (tmp_path / "run" / "results.json").write_text(json.dumps({"results": {task: {}}}))
+        raise SparkctlError("stop here: the child's environment is what is under test")
+
+    monkeypatch.setattr(quality.subprocess, "run", child)
+    endpoint = quality.Endpoint("http://127.0.0.1:9/v1", "s", api_key="k")
+    with pytest.raises(SparkctlError, match="stop here"):
+        quality.measure(endpoint, Quality(task=task, items=5, floor=0.5), folder=tmp_path / "run",
+                        datasets=tmp_path / "cache" / "datasets")
+    assert (seen.get("HF_DATASETS_OFFLINE") == "1") is offline
+    assert seen["HF_DATASETS_CACHE"].startswith(str(tmp_path / datasets))
+    assert seen["OPENAI_API_KEY"] == "k" and "HF_TOKEN" not in seen

@@ -52,9 +52,11 @@ def gateway(stack: Stack, settings: Settings) -> Endpoint:
     return Endpoint(f"{settings.gateway_url}/v1", stack.served_name, api_key=keys[0] if keys else None)
 
 
-def measure(endpoint: Endpoint, quality: Quality, *, folder: Path, concurrency: int = CONCURRENCY,
-            timeout: float = 3 * 3600) -> Measured:
-    """Run lm-eval's `quality.task` over its first `quality.items` questions against `endpoint`."""
+def measure(endpoint: Endpoint, quality: Quality, *, folder: Path, datasets: Path | None = None,
+            concurrency: int = CONCURRENCY, timeout: float = 3 * 3600) -> Measured:
+    """Run lm-eval's `quality.task` over its first `quality.items` questions against `endpoint`.
+    A task of the Hub's (GSM8K, MMLU, ...) fetches its dataset once into `datasets` (the HF cache's,
+    kept like the weights) and reads it from there after."""
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "sparkctl.bench.lmeval", "--url", f"{endpoint.base_url}/chat/completions",
                "--model", endpoint.model, "--task", quality.task, "--items", str(quality.items),
@@ -64,6 +66,8 @@ def measure(endpoint: Endpoint, quality: Quality, *, folder: Path, concurrency: 
     if shipped(quality.task):
         # Nothing to fetch: the Hugging Face libraries stay offline, their caches in the run folder.
         env |= _OFFLINE | {"HF_HOME": str(folder / "hf"), "HF_DATASETS_CACHE": str(folder / "hf" / "datasets")}
+    elif datasets is not None:
+        env |= {"HF_DATASETS_CACHE": str(datasets)}
     log = folder / "lm-eval.log"
     with log.open("w") as out:
         try:
@@ -93,7 +97,7 @@ def assess(stack: Stack, *, settings: Settings, store: Store, via_gateway: bool 
                                  items=quality.items)
     folder = settings.state_dir / "quality" / str(run_id)
     try:
-        result = measure(endpoint, quality, folder=folder)
+        result = measure(endpoint, quality, folder=folder, datasets=settings.hf_cache_dir / "datasets")
     except SparkctlError as e:
         store.quality.finish(run_id, folder=str(folder), error=str(e))
         raise
