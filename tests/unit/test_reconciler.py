@@ -131,10 +131,10 @@ class FakeMachine:
         self.calls.append(("remove", container))
         self.containers = [o for o in self.containers if o.container != container]
 
-    def desired(self) -> Desired:
+    def read(self) -> Desired:  # the desired file's owner too
         return self.wanted
 
-    def update_desired(self, change) -> Desired:
+    def update(self, change) -> Desired:
         self.wanted = change(self.wanted)
         return self.wanted
 
@@ -148,7 +148,7 @@ class Clock:
 
 
 def reconciler(machine: FakeMachine, clock: Clock) -> Reconciler:
-    return Reconciler(machine, bus=EventBus(), policy=POLICY, clock=clock, run_async=False)
+    return Reconciler(machine, desired=machine, bus=EventBus(), policy=POLICY, clock=clock, run_async=False)
 
 
 def test_converges_adopts_and_removes_strays() -> None:
@@ -299,7 +299,7 @@ def test_a_finished_action_asks_for_another_pass() -> None:
     machine = FakeMachine([Observed("a", "c1", "exited")], Desired(("a",)), deploy_fails=True)
     machine.start = lambda container: (_ for _ in ()).throw(SparkctlError("exited while loading"))
     passes: list[int] = []
-    r = Reconciler(machine, bus=EventBus(), policy=POLICY, clock=Clock(), run_async=False,
+    r = Reconciler(machine, desired=machine, bus=EventBus(), policy=POLICY, clock=Clock(), run_async=False,
                    settled=lambda: passes.append(r.passes))
     r.reconcile()
     assert passes == [1] and len(r.history["a"].failures) == 1

@@ -10,6 +10,7 @@ import errno
 import faulthandler
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,23 +20,26 @@ from aiohttp import web
 
 from sparkctl.adapters import hub, processes
 from sparkctl.daemon import api, planner, process
-from sparkctl.daemon.actions import Actions
-from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon.actions import Actions, Aliases, Deploys, Parking, Trials
 from sparkctl.daemon.api.actions import Underway
 from sparkctl.daemon.api.service import Gauge
 from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
+from sparkctl.daemon.fetches import Fetches
 from sparkctl.daemon.fleetswitch import FleetSwitch
 from sparkctl.daemon.fleetwatch import FleetWatch
 from sparkctl.daemon.loops import Loops
 from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reads import Reads
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
 from sparkctl.daemon.sentinel import Sentinel
 from sparkctl.daemon.series import Recorder, readings
-from sparkctl.daemon.switch import recover
+from sparkctl.daemon.sleeper import Sleeper
+from sparkctl.daemon.switch import Switcher, recover
 from sparkctl.daemon.turns import Turns
+from sparkctl.daemon.verdicts import Verdicts
 from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
@@ -50,6 +54,7 @@ from sparkctl.gateway.ui import Dashboard
 from sparkctl.policy.switch import Memory
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import load_fleet
+from sparkctl.state.desired import DesiredFile
 from sparkctl.wiring import Wiring
 
 log = structlog.get_logger()
@@ -69,15 +74,17 @@ class Daemon:
                                 backoff_base=s.restart_backoff_base, backoff_max=s.restart_backoff_max)
         self.bus = EventBus()
         wiring, reporter = Wiring(s), BusReporter(self.bus)
-        self.docker, self.store = wiring.docker, wiring.store
-        self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter),
-                                     catalog=wiring.catalog, desired_path=s.state_dir / "desired.yaml",
-                                     reporter=reporter, store=self.store, turns=Turns(),
-                                     wake_floor=int(s.wake_memory_floor_gib * GIB))
+        self.docker, self.store, catalog = wiring.docker, wiring.store, wiring.catalog
+        self.desired, self.fetches, turns = DesiredFile(s.state_dir / "desired.yaml"), Fetches(), Turns()
+        self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter), catalog=catalog,
+                                     desired=self.desired, fetches=self.fetches, reporter=reporter, store=self.store,
+                                     turns=turns)
+        self.sleeper = Sleeper(machine=self.machine, docker=self.docker, catalog=catalog, desired=self.desired,
+                               store=self.store, turns=turns, wake_floor=int(s.wake_memory_floor_gib * GIB))
         # The reconciler asks the loop that runs it for the next pass: the one cycle, closed by a lambda.
-        self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
+        self.reconciler = Reconciler(self.machine, desired=self.desired, bus=self.bus, policy=policy, clock=time.time,
                                      settled=lambda: self.loops.kick())
-        self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired,
+        self.routes = Routes(self.docker, self.store, catalog, self.desired.read,
                              placed=lambda: placement.read_book(s.fleet_dir),
                              engine_auth=lambda: membership.relay_auth(s),
                              restarting=lambda: self.sentinel.restarting())
@@ -98,34 +105,59 @@ class Daemon:
             ui=Dashboard(f"unix:{s.socket_path}", upstreams, Logins(ensure_key(s.dashboard_key_path))))
         control = LoopControl(self.gateway, asyncio.get_running_loop())
         fleetwide = _fleetwide(s)  # None unless this Spark heads a fleet
-        fleet = fleetwide and FleetSwitch(fleetwide, self.machine, self.routes, self.store,
+        fleet = fleetwide and FleetSwitch(fleetwide, self.desired, self.routes, self.store,
                                           total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
-        context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
-                          fleet=fleet)
-        self.actions = Actions.over(context)
-        def memory() -> Memory:  # unified memory as the planner sees it: status and the time series
-            return MemoryView(s, self.store, wiring.catalog(), self.docker).now(self.machine.desired().parked)
 
+        def view() -> MemoryView:  # the memory adapter, made here only
+            return MemoryView(s, self.store, catalog(), self.docker)
+
+        def memory() -> Memory:  # unified memory as the planner sees it: status and the time series
+            return view().now(self.desired.read().parked)
+
+        self.serving_since: dict[str, float] = {}  # when each stack last came up or woke (monotonic)
+        metrics, memory_lock = DaemonMetrics(), threading.RLock()
+        parking = Parking(settings=s, catalog=catalog, desired=self.desired, docker=self.docker, sleeper=self.sleeper,
+                          reconciler=self.reconciler, routes=self.routes, gateway=control, turns=turns, memory=view,
+                          memory_lock=memory_lock, bus=self.bus, store=self.store,
+                          serving_since=self.serving_since, fleet=fleet)
+        deploys = Deploys(desired=self.desired, machine=self.machine, fetches=self.fetches, reconciler=self.reconciler,
+                          routes=self.routes, turns=turns, kick=self.loops.kick, metrics=metrics,
+                          serving_since=self.serving_since, parking=parking)
+        verdicts = Verdicts(s, self.store, self.bus, lambda name: catalog().stack(name), self.docker)
+        switcher = Switcher(machine=self.machine, sleeper=self.sleeper, desired=self.desired,
+                            reconciler=self.reconciler, gateway=control, refresh_routes=self.routes.refresh,
+                            store=self.store, reporter=reporter, bench=verdicts.bench, blame=verdicts.blame,
+                            woke=parking.record_wake, bench_mode=lambda name: catalog().stack(name).switch.bench)
+        aliases = Aliases(settings=s, catalog=catalog, desired=self.desired, reconciler=self.reconciler,
+                          routes=self.routes, gateway=control, turns=turns, memory=view, memory_lock=memory_lock,
+                          store=self.store, kick=self.loops.kick, serving_since=self.serving_since,
+                          switcher=switcher, deploys=deploys, parking=parking, fleet=fleet)
+        trials = Trials(settings=s, catalog=catalog, deployer=self.machine.deployer,
+                        reconciler=self.reconciler, turns=turns, store=self.store)
+        self.actions = Actions(bus=self.bus, turns=turns, deploys=deploys, parking=parking, aliases=aliases,
+                               trials=trials)
         self.recorder = Recorder(engines=lambda: readings(self.routes.table), memory=memory,
                                  requests=self.gateway.ledger.snapshot)
-        self.sentinel = Sentinel(gateway=self.gateway, routes=self.routes, machine=self.machine, state_dir=s.state_dir,
+        self.sentinel = Sentinel(gateway=self.gateway, routes=self.routes, sleeper=self.sleeper, docker=self.docker,
+                                 store=self.store, state_dir=s.state_dir,
                                  kernel_log=s.kernel_log, meminfo_path=s.meminfo_path,
                                  floor=int(s.wake_memory_floor_gib * GIB), hang_after=s.hang_after,
-                                 started=lambda: self._started(context.serving_since),
+                                 started=self._started,
                                  failed=lambda name: bool(self.reconciler.history.get(name, planner.History()).failed))
         self.follows = Gauge()  # the log follows open, on both listeners of the API
         self.underway: dict[str, Underway] = {}  # the API's actions under way by name, on both listeners
-        self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics, self.recorder, memory)
+        self.reads = Reads(s, self.desired, catalog, self.docker, self.store, self.reconciler, self.routes, metrics,
+                           self.recorder, memory)
         self.fleet_watch = fleetwide and FleetWatch(
             fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
             wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
-            served_name=lambda name: wiring.catalog().stack(name).served_name, policy=policy)
+            served_name=lambda name: catalog().stack(name).served_name, policy=policy)
 
-    def _started(self, serving_since: dict[str, float]) -> dict[str, float]:
+    def _started(self) -> dict[str, float]:
         """Each running engine of this instance, not parked: when it last started or woke (epoch s),
         for the sentinel to stop the one that grew last."""
-        parked, shift = self.machine.desired().parked, time.time() - time.monotonic()
-        return {c.stack: max(c.created, serving_since.get(c.stack, 0.0) + shift) for c in self.docker.containers()
+        parked, shift = self.desired.read().parked, time.time() - time.monotonic()
+        return {c.stack: max(c.created, self.serving_since.get(c.stack, 0.0) + shift) for c in self.docker.containers()
                 if c.running and not c.placed and c.stack not in parked}
 
     def _after_pass(self) -> None:
@@ -141,7 +173,7 @@ class Daemon:
             log.warning("deployment_interrupted", deployment=interrupted)
         for parked in self.actions.parking.settle_parked():  # asleep as recorded, before any wake
             log.warning("parked_settled", detail=parked)
-        for settled in recover(self.machine, self.store):
+        for settled in recover(self.desired, self.sleeper, self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
         self._adopt_unlabelled()
         if removed := self.docker.remove_scratch():
@@ -252,7 +284,7 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("daemon_stopping", note="engine containers keep running")
-        self.machine.stop_all()
+        self.fetches.stop_all()
         faulthandler.dump_traceback_later(SLOW_STOP)  # what holds a slow stop up, for its bug report
         gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
         if not await gateway.finish(timeout=self.settings.switch_drain_timeout):

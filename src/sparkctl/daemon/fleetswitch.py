@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 import structlog
 
 from sparkctl.daemon.bridge import GatewayControl
-from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.routes import Routes
 from sparkctl.daemon.switch import SwitchFailed
 from sparkctl.errors import SparkctlError
@@ -29,6 +28,7 @@ from sparkctl.fleet import placement
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.messages import ParkDone, SwitchDone, WakeDone
 from sparkctl.spec.models import Stack
+from sparkctl.state.desired import DesiredFile
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()
@@ -37,7 +37,7 @@ log = structlog.get_logger()
 @dataclass
 class FleetSwitch:
     fleetwide: Fleetwide
-    machine: DockerMachine
+    desired: DesiredFile
     routes: Routes
     store: Store
     total_bytes: int  # a Spark's memory, which stacks' fractions are of
@@ -48,7 +48,7 @@ class FleetSwitch:
         return stack.placement.fleet or stack.parallel is not None or stack.name in self._book()
 
     def run(self, alias: str, stack: Stack, gateway: GatewayControl) -> SwitchDone:
-        old = self.machine.desired().aliases.get(alias)
+        old = self.desired.read().aliases.get(alias)
         intent = {"alias": alias, "from": old, "to": stack.name, "mode": "fleet blue/green", "stop_old": False,
                   "new_was_desired": True, "park": "stop", "wake": 0, "evict": [],
                   "why": f"{stack.name} is placed across the fleet"}
@@ -61,7 +61,7 @@ class FleetSwitch:
                                     + "; ".join(f"{h}: {why}" for h, why in up.failed.items()))
             hosts = up.placed.hosts
             timings["deploy_s"] = round(time.time() - started, 3)
-            self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, alias: stack.name}))
+            self.desired.update(lambda d: replace(d, aliases={**d.aliases, alias: stack.name}))
             self.routes.refresh()
             gateway.routes_changed()
             timings["flip_s"] = round(time.time() - started, 3)

@@ -20,21 +20,19 @@ import structlog
 from sparkctl.daemon import planner
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.planner import Deploy, GiveUp, History, Observed, Prefetch, Realias, Remove, Restart, Wait
-from sparkctl.deploy.launch import Prepared, Staged, UpResult
+from sparkctl.deploy.launch import Prepared, UpResult
 from sparkctl.errors import SparkctlError
-from sparkctl.messages import Died, Failed, Prefetching, Realiased, Removed, Restarting, Settled, WakeDone
+from sparkctl.messages import Died, Failed, Prefetching, Realiased, Removed, Restarting, Settled
 from sparkctl.state.desired import Desired
 
 log = structlog.get_logger()
 
 
 class Machine(Protocol):
-    """What the reconciler and the switch do to the world; the daemon wires the real adapters
-    in (`machine.py`), tests a recording fake."""
+    """What the reconciler does to the world; the daemon wires the real adapters in
+    (`machine.py`), tests a recording fake."""
 
     def observe(self) -> list[Observed]: ...
-
-    def deploy(self, stack: str, *, staged: Staged | None = None) -> UpResult | None: ...
 
     def deploy_absent(self, stack: str) -> UpResult | None: ...
 
@@ -42,32 +40,24 @@ class Machine(Protocol):
 
     def fetched(self, stack: str) -> bool: ...
 
-    def stage(self, stack: str) -> Staged: ...
-
-    def discard(self, staged: Staged, why: str) -> None: ...
-
-    def down(self, stack: str) -> int: ...
-
-    def stop(self, stack: str, *, drained: bool = False) -> list[str]: ...
-
     def start(self, container: str) -> None: ...
-
-    def park(self, stack: str, level: int) -> None: ...
-
-    def wake(self, stack: str) -> WakeDone: ...
 
     def remove(self, container: str) -> None: ...
 
-    def desired(self) -> Desired: ...
 
-    def update_desired(self, change: Callable[[Desired], Desired]) -> Desired: ...
+class Desires(Protocol):
+    """The owner of desired.yaml (`state.desired.DesiredFile`)."""
+
+    def read(self) -> Desired: ...
+
+    def update(self, change: Callable[[Desired], Desired]) -> Desired: ...
 
 
 class Reconciler:
-    def __init__(self, machine: Machine, *, bus: EventBus, policy: planner.Policy,
+    def __init__(self, machine: Machine, *, desired: Desires, bus: EventBus, policy: planner.Policy,
                  clock: Callable[[], float], run_async: bool = True,
                  settled: Callable[[], None] = lambda: None) -> None:
-        self.machine, self.bus, self.policy, self.clock = machine, bus, policy, clock
+        self.machine, self.desired, self.bus, self.policy, self.clock = machine, desired, bus, policy, clock
         self.settled = settled  # an action finished: the world changed, so the loop should pass again
         self.history: dict[str, History] = {}
         self.wake_at: float | None = None  # when a backoff ends, the loop should pass again
@@ -81,7 +71,7 @@ class Reconciler:
         """One pass: observe, plan, act."""
         with self._lock:
             self.passes += 1
-            desired = self.machine.desired()
+            desired = self.desired.read()
             observed = self.machine.observe()
             the_plan = planner.plan(desired.stacks, desired.aliases, desired.fallbacks, observed, self.history,
                                     now=self.clock(), policy=self.policy, parked=desired.parked,
@@ -97,7 +87,7 @@ class Reconciler:
             h = self.history.get(stack, History())
             # Busy is our own stop or `down`, not a crash; but a pass may have seen the engine dead
             # and be starting it again before this event arrived: that death still counts.
-            desired = self.machine.desired()
+            desired = self.desired.read()
             if (h.busy and stack not in self._restarting) or stack not in desired.stacks or stack in desired.parked:
                 return False  # our own stop, a stack not wanted, or a parked one (waking starts it cold)
             self.history[stack] = replace(h, failures=(*h.failures, self.clock()))
@@ -155,7 +145,7 @@ class Reconciler:
             self.bus.publish(Failed(action.stack, action.reason))
         elif isinstance(action, Realias):
             alias, stack = action.alias, action.stack
-            self.machine.update_desired(lambda d: replace(d.with_stack(stack), aliases={**d.aliases, alias: stack}))
+            self.desired.update(lambda d: replace(d.with_stack(stack), aliases={**d.aliases, alias: stack}))
             log.warning("alias_fell_back", alias=action.alias, stack=action.stack, reason=action.reason)
             self.bus.publish(Realiased(action.alias, action.stack, action.reason))
 

@@ -6,7 +6,7 @@ On GB10 the worst failure is a frozen host, not a failed request: the driver log
 event loop, and once a second reads MemAvailable (and its slope) and writes its last words
 (`state/lastwords.py`). On a warning sign (`policy/wedge.py`) it acts at once: the gateway admits
 no new request for the engine that grew last (503 with Retry-After), that engine is killed and
-recorded parked (`DockerMachine.halt`), and the log says what and why.
+recorded parked (`Sleeper.halt`), and the log says what and why.
 
 The hang watch rides the same tick: for a stack with requests in flight through the gateway it
 reads the engine's /metrics; generated and prompt tokens flat past `hang_after` while requests run
@@ -32,15 +32,17 @@ from typing import Any
 
 import structlog
 
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.kernellog import FOLLOW, KernelLog, open_log
 from sparkctl.bench import metrics
-from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.sleeper import Sleeper
 from sparkctl.deploy.memory import GIB, meminfo
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.policy import wedge
 from sparkctl.policy.wedge import Progress, Warning
 from sparkctl.state.lastwords import LastWords
+from sparkctl.state.store import Store
 
 log = structlog.get_logger()
 
@@ -60,12 +62,13 @@ class Held:
 
 
 class Sentinel:
-    def __init__(self, *, gateway: Gateway, routes: Routes, machine: DockerMachine, state_dir: Path,
+    def __init__(self, *, gateway: Gateway, routes: Routes, sleeper: Sleeper, docker: DockerEngine,
+                 store: Store, state_dir: Path,
                  kernel_log: str, meminfo_path: Path, floor: int, hang_after: float,
                  started: Callable[[], dict[str, float]], failed: Callable[[str], bool]) -> None:
         """`started()`: each running engine's last start or wake (epoch s); `failed(stack)`: the
         reconciler gave up on it (a crash loop)."""
-        self.gateway, self.routes, self.machine = gateway, routes, machine
+        self.gateway, self.routes, self.sleeper, self.docker, self.store = gateway, routes, sleeper, docker, store
         self.kernel_log, self.meminfo_path, self.floor, self.hang_after = kernel_log, meminfo_path, floor, hang_after
         self.started, self.failed = started, failed
         self.words = LastWords(state_dir)
@@ -199,7 +202,7 @@ class Sentinel:
             why = f"{warning.sign}: {warning.detail}"
             self.gateway.refuse(stack, f"the host is short of memory ({warning.sign})", REFUSE_S)
             self._calm_at = now + SETTLE_S
-            killed = await asyncio.to_thread(self.machine.halt, stack, why)
+            killed = await asyncio.to_thread(self.sleeper.halt, stack, why)
             log.warning("sentinel_stopped_engine", stack=stack, sign=str(warning.sign), detail=warning.detail,
                         containers=[c[:12] for c in killed], took_s=round(time.monotonic() - began, 3),
                         refused_for_s=REFUSE_S, reason="it grew last; the host could freeze (NV_ERR_NO_MEMORY)")
@@ -229,10 +232,10 @@ class Sentinel:
         await asyncio.to_thread(self._kill, stack, why)
 
     def _kill(self, stack: str, why: str) -> None:
-        for c in self.machine.docker.containers(stack):
+        for c in self.docker.containers(stack):
             if c.running and not c.placed:
-                self.machine.docker.kill(c.id)
-        self.machine.store.events.record(stack, "hung", why)
+                self.docker.kill(c.id)
+        self.store.events.record(stack, "hung", why)
 
     async def _restarted(self, stack: str, counters: dict[str, float] | None) -> None:
         """Routed again once the restarted engine answers (its counters started over); let go if

@@ -23,13 +23,16 @@ from typing import Any
 import structlog
 
 from sparkctl.daemon.bridge import GatewayControl
-from sparkctl.daemon.reconciler import Machine, Reconciler
+from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.sleeper import Sleeper
 from sparkctl.deploy.launch import Staged
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
 from sparkctl.messages import SwitchDone, WakeDone
 from sparkctl.policy.parking import Park
 from sparkctl.policy.switch import Mode, SwitchPlan
+from sparkctl.state.desired import DesiredFile
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()
@@ -60,7 +63,9 @@ class Switch:
 
 @dataclass
 class Switcher:
-    machine: Machine
+    machine: DockerMachine
+    sleeper: Sleeper
+    desired: DesiredFile
     reconciler: Reconciler
     gateway: GatewayControl
     refresh_routes: Callable[[], None]
@@ -72,7 +77,7 @@ class Switcher:
     woke: Callable[[str, WakeDone], None] = lambda stack, woken: None  # e.g. record how its digest wakes
 
     def run(self, plan: SwitchPlan) -> SwitchDone:
-        switch = Switch(plan, new_was_desired=plan.new in self.machine.desired().stacks)
+        switch = Switch(plan, new_was_desired=plan.new in self.desired.read().stacks)
         started = time.time()
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
         intent = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode),
@@ -85,7 +90,7 @@ class Switcher:
                 for stack in filter(None, (plan.old, plan.new)):
                     busy.enter_context(self.reconciler.holding(stack))
                 for stack in plan.evict:  # parked already: stopping it changes no route
-                    self.machine.park(stack, 0)
+                    self.sleeper.park(stack, 0)
                 if plan.mode is Mode.BLUE_GREEN:
                     self._blue_green(switch)
                 else:
@@ -116,7 +121,7 @@ class Switcher:
                 self._remove(plan.new)
             raise self._rolled_back(plan, e) from None
         self._flip(switch)
-        if plan.old and plan.stop_old and plan.old not in self.machine.desired().parked:
+        if plan.old and plan.stop_old and plan.old not in self.desired.read().parked:
             with switch.timed("drain_s"):
                 switch.facts["drained"] = self.gateway.drain(plan.old)
             if plan.park is Park.STOP:
@@ -150,7 +155,7 @@ class Switcher:
                 self._bring_up(switch, staged)
             except Exception as e:  # noqa: BLE001 - whatever failed, the stopped old stack starts again
                 if switch.new_was_desired:  # e.g. a parked stack that failed to wake: kept, stopped
-                    self.machine.park(plan.new, 0)
+                    self.sleeper.park(plan.new, 0)
                 else:
                     self._remove(plan.new)
                 with switch.timed("restart_old_s"):
@@ -158,7 +163,7 @@ class Switcher:
                         for container in stopped:
                             self.machine.start(container)
                     else:
-                        self.machine.wake(plan.old)
+                        self.sleeper.wake(plan.old)
                 self.refresh_routes()
                 raise self._rolled_back(plan, e) from None
             self._flip(switch)
@@ -202,16 +207,16 @@ class Switcher:
             self.refresh_routes()
             self.gateway.drain(stack)
 
-        self.machine.park(stack, level, before=before)
+        self.sleeper.park(stack, level, before=before)
         self.refresh_routes()
 
     def _bring_up(self, switch: Switch, staged: Staged | None = None) -> None:
         """The new stack woken, or through the whole pipeline; then the benchmark gate if it has one."""
         new = switch.plan.new
-        desired = self.machine.update_desired(lambda d: d.with_stack(new))
+        desired = self.desired.update(lambda d: d.with_stack(new))
         if switch.plan.wake or new in desired.parked:  # asleep, or parked stopped
             with switch.timed("wake_s"):
-                woken = self.machine.wake(new)
+                woken = self.sleeper.wake(new)
             self.woke(new, woken)
             switch.facts["woken"] = asdict(woken)
         else:
@@ -226,13 +231,13 @@ class Switcher:
     def _flip(self, switch: Switch) -> None:
         plan = switch.plan
         began = time.time()  # any route rebuild (the reconciler's too) may take the new alias from here on
-        self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, plan.alias: plan.new}))
+        self.desired.update(lambda d: replace(d, aliases={**d.aliases, plan.alias: plan.new}))
         self.refresh_routes()
         switch.facts["flipped"] = [began, time.time()]  # the gateway took the new routes in this window
         self._note(plan, f"{plan.alias} now names {plan.new}")
 
     def _remove(self, stack: str) -> None:
-        self.machine.update_desired(lambda d: d.without_stack(stack))
+        self.desired.update(lambda d: d.without_stack(stack))
         self.machine.down(stack)
 
     def _retire(self, switch: Switch, stack: str) -> None:
@@ -262,7 +267,7 @@ class Switcher:
         self.reporter.note(plan.alias, text)
 
 
-def recover(machine: Machine, store: Store) -> list[str]:
+def recover(desired: DesiredFile, sleeper: Sleeper, machine: DockerMachine, store: Store) -> list[str]:
     """Settle switches a killed daemon left unfinished, from desired.yaml alone: an alias that
     already names the new stack completes (the old stack leaves the desired set, or is parked),
     one that does not rolls back (the new stack leaves it, unless it was desired before, and an
@@ -272,21 +277,21 @@ def recover(machine: Machine, store: Store) -> list[str]:
     for s in store.switches.list(unfinished=True):
         alias, old, new = s["alias"], s["from"], s["to"]
         park = Park(s.get("park") or Park.STOP)
-        flipped = machine.desired().aliases.get(alias) == new
+        flipped = desired.read().aliases.get(alias) == new
         try:
             if flipped and old and s["stop_old"] and park is Park.STOP:
-                machine.update_desired(lambda d, old=old: d.without_stack(old))
-            elif flipped and old and s["stop_old"] and old not in machine.desired().parked:
-                machine.park(old, park.level)
+                desired.update(lambda d, old=old: d.without_stack(old))
+            elif flipped and old and s["stop_old"] and old not in desired.read().parked:
+                sleeper.park(old, park.level)
             elif not flipped:
-                if s["new_was_desired"] and s.get("wake") and new not in machine.desired().parked:
-                    machine.park(new, s["wake"])  # it was woken for the switch: back to sleep first
+                if s["new_was_desired"] and s.get("wake") and new not in desired.read().parked:
+                    sleeper.park(new, s["wake"])  # it was woken for the switch: back to sleep first
                 if not s["new_was_desired"]:
-                    machine.update_desired(lambda d, new=new: d.without_stack(new))
+                    desired.update(lambda d, new=new: d.without_stack(new))
                     if park is not Park.STOP:  # its memory must be free before the old stack wakes
                         machine.down(new)
-                if old in machine.desired().parked:
-                    machine.wake(old)
+                if old in desired.read().parked:
+                    sleeper.wake(old)
         except SparkctlError as e:
             done.append(f"switch {s['id']} of {alias}: {e}")
         outcome = f"completed: {alias} names {new}" if flipped else f"rolled back: {alias} names {old}"

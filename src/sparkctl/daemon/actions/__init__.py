@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkctl.daemon.actions.aliases import Aliases
-from sparkctl.daemon.actions.context import Context
 from sparkctl.daemon.actions.deploys import Deploys
 from sparkctl.daemon.actions.parking import Parking
 from sparkctl.daemon.actions.trials import Trials
@@ -17,24 +16,11 @@ from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Actions:
-    ctx: Context
+    bus: EventBus
+    turns: Turns
     deploys: Deploys
     parking: Parking
     aliases: Aliases
     trials: Trials
-
-    @classmethod
-    def over(cls, ctx: Context) -> Actions:
-        parking = Parking(ctx)
-        deploys = Deploys(ctx, parking)
-        return cls(ctx, deploys, parking, Aliases(ctx, deploys, parking), Trials(ctx))
-
-    @property
-    def bus(self) -> EventBus:
-        return self.ctx.bus
-
-    @property
-    def turns(self) -> Turns:
-        return self.ctx.turns

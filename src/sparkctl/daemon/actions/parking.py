@@ -3,65 +3,96 @@ watchdog, parked when idle, woken by a request that names it, and settled after 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sparkctl.adapters.sleepmode import SleepMode
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.daemon import planner
-from sparkctl.daemon.actions.context import Context
-from sparkctl.deploy.memory import GIB
+from sparkctl.daemon.bridge import GatewayControl
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.sleeper import Sleeper
+from sparkctl.daemon.turns import Turns
+from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.messages import Note, ParkDone, WakeDone
 from sparkctl.policy.parking import Park, choose, sleep_refusal
+from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
+from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
+from sparkctl.state.desired import DesiredFile
+from sparkctl.state.store import Store
+
+if TYPE_CHECKING:
+    from sparkctl.daemon.fleetswitch import FleetSwitch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Parking:
-    ctx: Context
+    settings: Settings
+    catalog: Callable[[], Catalog]
+    desired: DesiredFile
+    docker: DockerEngine
+    sleeper: Sleeper
+    reconciler: Reconciler
+    routes: Routes
+    gateway: GatewayControl  # the gateway's drain and quiet time, from a worker thread
+    turns: Turns
+    memory: Callable[[], MemoryView]
+    # Held from a memory decision (switch, park, wake) until it is carried out, so two of them
+    # never both count on the same free memory. Taken before any stack's turn, never after.
+    memory_lock: threading.RLock
+    bus: EventBus
+    store: Store
+    serving_since: dict[str, float]  # when each stack last came up or woke (monotonic)
+    fleet: FleetSwitch | None  # on a fleet's head: parks and wakes of stacks placed across it
+    started: float = field(default_factory=time.monotonic)
 
     def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
              still: Callable[[], bool] = lambda: True) -> ParkDone:
         """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
         requests drain first. `still`: checked once in the stack's turn (an idle park that a
         request or a switch overtook does nothing)."""
-        if self.ctx.fleet is not None and self.ctx.fleet.placed(stack):
-            with self.ctx.turns.turn(stack, ticket):
-                return self.ctx.fleet.park(stack, self.quiesce)
-        with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
-            spec, desired = self.ctx.machine.catalog().stack(stack), self.ctx.machine.desired()
+        if self.fleet is not None and self.fleet.placed(stack):
+            with self.turns.turn(stack, ticket):
+                return self.fleet.park(stack, self.quiesce)
+        with self.memory_lock, self.turns.turn(stack, ticket):
+            spec, desired = self.catalog().stack(stack), self.desired.read()
             if stack in desired.parked or not still():
                 return ParkDone(stack, "unchanged", f"{stack} is parked already or in use")
-            view = self.ctx.memory()
+            view = self.memory()
             memory = view.now(desired.parked)
             if stack not in desired.stacks or stack not in memory.held:
                 raise SparkctlError(f"{stack} is not running as a desired stack; nothing to park")
             beside = memory.beside(stack)
             choice = choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
                             unable=self.cannot_sleep(spec))
-            with self.ctx.reconciler.holding(stack):
-                self.ctx.machine.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
-            self.ctx.routes.refresh()
+            with self.reconciler.holding(stack):
+                self.sleeper.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
+            self.routes.refresh()
             return ParkDone(stack, str(choice.park), choice.why)
 
     def quiesce(self, stack: str) -> None:
         """Before a stack sleeps: the gateway stops routing to it (its names now wake it) and its
         accepted requests finish."""
-        self.ctx.routes.refresh()
-        self.ctx.gateway.drain(stack)
+        self.routes.refresh()
+        self.gateway.drain(stack)
 
     def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
         """Wake a parked stack, if its wake peak fits beside what runs."""
-        if self.ctx.fleet is not None and self.ctx.fleet.placed(stack):
-            with self.ctx.turns.turn(stack, ticket):
-                return self.ctx.fleet.wake(stack)
-        with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
-            desired = self.ctx.machine.desired()
+        if self.fleet is not None and self.fleet.placed(stack):
+            with self.turns.turn(stack, ticket):
+                return self.fleet.wake(stack)
+        with self.memory_lock, self.turns.turn(stack, ticket):
+            desired = self.desired.read()
             if stack not in desired.parked:
                 raise SparkctlError(f"{stack} is not parked")
-            view = self.ctx.memory()
+            view = self.memory()
             memory, level = view.now(desired.parked), desired.parked[stack]
             peak = memory.beside(stack) + view.footprint(stack).peak(level)
             if peak > memory.ceiling + 1e-9:
@@ -69,11 +100,11 @@ class Parking:
                                     f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
                                     "another stack first")
             try:
-                with self.ctx.reconciler.holding(stack):
-                    woken = self.ctx.machine.wake(stack)
+                with self.reconciler.holding(stack):
+                    woken = self.sleeper.wake(stack)
             finally:
-                self.ctx.routes.refresh()
-            self.ctx.serving_since[stack] = time.monotonic()
+                self.routes.refresh()
+            self.serving_since[stack] = time.monotonic()
             self.record_wake(stack, woken)
             return woken
 
@@ -81,19 +112,19 @@ class Parking:
         """After a restart, `GET /is_sleeping` is the truth: a stack recorded parked that is awake
         (the daemon was killed mid-park or mid-wake) is parked again, before anything else wakes."""
         done = []
-        desired = self.ctx.machine.desired()
-        running = {c.stack for c in self.ctx.machine.docker.containers() if c.running}
+        desired = self.desired.read()
+        running = {c.stack for c in self.docker.containers() if c.running}
         for stack, level in desired.parked.items():
-            if not level or stack not in running or stack not in self.ctx.machine.catalog().stacks:
+            if not level or stack not in running or stack not in self.catalog().stacks:
                 continue
             try:
-                if not SleepMode(self.ctx.machine.catalog().stack(stack).url).sleeping():
-                    self.ctx.machine.park(stack, level)
+                if not self.sleeper.sleeping(stack):
+                    self.sleeper.park(stack, level)
                     done.append(f"{stack} was awake though recorded parked: parked again at level {level}")
             except SparkctlError as e:
                 done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopping it")
                 try:
-                    self.ctx.machine.park(stack, 0)
+                    self.sleeper.park(stack, 0)
                 except SparkctlError as again:
                     done.append(f"{stack} could not be stopped either: {again}")
         return done
@@ -101,29 +132,29 @@ class Parking:
     def park_idle(self) -> None:
         """Park each stack whose `switch.idle_park` went by without a request through the gateway
         (its ledger, read on the gateway's loop). Called after each reconcile pass."""
-        catalog, desired = self.ctx.machine.catalog(), self.ctx.machine.desired()
-        for c in self.ctx.machine.docker.containers():
+        catalog, desired = self.catalog(), self.desired.read()
+        for c in self.docker.containers():
             spec = catalog.stacks.get(c.stack)
             if not c.running or c.stack in desired.parked or spec is None or spec.switch.idle_park is None:
                 continue
             def idle(stack: str = c.stack, ttl: float = spec.switch.idle_park) -> bool:
-                quiet = self.ctx.gateway.quiet_since(stack)
-                busy = self.ctx.reconciler.history.get(stack, planner.History()).busy
-                since = max(quiet or 0.0, self.ctx.serving_since.get(stack, self.ctx.started))
+                quiet = self.gateway.quiet_since(stack)
+                busy = self.reconciler.history.get(stack, planner.History()).busy
+                since = max(quiet or 0.0, self.serving_since.get(stack, self.started))
                 return quiet is not None and not busy and time.monotonic() - since >= ttl
 
             if idle():
                 try:
                     self.park(c.stack, how=spec.switch.park, still=idle)  # checked again in its turn
                 except SparkctlError as e:
-                    self.ctx.bus.publish(Note(c.stack, f"{c.stack} was idle but did not park: {e}"))
+                    self.bus.publish(Note(c.stack, f"{c.stack} was idle but did not park: {e}"))
 
     def wake_on_demand(self, stack: str) -> None:
         """A request named the parked stack (the gateway holds it meanwhile)."""
-        if stack in self.ctx.machine.desired().parked or (self.ctx.fleet is not None and self.ctx.fleet.parked(stack)):
+        if stack in self.desired.read().parked or (self.fleet is not None and self.fleet.parked(stack)):
             self.wake(stack)
         else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
-            self.ctx.routes.refresh()
+            self.routes.refresh()
 
     def cannot_sleep(self, stack: Stack, *, waking: str | None = None) -> str | None:
         """Why the stack's engine cannot be parked with sleep mode, if it cannot. `waking`: a
@@ -132,12 +163,12 @@ class Parking:
             return "stop: a compose project's engine is not run by sparkctl, so it does not sleep"
         if not stack.sleeps:
             return "stop: switch.park is stop, so its engine runs without sleep mode"
-        latest = self.ctx.store.deployments.latest(stack.name)
-        refused = imagefile.policy_for(self.ctx.settings).wake_refused(latest.parts.get("image") if latest else None)
+        latest = self.store.deployments.latest(stack.name)
+        refused = imagefile.policy_for(self.settings).wake_refused(latest.parts.get("image") if latest else None)
         if refused:
             return f"stop: {refused}"
-        settings, desired = self.ctx.settings, self.ctx.machine.desired()
-        kv = self.ctx.memory().kv_bytes(stack) if stack.resources.kv_cache == "planned" else None
+        settings, desired = self.settings, self.desired.read()
+        kv = self.memory().kv_bytes(stack) if stack.resources.kv_cache == "planned" else None
         sleeping = tuple(s for s, level in desired.parked.items()
                          if level and s != waking) if settings.sleep_one_at_a_time else ()
         refused = sleep_refusal(stack.name, kv_bytes=kv, kv_limit=int(settings.wake_kv_max_gib * GIB),
@@ -145,7 +176,7 @@ class Parking:
         if refused:
             return refused
         try:
-            available = SleepMode(stack.url).available()
+            available = self.sleeper.available(stack.name)
         except SparkctlError as e:
             return f"stop: its engine did not answer ({str(e).splitlines()[0]})"
         if not available:
@@ -155,15 +186,15 @@ class Parking:
 
     def record_wake(self, stack: str, woken: WakeDone) -> None:
         """The first watched wake of an image digest goes into images.yaml; a failed one always."""
-        latest = self.ctx.store.deployments.latest(stack)
+        latest = self.store.deployments.latest(stack)
         digest = latest.parts.get("image") if latest else None
         if not digest or not woken.level:
             return
-        known = imagefile.policy_for(self.ctx.settings).wakes.get(digest)
+        known = imagefile.policy_for(self.settings).wakes.get(digest)
         if woken.killed or known is None:
             try:
-                imagefile.record_wake(self.ctx.settings.images_file, digest, ok=not woken.killed,
+                imagefile.record_wake(self.settings.images_file, digest, ok=not woken.killed,
                                       reason=woken.killed or "")
             except (SparkctlError, OSError) as e:  # the wake stands; the ledger learns next time
-                self.ctx.bus.publish(Note(stack, f"could not record how {digest} woke in images.yaml: {e}"))
+                self.bus.publish(Note(stack, f"could not record how {digest} woke in images.yaml: {e}"))
 
