@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from sparkctl.daemon.bridge import LoopControl
+from sparkctl.daemon.seam import GatewayFromThread
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running, wait_for
@@ -45,9 +45,9 @@ def gateway(engines) -> Iterator[Running]:
     running.stop()
 
 
-def control(running: Running) -> LoopControl:
+def control(running: Running) -> GatewayFromThread:
     """The gateway's control methods from this (test) thread, as the daemon's switch calls them."""
-    return LoopControl(running.gateway, running.loop)
+    return GatewayFromThread(running.gateway, running.loop)
 
 
 def client(running: Running, key: str = "unused") -> openai.OpenAI:

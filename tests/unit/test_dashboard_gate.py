@@ -62,8 +62,8 @@ class Service:
     def status(self) -> dict:
         return {"stacks": [], "aliases": {"primary": "a"}}
 
-    def switch(self, alias: str, stack: str, *, ticket: int) -> messages.SwitchDone:
-        with self.turns.turn(f"alias:{alias}", ticket):
+    async def switch(self, alias: str, stack: str, *, ticket: int) -> messages.SwitchDone:
+        async with self.turns.turn(f"alias:{alias}", ticket):
             self.bus.publish(messages.PhaseChanged(stack, "starting"))
             self.switched.append((alias, stack))
             return messages.SwitchDone(alias, stack, "blue/green")

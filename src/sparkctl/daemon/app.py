@@ -10,20 +10,17 @@ import errno
 import faulthandler
 import os
 import signal
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
 from aiohttp import web
 
 from sparkctl.adapters import hub, processes
-from sparkctl.daemon import api, planner, process
+from sparkctl.daemon import api, planner, process, seam
 from sparkctl.daemon.actions import Actions, Aliases, Deploys, Parking, Trials
 from sparkctl.daemon.api.actions import Underway
 from sparkctl.daemon.api.service import Gauge
-from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
 from sparkctl.daemon.fetches import Fetches
 from sparkctl.daemon.fleetswitch import FleetSwitch
@@ -34,6 +31,7 @@ from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reads import Reads
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.seam import GatewayFromThread, blocking
 from sparkctl.daemon.sentinel import Sentinel
 from sparkctl.daemon.series import Recorder, readings
 from sparkctl.daemon.sleeper import Sleeper
@@ -66,24 +64,23 @@ class Daemon:
     """The daemon's composition root: every part built here once, in dependency order, each handed
     what it uses at construction (actions and reads, reconcile loop, event watcher, API, gateway,
     fleet watch); then their lifecycle. Made inside the event loop it serves on (`run`): the
-    bridge to the gateway holds that loop."""
+    event bus and the fleet's crossing to the gateway hold that loop."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
         policy = planner.Policy(crash_loop=s.crash_loop, window=s.crash_window,
                                 backoff_base=s.restart_backoff_base, backoff_max=s.restart_backoff_max)
-        self.bus = EventBus()
+        self.bus = EventBus(asyncio.get_running_loop())
         wiring, reporter = Wiring(s), BusReporter(self.bus)
         self.docker, self.store, catalog = wiring.docker, wiring.store, wiring.catalog
         self.desired, self.fetches, turns = DesiredFile(s.state_dir / "desired.yaml"), Fetches(), Turns()
         self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter), catalog=catalog,
-                                     desired=self.desired, fetches=self.fetches, reporter=reporter, store=self.store,
-                                     turns=turns)
+                                     desired=self.desired, fetches=self.fetches, reporter=reporter, store=self.store)
         self.sleeper = Sleeper(machine=self.machine, docker=self.docker, catalog=catalog, desired=self.desired,
-                               store=self.store, turns=turns, wake_floor=int(s.wake_memory_floor_gib * GIB))
+                               store=self.store, wake_floor=int(s.wake_memory_floor_gib * GIB))
         # The reconciler asks the loop that runs it for the next pass: the one cycle, closed by a lambda.
-        self.reconciler = Reconciler(self.machine, desired=self.desired, bus=self.bus, policy=policy, clock=time.time,
-                                     settled=lambda: self.loops.kick())
+        self.reconciler = Reconciler(self.machine, desired=self.desired, turns=turns, bus=self.bus, policy=policy,
+                                     clock=time.time, settled=lambda: self.loops.kick())
         self.routes = Routes(self.docker, self.store, catalog, self.desired.read,
                              placed=lambda: placement.read_book(s.fleet_dir),
                              engine_auth=lambda: membership.relay_auth(s),
@@ -103,7 +100,6 @@ class Daemon:
             waker=Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout),
             counters=Counters(self._model_dir),
             ui=Dashboard(f"unix:{s.socket_path}", upstreams, Logins(ensure_key(s.dashboard_key_path))))
-        control = LoopControl(self.gateway, asyncio.get_running_loop())
         fleetwide = _fleetwide(s)  # None unless this Spark heads a fleet
         fleet = fleetwide and FleetSwitch(fleetwide, self.desired, self.routes, self.store,
                                           total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
@@ -115,21 +111,22 @@ class Daemon:
             return view().now(self.desired.read().parked)
 
         self.serving_since: dict[str, float] = {}  # when each stack last came up or woke (monotonic)
-        metrics, memory_lock = DaemonMetrics(), threading.RLock()
+        metrics, memory_lock = DaemonMetrics(), asyncio.Lock()
         parking = Parking(settings=s, catalog=catalog, desired=self.desired, docker=self.docker, sleeper=self.sleeper,
-                          reconciler=self.reconciler, routes=self.routes, gateway=control, turns=turns, memory=view,
-                          memory_lock=memory_lock, bus=self.bus, store=self.store,
+                          reconciler=self.reconciler, routes=self.routes, gateway=self.gateway, turns=turns,
+                          memory=view, memory_lock=memory_lock, bus=self.bus, store=self.store,
                           serving_since=self.serving_since, fleet=fleet)
         deploys = Deploys(desired=self.desired, machine=self.machine, fetches=self.fetches, reconciler=self.reconciler,
                           routes=self.routes, turns=turns, kick=self.loops.kick, metrics=metrics,
                           serving_since=self.serving_since, parking=parking)
         verdicts = Verdicts(s, self.store, self.bus, lambda name: catalog().stack(name), self.docker)
         switcher = Switcher(machine=self.machine, sleeper=self.sleeper, desired=self.desired,
-                            reconciler=self.reconciler, gateway=control, refresh_routes=self.routes.refresh,
-                            store=self.store, reporter=reporter, bench=verdicts.bench, blame=verdicts.blame,
-                            woke=parking.record_wake, bench_mode=lambda name: catalog().stack(name).switch.bench)
+                            reconciler=self.reconciler, turns=turns, gateway=self.gateway,
+                            refresh_routes=self.routes.refresh, store=self.store, reporter=reporter,
+                            bench=verdicts.bench, blame=verdicts.blame, woke=parking.record_wake,
+                            bench_mode=lambda name: catalog().stack(name).switch.bench)
         aliases = Aliases(settings=s, catalog=catalog, desired=self.desired, reconciler=self.reconciler,
-                          routes=self.routes, gateway=control, turns=turns, memory=view, memory_lock=memory_lock,
+                          routes=self.routes, gateway=self.gateway, turns=turns, memory=view, memory_lock=memory_lock,
                           store=self.store, kick=self.loops.kick, serving_since=self.serving_since,
                           switcher=switcher, deploys=deploys, parking=parking, fleet=fleet)
         trials = Trials(settings=s, catalog=catalog, deployer=self.machine.deployer,
@@ -149,7 +146,8 @@ class Daemon:
         self.reads = Reads(s, self.desired, catalog, self.docker, self.store, self.reconciler, self.routes, metrics,
                            self.recorder, memory)
         self.fleet_watch = fleetwide and FleetWatch(
-            fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
+            fleetwide, control=GatewayFromThread(self.gateway, asyncio.get_running_loop()),
+            refresh=self.routes.refresh, bus=self.bus,
             wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
             served_name=lambda name: catalog().stack(name).served_name, policy=policy)
 
@@ -160,25 +158,26 @@ class Daemon:
         return {c.stack: max(c.created, self.serving_since.get(c.stack, 0.0) + shift) for c in self.docker.containers()
                 if c.running and not c.placed and c.stack not in parked}
 
-    def _after_pass(self) -> None:
+    async def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
-        self.routes.refresh()
-        self.actions.parking.park_idle()
+        await blocking(self.routes.refresh)
+        await self.actions.parking.park_idle()
 
-    def _recover(self) -> None:
+    async def _recover(self) -> None:
         """What a killed daemon left: unfinished deployments and switches, parked stacks awake,
         scratch containers, and containers made before instances. Routes are rebuilt before the
         gateway listens, so a restarted daemon routes what runs at once."""
-        for interrupted in self.store.deployments.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
+        unfinished = self.store.deployments.interrupt_unfinished
+        for interrupted in await blocking(unfinished, "interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
-        for parked in self.actions.parking.settle_parked():  # asleep as recorded, before any wake
+        for parked in await self.actions.parking.settle_parked():  # asleep as recorded, before any wake
             log.warning("parked_settled", detail=parked)
-        for settled in recover(self.desired, self.sleeper, self.machine, self.store):
+        for settled in await recover(self.desired, self.sleeper, self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
-        self._adopt_unlabelled()
-        if removed := self.docker.remove_scratch():
+        await blocking(self._adopt_unlabelled)
+        if removed := await blocking(self.docker.remove_scratch):
             log.info("scratch_containers_removed", count=removed, reason="left by a daemon that was killed")
-        self.routes.refresh()
+        await blocking(self.routes.refresh)
 
     def _adopt_unlabelled(self) -> None:
         """Containers made before instances existed carry no instance label; the default instance
@@ -216,9 +215,9 @@ class Daemon:
         return server
 
     async def _wake_on_demand(self, stack: str) -> str | None:
-        """A parked stack a request named: woken on a worker thread; None once it serves."""
+        """A parked stack a request named, woken; None once it serves."""
         try:
-            await asyncio.to_thread(self.actions.parking.wake_on_demand, stack)
+            await self.actions.parking.wake_on_demand(stack)
         except Exception as e:  # noqa: BLE001 - the held requests get the reason, the daemon goes on
             reason = str(e).splitlines()[0] if isinstance(e, SparkctlError) else f"{type(e).__name__}: {e}"
             log.warning("wake_on_demand_failed", stack=stack, error=reason[:300])
@@ -254,9 +253,8 @@ class Daemon:
     async def serve(self) -> None:
         lock = process.exclusive(self.settings.lock_path)  # held until the process ends
         loop = asyncio.get_running_loop()
-        # Worker threads for blocking calls: each streaming action holds one for its length.
-        loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="worker"))
-        await asyncio.to_thread(self._recover)
+        seam.install(loop)
+        await self._recover()
         process.freeze_startup()
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
@@ -302,7 +300,7 @@ class Daemon:
         gateway.close()
         if tcp is not None:
             await tcp.cleanup()
-        self.reconciler.close()
+        await self.reconciler.close()
         path.unlink(missing_ok=True)
         lock.close()
         log.info("daemon_stopped")

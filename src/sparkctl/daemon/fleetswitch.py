@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.seam import GatewayFromThread
 from sparkctl.daemon.switch import SwitchFailed
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import placement
@@ -47,7 +47,7 @@ class FleetSwitch:
         """Whether `stack` runs across the fleet: it has a placement or ranks, or is placed already."""
         return stack.placement.fleet or stack.parallel is not None or stack.name in self._book()
 
-    def run(self, alias: str, stack: Stack, gateway: GatewayControl) -> SwitchDone:
+    def run(self, alias: str, stack: Stack, gateway: GatewayFromThread) -> SwitchDone:
         old = self.desired.read().aliases.get(alias)
         intent = {"alias": alias, "from": old, "to": stack.name, "mode": "fleet blue/green", "stop_old": False,
                   "new_was_desired": True, "park": "stop", "wake": 0, "evict": [],

@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import structlog
 
-from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.fleetprobe import FleetProbe
 from sparkctl.daemon.planner import Policy
+from sparkctl.daemon.seam import GatewayFromThread
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import agents, placement
 from sparkctl.fleet.deploy import Fleetwide
@@ -39,7 +39,7 @@ RETRY = 1.0  # s before watching again after the head stopped answering
 
 
 class FleetWatch(FleetProbe):
-    def __init__(self, fleetwide: Fleetwide, *, control: GatewayControl,
+    def __init__(self, fleetwide: Fleetwide, *, control: GatewayFromThread,
                  refresh: Callable[[], None], bus: EventBus, wait: float, within: float,
                  served_name: Callable[[str], str] = str, policy: Policy = Policy(),
                  background: Callable[[Callable[[], object]], None] = lambda work: threading.Thread(

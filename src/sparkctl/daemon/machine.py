@@ -1,7 +1,7 @@
 """The reconciler's `Machine` (the protocol in `reconciler.py`) on real adapters: containers
 found by label, deploys and fetches through the pipeline (each registered with the fetch-cancel
 registry, `fetches.py`), stops, and the restart path (a dead engine started again and waited on
-until healthy). Each action on a stack runs in that stack's turn (`turns.py`)."""
+until healthy). Blocking: called through the seam, by a caller that holds the stack's turn."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import structlog
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.daemon.fetches import Fetches
 from sparkctl.daemon.planner import Observed
-from sparkctl.daemon.turns import Turns
 from sparkctl.deploy import health
 from sparkctl.deploy.launch import Prepared, Staged, UpResult
 from sparkctl.deploy.pipeline import Deployer
@@ -33,9 +32,9 @@ GRACE = 30  # s an engine stopped with requests in flight has to finish them (Do
 
 class DockerMachine:
     def __init__(self, *, docker: DockerEngine, deployer: Callable[[], Deployer], catalog: Callable[[], Catalog],
-                 desired: DesiredFile, fetches: Fetches, reporter: Reporter, store: Store, turns: Turns) -> None:
+                 desired: DesiredFile, fetches: Fetches, reporter: Reporter, store: Store) -> None:
         self.docker, self.deployer, self.catalog, self.store = docker, deployer, catalog, store
-        self.desired, self.fetches, self.reporter, self.turns = desired, fetches, reporter, turns
+        self.desired, self.fetches, self.reporter = desired, fetches, reporter
 
     def observe(self) -> list[Observed]:
         return [Observed(c.stack, c.id, c.state) for c in self.docker.containers() if not c.placed]
@@ -45,13 +44,12 @@ class DockerMachine:
         """Deploy (or confirm) the stack, or start what `stage` made of it; None if a `down` got
         the lock first (it wins). `stop`, set, ends its fetch streams: the API's `up` passes its
         own, which a cancel of that `up` sets (`Fetches.stop` sets it too)."""
-        with self.turns.turn(stack):
-            if stack not in self.desired.read().stacks:
-                if staged is not None:
-                    self.deployer().discard(staged, "not started: the stack was taken down meanwhile")
-                return None
-            with self.fetches.running(stack, stop) as stop:
-                result = self.deployer().up(stack, refresh=refresh, replace=replace, staged=staged, stop=stop)
+        if stack not in self.desired.read().stacks:
+            if staged is not None:
+                self.deployer().discard(staged, "not started: the stack was taken down meanwhile")
+            return None
+        with self.fetches.running(stack, stop) as stop:
+            result = self.deployer().up(stack, refresh=refresh, replace=replace, staged=staged, stop=stop)
         if result.changed:  # a new engine: its KV headroom was read (the pipeline showed it as notes)
             log_headroom(stack, result.headroom)
         return result
@@ -59,7 +57,7 @@ class DockerMachine:
     def fetch(self, stack: str, *, refresh: bool = False, stop: threading.Event | None = None) -> Prepared:
         """Fetch and patch the stack in its turn, starting nothing (`Deployer.fetch`); `stop` and
         a `down` stop its streams as they stop a deploy's."""
-        with self.turns.turn(stack), self.fetches.running(stack, stop) as stop:
+        with self.fetches.running(stack, stop) as stop:
             return self.deployer().fetch(stack, refresh=refresh, stop=stop)
 
     def fetched(self, stack: str) -> bool:
@@ -77,23 +75,19 @@ class DockerMachine:
         """The reconciler's deploy of a stack it saw with no container: none, if by its turn one
         runs (an `up` made it meanwhile), so a pass planned on what it saw before does not run the
         pipeline again on a stack just deployed."""
-        with self.turns.turn(stack):
-            if any(c.running for c in self.docker.containers(stack)):
-                return None
-            return self.deploy(stack)
+        if any(c.running for c in self.docker.containers(stack)):
+            return None
+        return self.deploy(stack)
 
     def stage(self, stack: str) -> Staged:
         """Prepare the stack and start its container, its engine behind a gate (`Deployer.stage`)."""
-        with self.turns.turn(stack):
-            return self.deployer().stage(stack)
+        return self.deployer().stage(stack)
 
     def discard(self, staged: Staged, why: str) -> None:
-        with self.turns.turn(staged.stack):
-            self.deployer().discard(staged, why)
+        self.deployer().discard(staged, why)
 
     def down(self, stack: str) -> int:
-        with self.turns.turn(stack):
-            return self.deployer().down(stack)
+        return self.deployer().down(stack)
 
     def stop(self, stack: str, *, drained: bool = False) -> list[str]:
         """Stop the stack's running containers but keep them (a switch may start them again).
@@ -102,22 +96,20 @@ class DockerMachine:
         requests wait it out (~0.1 s for the sim here, longer for vLLM, which stops its engine
         core first), so the engine is killed at once (a 0 s stop timeout); otherwise it gets
         `GRACE` to finish them. Its memory is free when the stop returns either way."""
-        with self.turns.turn(stack):
-            running = [c.id for c in self.docker.containers(stack) if c.running]
-            for container in running:
-                self.docker.stop(container, timeout=0 if drained else GRACE)
-            return running
+        running = [c.id for c in self.docker.containers(stack) if c.running]
+        for container in running:
+            self.docker.stop(container, timeout=0 if drained else GRACE)
+        return running
 
     def start(self, container: str) -> None:
         """Restart a dead engine container as it was, and wait until it is healthy again."""
         stack_name = self.docker.inspect(container).stack
-        with self.turns.turn(stack_name):
-            self.docker.start(container)
-            self.store.events.record(stack_name, "restarted", container[:12])
-            stack = self.catalog().stack(stack_name)
-            engine = health.Engine(inspect=lambda: self.docker.inspect(container),
-                                   logs=lambda n: self.docker.logs(container, tail=n))
-            health.wait_healthy(stack, stack.url, engine, reporter=self.reporter)
+        self.docker.start(container)
+        self.store.events.record(stack_name, "restarted", container[:12])
+        stack = self.catalog().stack(stack_name)
+        engine = health.Engine(inspect=lambda: self.docker.inspect(container),
+                               logs=lambda n: self.docker.logs(container, tail=n))
+        health.wait_healthy(stack, stack.url, engine, reporter=self.reporter)
 
     def remove(self, container: str) -> None:
         self.docker.remove(container)

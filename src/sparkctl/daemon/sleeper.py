@@ -1,6 +1,7 @@
 """Parking on real adapters: a stack's engine put to sleep with vLLM's sleep mode (or stopped),
 recorded in desired.yaml, woken under the wake watchdog, or stopped at once by the sentinel. The
-one maker of sleep-mode clients (`adapters/sleepmode.py`). Each call on a stack runs in its turn.
+one maker of sleep-mode clients (`adapters/sleepmode.py`). Its caller holds the stack's turn;
+all but `park` are blocking (called through the seam).
 
 The wake watchdog (`MemoryWatch`): while a parked stack wakes, the memory still available
 (MemAvailable and the kernel's per-CPU free lists, `deploy.memory.available`) is read every 50 ms,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import structlog
@@ -20,7 +21,7 @@ import structlog
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.sleepmode import SleepMode
 from sparkctl.daemon.machine import DockerMachine
-from sparkctl.daemon.turns import Turns
+from sparkctl.daemon.seam import blocking
 from sparkctl.deploy.memory import GIB, available
 from sparkctl.errors import SparkctlError
 from sparkctl.messages import WakeDone
@@ -33,9 +34,9 @@ log = structlog.get_logger()
 
 class Sleeper:
     def __init__(self, *, machine: DockerMachine, docker: DockerEngine, catalog: Callable[[], Catalog],
-                 desired: DesiredFile, store: Store, turns: Turns, wake_floor: int = 0) -> None:
+                 desired: DesiredFile, store: Store, wake_floor: int = 0) -> None:
         self.machine, self.docker, self.catalog, self.desired = machine, docker, catalog, desired
-        self.store, self.turns = store, turns
+        self.store = store
         self.wake_floor = wake_floor  # bytes of MemAvailable under which a wake is killed
 
     def sleeping(self, stack: str) -> bool:
@@ -46,22 +47,19 @@ class Sleeper:
         """Whether the stack's engine has the sleep-mode endpoints."""
         return self._engine(stack).available()
 
-    def park(self, stack: str, level: int, *, before: Callable[[], None] = lambda: None) -> None:
+    async def park(self, stack: str, level: int, *, before: Callable[[], Awaitable[None]] | None = None) -> None:
         """Asleep at `level` 1 or 2 (the container keeps running), or stopped (0). Recorded in
         desired.yaml before the engine is asked (a daemon killed meanwhile parks it again), then
         `before` runs (the gateway lets go of it); if the engine refuses, the record is undone."""
-        with self.turns.turn(stack):
-            self.desired.update(lambda d: d.park(stack, level))
-            try:
-                before()
-                if level:
-                    self._engine(stack).sleep(level)
-                else:
-                    self.machine.stop(stack)
-            except SparkctlError:
-                self.desired.update(lambda d: d.awake(stack))
-                raise
-            self.store.events.record(stack, "parked", f"level {level}" if level else "stopped")
+        await blocking(self.desired.update, lambda d: d.park(stack, level))
+        try:
+            if before is not None:
+                await before()
+            await blocking(self._engine(stack).sleep, level) if level else await blocking(self.machine.stop, stack)
+        except SparkctlError:
+            await blocking(self.desired.update, lambda d: d.awake(stack))
+            raise
+        await blocking(self.store.events.record, stack, "parked", f"level {level}" if level else "stopped")
 
     def halt(self, stack: str, why: str) -> list[str]:
         """Stop the stack's engine at once (killed), outside its turn: the sentinel's stop when the
@@ -79,21 +77,20 @@ class Sleeper:
         """Wake a parked stack and warm it up with one token, under the wake watchdog. A wake that
         fails, or brings MemAvailable under the floor, is killed at once and the stack started
         cold instead; so is one whose engine died while it slept."""
-        with self.turns.turn(stack):
-            level = self.desired.read().parked.get(stack, 0)
-            [container] = [c.id for c in self.docker.containers(stack)][:1] or [None]
-            if container is None:
-                raise SparkctlError(f"{stack} is parked but has no container; `sparkctl up {stack}` deploys it again")
-            killed, lowest, began = None, None, time.monotonic()
-            asleep = level and self.docker.inspect(container).status == "running"
-            if asleep:
-                killed, lowest = self._wake_watched(stack, container, level)
-            if not asleep or killed:
-                self.machine.start(container)
-            self.desired.update(lambda d: d.awake(stack))
-            how = killed or (f"from level {level}" if asleep else "started cold: it was stopped")
-            self.store.events.record(stack, "woke", how)
-            return WakeDone(stack, level, round(time.monotonic() - began, 3), lowest, killed)
+        level = self.desired.read().parked.get(stack, 0)
+        [container] = [c.id for c in self.docker.containers(stack)][:1] or [None]
+        if container is None:
+            raise SparkctlError(f"{stack} is parked but has no container; `sparkctl up {stack}` deploys it again")
+        killed, lowest, began = None, None, time.monotonic()
+        asleep = level and self.docker.inspect(container).status == "running"
+        if asleep:
+            killed, lowest = self._wake_watched(stack, container, level)
+        if not asleep or killed:
+            self.machine.start(container)
+        self.desired.update(lambda d: d.awake(stack))
+        how = killed or (f"from level {level}" if asleep else "started cold: it was stopped")
+        self.store.events.record(stack, "woke", how)
+        return WakeDone(stack, level, round(time.monotonic() - began, 3), lowest, killed)
 
     def _wake_watched(self, stack: str, container: str, level: int) -> tuple[str | None, int | None]:
         """The wake and its warm-up under the watchdog: why it was killed (None: it was not), and

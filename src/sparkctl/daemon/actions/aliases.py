@@ -3,7 +3,7 @@ is placed there; rolled back on any failure) and routing an alias by prompt leng
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,16 +11,17 @@ from typing import TYPE_CHECKING
 
 from sparkctl.daemon.actions.deploys import Deploys
 from sparkctl.daemon.actions.parking import Parking
-from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.seam import GatewayFromThread, blocking
 from sparkctl.daemon.switch import Switcher
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.memory import MemoryView
 from sparkctl.errors import SparkctlError
+from sparkctl.gateway.proxy import Gateway
 from sparkctl.messages import RouteDone, RouteRule, SwitchDone
 from sparkctl.policy import routing
-from sparkctl.policy.switch import Leaving, plan_switch
+from sparkctl.policy.switch import Leaving, SwitchPlan, plan_switch
 from sparkctl.settings import Settings
 from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Stack
@@ -38,10 +39,10 @@ class Aliases:
     desired: DesiredFile
     reconciler: Reconciler
     routes: Routes
-    gateway: GatewayControl  # for a switch across the fleet
+    gateway: Gateway  # for a switch across the fleet
     turns: Turns
     memory: Callable[[], MemoryView]
-    memory_lock: threading.RLock  # as `Parking.memory_lock`
+    memory_lock: asyncio.Lock  # as `Parking.memory_lock`
     store: Store
     kick: Callable[[], None]  # ask the reconcile loop for a pass
     serving_since: dict[str, float]  # when each stack last came up or woke (monotonic)
@@ -50,56 +51,72 @@ class Aliases:
     parking: Parking
     fleet: FleetSwitch | None  # on a fleet's head: switches to stacks placed across it
 
-    def switch(self, alias: str, stack: str, *, ticket: int | None = None) -> SwitchDone:
+    async def switch(self, alias: str, stack: str, *, ticket: int | None = None) -> SwitchDone:
         """Move `alias` to `stack` (blue/green or hold/swap); rolled back on any failure."""
-        with self.turns.turn(f"alias:{alias}", ticket), self.memory_lock:  # one switch of an alias at a time
-            spec = self.catalog().stack(stack)
-            if rules := self.desired.read().routes.get(alias):
-                raise SparkctlError(f"{alias} is routed by prompt length ({'; '.join(r.describe() for r in rules)}): "
-                                    f"change its rules with `sparkctl route set {alias} ...`, or `sparkctl route rm "
-                                    f"{alias}` and switch it then")
-            if self.fleet is not None and self.fleet.applies(spec):
-                return self.fleet.run(alias, spec, self.gateway)
-            if self.desired.read().aliases.get(alias) == spec.name:  # as `up` does: make sure, change nothing
-                return SwitchDone(alias, spec.name, "unchanged", up=self.deploys.up(spec.name))
-            desired, view = self.desired.read(), self.memory()
-            old, memory = desired.aliases.get(alias), view.now(desired.parked)
-            leaving = Leaving()
-            if old in self.catalog().stacks and old in memory.held and old not in memory.parked:
-                old_spec = self.catalog().stack(old)
-                leaving = Leaving(old_spec.switch.park, view.footprint(old),
-                                  self.parking.cannot_sleep(old_spec, waking=spec.name))
-            # a stack a routed alias names is still named: the switch leaves it running
-            named = desired.aliases | {f"{a}[{i}]": r.stack for a, rules in desired.routes.items()
-                                       for i, r in enumerate(rules)}
-            plan = plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=named,
-                               memory=memory, leaving=leaving)
-            self.reconciler.forget(spec.name)
-            try:
-                return self.switcher.run(plan)
-            finally:
-                self.serving_since[spec.name] = time.monotonic()
-                self.kick()
+        async with self.turns.turn(f"alias:{alias}", ticket):  # one switch of an alias at a time
+            spec = await blocking(self._target, alias, stack)
+            if self.fleet is not None and await blocking(self.fleet.applies, spec):
+                async with self.memory_lock:
+                    gateway = GatewayFromThread(self.gateway, asyncio.get_running_loop())
+                    return await blocking(self.fleet.run, alias, spec, gateway)
+            if (await blocking(self.desired.read)).aliases.get(alias) == spec.name:  # as `up`: make sure, no change
+                return SwitchDone(alias, spec.name, "unchanged", up=await self.deploys.up(spec.name))
+            async with self.memory_lock:
+                plan = await blocking(self._plan, alias, spec)
+                self.reconciler.forget(spec.name)
+                try:
+                    return await self.switcher.run(plan)
+                finally:
+                    self.serving_since[spec.name] = time.monotonic()
+                    self.kick()
 
-    def route(self, alias: str, rules: str, *, ticket: int | None = None) -> RouteDone:
+    def _target(self, alias: str, stack: str) -> Stack:
+        """The stack a switch of `alias` goes to, unless the alias is routed by prompt length."""
+        spec = self.catalog().stack(stack)
+        if rules := self.desired.read().routes.get(alias):
+            raise SparkctlError(f"{alias} is routed by prompt length ({'; '.join(r.describe() for r in rules)}): "
+                                f"change its rules with `sparkctl route set {alias} ...`, or `sparkctl route rm "
+                                f"{alias}` and switch it then")
+        return spec
+
+    def _plan(self, alias: str, spec: Stack) -> SwitchPlan:
+        """The switch's plan (`policy/switch.py`), from the memory as it is now."""
+        desired, view = self.desired.read(), self.memory()
+        old, memory = desired.aliases.get(alias), view.now(desired.parked)
+        leaving = Leaving()
+        if old in self.catalog().stacks and old in memory.held and old not in memory.parked:
+            old_spec = self.catalog().stack(old)
+            leaving = Leaving(old_spec.switch.park, view.footprint(old),
+                              self.parking.cannot_sleep(old_spec, waking=spec.name))
+        # a stack a routed alias names is still named: the switch leaves it running
+        named = desired.aliases | {f"{a}[{i}]": r.stack for a, rules in desired.routes.items()
+                                   for i, r in enumerate(rules)}
+        return plan_switch(alias, spec.name, footprint=view.footprint(spec.name), aliases=named, memory=memory,
+                           leaving=leaving)
+
+    async def route(self, alias: str, rules: str, *, ticket: int | None = None) -> RouteDone:
         """Route `alias` by prompt length (`rules`: `STACK:TOKENS ... STACK`), or, with no rules,
         make it unrouted. Every stack it names must be up or parked: the gateway may send a
         request to any of them at once."""
-        with self.turns.turn(f"alias:{alias}", ticket):
-            parsed = routing.check(alias, [routing.parse(r) for r in rules.split()]) if rules.strip() else None
-            catalog, desired = self.catalog(), self.desired.read()
-            memory, serving = 0.0, {}
-            for rule in parsed or ():
-                spec = catalog.stack(rule.stack)
-                placed = self.fleet is not None and self.fleet.placed(rule.stack)
-                if rule.stack not in desired.stacks and not placed:
-                    raise SparkctlError(f"routed alias {alias}: {rule.stack} is neither up nor parked, and the gateway "
-                                        f"may send it a request at any time; `sparkctl up {rule.stack}` first")
-                memory += 0.0 if placed else spec.resources.gpu_memory_utilization
-                serving[rule.stack] = self._serving(spec)
-            fits = routing.fit(parsed or (), serving)
-            self.desired.update(lambda d: d.routed(alias, parsed))
-            self.routes.refresh()
+        async with self.turns.turn(f"alias:{alias}", ticket):
+            return await blocking(self._route, alias, rules)
+
+    def _route(self, alias: str, rules: str) -> RouteDone:
+        """The route change, checked, made and routed (blocking: Docker, the store, desired.yaml)."""
+        parsed = routing.check(alias, [routing.parse(r) for r in rules.split()]) if rules.strip() else None
+        catalog, desired = self.catalog(), self.desired.read()
+        memory, serving = 0.0, {}
+        for rule in parsed or ():
+            spec = catalog.stack(rule.stack)
+            placed = self.fleet is not None and self.fleet.placed(rule.stack)
+            if rule.stack not in desired.stacks and not placed:
+                raise SparkctlError(f"routed alias {alias}: {rule.stack} is neither up nor parked, and the gateway "
+                                    f"may send it a request at any time; `sparkctl up {rule.stack}` first")
+            memory += 0.0 if placed else spec.resources.gpu_memory_utilization
+            serving[rule.stack] = self._serving(spec)
+        fits = routing.fit(parsed or (), serving)
+        self.desired.update(lambda d: d.routed(alias, parsed))
+        self.routes.refresh()
         if parsed is None:
             return RouteDone(alias)
         return RouteDone(alias, tuple(RouteRule(r.stack, r.up_to) for r in parsed), round(memory, 3),

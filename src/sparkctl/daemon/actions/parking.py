@@ -3,7 +3,7 @@ watchdog, parked when idle, woken by a request that names it, and settled after 
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,16 +11,17 @@ from typing import TYPE_CHECKING
 
 from sparkctl.adapters.docker import DockerEngine
 from sparkctl.daemon import planner
-from sparkctl.daemon.bridge import GatewayControl
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.seam import GatewayFromThread, blocking
 from sparkctl.daemon.sleeper import Sleeper
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
+from sparkctl.gateway.proxy import Gateway
 from sparkctl.messages import Note, ParkDone, WakeDone
-from sparkctl.policy.parking import Park, choose, sleep_refusal
+from sparkctl.policy.parking import Choice, Park, choose, sleep_refusal
 from sparkctl.settings import Settings
 from sparkctl.spec import imagefile
 from sparkctl.spec.load import Catalog
@@ -41,103 +42,110 @@ class Parking:
     sleeper: Sleeper
     reconciler: Reconciler
     routes: Routes
-    gateway: GatewayControl  # the gateway's drain and quiet time, from a worker thread
+    gateway: Gateway
     turns: Turns
     memory: Callable[[], MemoryView]
     # Held from a memory decision (switch, park, wake) until it is carried out, so two of them
     # never both count on the same free memory. Taken before any stack's turn, never after.
-    memory_lock: threading.RLock
+    memory_lock: asyncio.Lock
     bus: EventBus
     store: Store
     serving_since: dict[str, float]  # when each stack last came up or woke (monotonic)
     fleet: FleetSwitch | None  # on a fleet's head: parks and wakes of stacks placed across it
     started: float = field(default_factory=time.monotonic)
 
-    def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
-             still: Callable[[], bool] = lambda: True) -> ParkDone:
+    async def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
+                   still: Callable[[], bool] = lambda: True) -> ParkDone:
         """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
         requests drain first. `still`: checked once in the stack's turn (an idle park that a
         request or a switch overtook does nothing)."""
-        if self.fleet is not None and self.fleet.placed(stack):
-            with self.turns.turn(stack, ticket):
-                return self.fleet.park(stack, self.quiesce)
-        with self.memory_lock, self.turns.turn(stack, ticket):
-            spec, desired = self.catalog().stack(stack), self.desired.read()
-            if stack in desired.parked or not still():
+        if self.fleet is not None and await blocking(self.fleet.placed, stack):
+            async with self.turns.turn(stack, ticket):
+                gateway = GatewayFromThread(self.gateway, asyncio.get_running_loop())
+                return await blocking(self.fleet.park, stack, lambda s: (self.routes.refresh(), gateway.drain(s)))
+        async with self.memory_lock, self.turns.turn(stack, ticket):
+            choice = still() and await blocking(self._choose, stack, how)
+            if not choice:
                 return ParkDone(stack, "unchanged", f"{stack} is parked already or in use")
-            view = self.memory()
-            memory = view.now(desired.parked)
-            if stack not in desired.stacks or stack not in memory.held:
-                raise SparkctlError(f"{stack} is not running as a desired stack; nothing to park")
-            beside = memory.beside(stack)
-            choice = choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
-                            unable=self.cannot_sleep(spec))
             with self.reconciler.holding(stack):
-                self.sleeper.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
-            self.routes.refresh()
+                await self.sleeper.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
+            await blocking(self.routes.refresh)
             return ParkDone(stack, str(choice.park), choice.why)
 
-    def quiesce(self, stack: str) -> None:
+    def _choose(self, stack: str, how: Park) -> Choice | None:
+        """How deep the stack parks (None: it is parked already)."""
+        spec, desired = self.catalog().stack(stack), self.desired.read()
+        if stack in desired.parked:
+            return None
+        view = self.memory()
+        memory = view.now(desired.parked)
+        if stack not in desired.stacks or stack not in memory.held:
+            raise SparkctlError(f"{stack} is not running as a desired stack; nothing to park")
+        beside = memory.beside(stack)
+        return choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
+                      unable=self.cannot_sleep(spec))
+
+    async def quiesce(self, stack: str) -> None:
         """Before a stack sleeps: the gateway stops routing to it (its names now wake it) and its
         accepted requests finish."""
-        self.routes.refresh()
-        self.gateway.drain(stack)
+        await blocking(self.routes.refresh)
+        await self.gateway.drain(stack)
 
-    def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
+    async def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
         """Wake a parked stack, if its wake peak fits beside what runs."""
-        if self.fleet is not None and self.fleet.placed(stack):
-            with self.turns.turn(stack, ticket):
-                return self.fleet.wake(stack)
-        with self.memory_lock, self.turns.turn(stack, ticket):
-            desired = self.desired.read()
-            if stack not in desired.parked:
-                raise SparkctlError(f"{stack} is not parked")
-            view = self.memory()
-            memory, level = view.now(desired.parked), desired.parked[stack]
-            peak = memory.beside(stack) + view.footprint(stack).peak(level)
-            if peak > memory.ceiling + 1e-9:
-                raise SparkctlError(f"{stack} does not fit: waking it from level {level} would hold {peak:.2f} of "
-                                    f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
-                                    "another stack first")
+        if self.fleet is not None and await blocking(self.fleet.placed, stack):
+            async with self.turns.turn(stack, ticket):
+                return await blocking(self.fleet.wake, stack)
+        async with self.memory_lock, self.turns.turn(stack, ticket):
+            await blocking(self._fits, stack)
             try:
                 with self.reconciler.holding(stack):
-                    woken = self.sleeper.wake(stack)
+                    woken = await blocking(self.sleeper.wake, stack)
             finally:
-                self.routes.refresh()
+                await blocking(self.routes.refresh)
             self.serving_since[stack] = time.monotonic()
-            self.record_wake(stack, woken)
+            await blocking(self.record_wake, stack, woken)
             return woken
 
-    def settle_parked(self) -> list[str]:
+    def _fits(self, stack: str) -> None:
+        """Raise unless the parked stack's wake peak fits beside what runs."""
+        desired = self.desired.read()
+        if stack not in desired.parked:
+            raise SparkctlError(f"{stack} is not parked")
+        view = self.memory()
+        memory, level = view.now(desired.parked), desired.parked[stack]
+        peak = memory.beside(stack) + view.footprint(stack).peak(level)
+        if peak > memory.ceiling + 1e-9:
+            raise SparkctlError(f"{stack} does not fit: waking it from level {level} would hold {peak:.2f} of "
+                                f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
+                                "another stack first")
+
+    async def settle_parked(self) -> list[str]:
         """After a restart, `GET /is_sleeping` is the truth: a stack recorded parked that is awake
         (the daemon was killed mid-park or mid-wake) is parked again, before anything else wakes."""
         done = []
-        desired = self.desired.read()
-        running = {c.stack for c in self.docker.containers() if c.running}
+        desired, catalog = await blocking(self.desired.read), await blocking(self.catalog)
+        running = {c.stack for c in await blocking(self.docker.containers) if c.running}
         for stack, level in desired.parked.items():
-            if not level or stack not in running or stack not in self.catalog().stacks:
+            if not level or stack not in running or stack not in catalog.stacks:
                 continue
             try:
-                if not self.sleeper.sleeping(stack):
-                    self.sleeper.park(stack, level)
+                if not await blocking(self.sleeper.sleeping, stack):
+                    await self.sleeper.park(stack, level)
                     done.append(f"{stack} was awake though recorded parked: parked again at level {level}")
             except SparkctlError as e:
                 done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopping it")
                 try:
-                    self.sleeper.park(stack, 0)
+                    await self.sleeper.park(stack, 0)
                 except SparkctlError as again:
                     done.append(f"{stack} could not be stopped either: {again}")
         return done
 
-    def park_idle(self) -> None:
+    async def park_idle(self) -> None:
         """Park each stack whose `switch.idle_park` went by without a request through the gateway
-        (its ledger, read on the gateway's loop). Called after each reconcile pass."""
-        catalog, desired = self.catalog(), self.desired.read()
-        for c in self.docker.containers():
-            spec = catalog.stacks.get(c.stack)
-            if not c.running or c.stack in desired.parked or spec is None or spec.switch.idle_park is None:
-                continue
-            def idle(stack: str = c.stack, ttl: float = spec.switch.idle_park) -> bool:
+        (its ledger). Called after each reconcile pass."""
+        for stack, spec in await blocking(self._idle_parkers):
+            def idle(stack: str = stack, ttl: float = spec.switch.idle_park) -> bool:
                 quiet = self.gateway.quiet_since(stack)
                 busy = self.reconciler.history.get(stack, planner.History()).busy
                 since = max(quiet or 0.0, self.serving_since.get(stack, self.started))
@@ -145,16 +153,25 @@ class Parking:
 
             if idle():
                 try:
-                    self.park(c.stack, how=spec.switch.park, still=idle)  # checked again in its turn
+                    await self.park(stack, how=spec.switch.park, still=idle)  # checked again in its turn
                 except SparkctlError as e:
-                    self.bus.publish(Note(c.stack, f"{c.stack} was idle but did not park: {e}"))
+                    self.bus.publish(Note(stack, f"{stack} was idle but did not park: {e}"))
 
-    def wake_on_demand(self, stack: str) -> None:
+    def _idle_parkers(self) -> list[tuple[str, Stack]]:
+        """The running stacks, not parked, that park when idle."""
+        catalog, desired = self.catalog(), self.desired.read()
+        specs = [(c.stack, catalog.stacks.get(c.stack)) for c in self.docker.containers()
+                 if c.running and c.stack not in desired.parked]
+        return [(name, spec) for name, spec in specs if spec is not None and spec.switch.idle_park is not None]
+
+    async def wake_on_demand(self, stack: str) -> None:
         """A request named the parked stack (the gateway holds it meanwhile)."""
-        if stack in self.desired.read().parked or (self.fleet is not None and self.fleet.parked(stack)):
-            self.wake(stack)
+        fleet = self.fleet
+        if stack in (await blocking(self.desired.read)).parked or (
+                fleet is not None and await blocking(fleet.parked, stack)):
+            await self.wake(stack)
         else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
-            self.routes.refresh()
+            await blocking(self.routes.refresh)
 
     def cannot_sleep(self, stack: Stack, *, waking: str | None = None) -> str | None:
         """Why the stack's engine cannot be parked with sleep mode, if it cannot. `waking`: a

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sparkctl import report
 from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.seam import blocking
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy import retest
 from sparkctl.deploy.pipeline import Deployer
@@ -33,14 +34,14 @@ class Trials:
         chosen = retest.choose_stack(self.catalog(), ref, stack or None).name
         return retest.trial_name(chosen), chosen
 
-    def retest(self, ref: str, *, stack: str, force: bool = False, ticket: int | None = None) -> RetestDone:
+    async def retest(self, ref: str, *, stack: str, force: bool = False, ticket: int | None = None) -> RetestDone:
         """Measure what a blacklisted tag names now, as a trial of `stack` that no pass touches
         (`deploy/retest.py`): the ban lifted on a pass, kept with the measurement on a failure."""
-        with self.turns.turn("retest:", ticket):  # one at a time (no stack name has a colon)
+        async with self.turns.turn("retest:", ticket):  # one at a time (no stack name has a colon)
             deployer = self.deployer()
-            trial = retest.prepare(ref, stack=stack, force=force, deployer=deployer)
+            trial = await blocking(retest.prepare, ref, stack=stack, force=force, deployer=deployer)
             with self.reconciler.holding(trial.spec.name):
-                return retest.run(trial, deployer)
+                return await blocking(retest.run, trial, deployer)
 
     def compare(self, runs: list[int], label: str = "") -> ReportWritten:
         """A comparison report of these benchmark runs, written as `sparkctl bench report` writes it."""

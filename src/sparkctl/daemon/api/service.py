@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 class Commands(Protocol):
-    """The actions (`daemon/actions/`), each run on a worker thread in the turn of the ticket its
-    request took as it arrived."""
+    """The actions (`daemon/actions/`), each a coroutine run in the turn of the ticket its request
+    took as it arrived."""
 
     @property
     def bus(self) -> EventBus: ...
@@ -46,7 +46,7 @@ class Commands(Protocol):
 
 
 class Queries(Protocol):
-    """What the daemon answers without changing anything (`daemon/reads.py`), on a worker thread."""
+    """What the daemon answers without changing anything (`daemon/reads.py`), on a worker (`seam.blocking`)."""
 
     def check_stack(self, name: str) -> str: ...
 
