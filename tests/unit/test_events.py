@@ -23,6 +23,7 @@ def test_every_deploy_event_names_its_stack() -> None:
 def test_a_coroutine_waits_for_events_without_a_thread() -> None:
     import asyncio
     import threading
+    import time
 
     from sparkctl.daemon.events import EventBus
     from sparkctl.messages import Note
@@ -30,7 +31,9 @@ def test_a_coroutine_waits_for_events_without_a_thread() -> None:
     async def run() -> tuple[list[dict], list[dict]]:
         bus = EventBus(asyncio.get_running_loop())
         threading.Timer(0.05, lambda: bus.publish(Note("a", "from another thread"))).start()
+        began = time.monotonic()
         first = await bus.wait_after(0, timeout=5)
+        assert time.monotonic() - began < 2  # woken by the event, not by the timeout
         worker = threading.Thread(target=lambda: [bus.publish(Note("a", str(i))) for i in range(100)])
         worker.start()
         worker.join()

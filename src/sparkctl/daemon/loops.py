@@ -101,9 +101,10 @@ class Loops:
         elif event.action == "die" and event.stack:
             oom = event.container in self._oom
             self._oom.discard(event.container)
-            if await self.reconciler.died(event.stack, oom=oom, exit_code=event.exit_code):
+            died = await self.reconciler.died(event.stack, oom=oom, exit_code=event.exit_code)
+            self.kick()  # the pass counts the death at once; its record may land after
+            if died:
                 await blocking(self.store.events.record, event.stack, "died",
                                "OOM-killed" if oom else f"exit code {event.exit_code}")
-            self.kick()
         elif event.action in ("destroy", "stop"):
             self.kick()

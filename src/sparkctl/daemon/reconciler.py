@@ -72,15 +72,16 @@ class Reconciler:
     async def reconcile(self) -> planner.Plan:
         """One pass: observe, plan, act."""
         self.passes += 1
-        desired, history, now = await blocking(self.desired.read), dict(self.history), self.clock()
-        observed = await blocking(self.machine.observe)
-        the_plan = await blocking(planner.plan, desired.stacks, desired.aliases, desired.fallbacks, observed,
-                                  history, now=now, policy=self.policy, parked=desired.parked,
-                                  fetched=self.machine.fetched)
+        the_plan = await blocking(self._plan, dict(self.history))  # one crossing: a restart waits on none more
         self.wake_at = min((a.until for a in the_plan.of(Wait)), default=None)
         for action in the_plan.actions:
             await self._act(action)
         return the_plan
+
+    def _plan(self, history: dict[str, History]) -> planner.Plan:
+        desired = self.desired.read()
+        return planner.plan(desired.stacks, desired.aliases, desired.fallbacks, self.machine.observe(), history,
+                            now=self.clock(), policy=self.policy, parked=desired.parked, fetched=self.machine.fetched)
 
     async def died(self, stack: str, *, oom: bool, exit_code: int | None) -> bool:
         """A Docker `die`/`oom` event for one of our containers: count it as a failure (True)."""
