@@ -1,8 +1,9 @@
 """What the daemon does when asked to change something (the API's `Commands`): deploys (`up`,
 `down`), parking (`park`, `wake`, idle parks, wakes on demand), aliases (`switch`, `route`) and
-trials (`retest`, comparison reports). The handlers call these on a worker thread; each action
-on a stack runs in its turn (`daemon/turns.py`), marked busy so reconcile passes leave it
-alone. Results are returned as values; the store only records them."""
+trials (`retest`, comparison reports). Coroutines on the daemon's loop, their blocking work on
+workers through the seam; each action on a stack runs in its turn (`daemon/turns.py`), marked
+busy so reconcile passes leave it alone. Results are returned as values; the store only records
+them."""
 
 from __future__ import annotations
 
