@@ -152,13 +152,18 @@ class Clock:
 
 
 def reconciler(machine: FakeMachine, clock: Clock) -> Reconciler:
-    return Reconciler(machine, desired=machine, turns=Turns(), bus=EventBus(), policy=POLICY, clock=clock,
-                      run_async=False)
+    return Reconciler(machine, desired=machine, turns=Turns(), bus=EventBus(), policy=POLICY, clock=clock)
 
 
 def go(coroutine: Coroutine[Any, Any, T]) -> T:
-    """One of the reconciler's coroutines, run to its end (a pass acts inline: `run_async=False`)."""
-    return asyncio.run(coroutine)
+    """One of the reconciler's coroutines, run to its end with the actions it started."""
+    async def run() -> T:
+        result = await coroutine
+        while others := asyncio.all_tasks() - {asyncio.current_task()}:
+            await asyncio.gather(*others)
+        return result
+
+    return asyncio.run(run())
 
 
 def test_converges_adopts_and_removes_strays() -> None:
@@ -316,6 +321,6 @@ def test_a_finished_action_asks_for_another_pass() -> None:
     machine.start = lambda container: (_ for _ in ()).throw(SparkctlError("exited while loading"))
     passes: list[int] = []
     r = Reconciler(machine, desired=machine, turns=Turns(), bus=EventBus(), policy=POLICY, clock=Clock(),
-                   run_async=False, settled=lambda: passes.append(r.passes))
+                   settled=lambda: passes.append(r.passes))
     go(r.reconcile())
     assert passes == [1] and len(r.history["a"].failures) == 1

@@ -16,25 +16,23 @@ from sparkctl.gateway.routes import RouteTable
 def test_every_control_method_is_the_gateways_with_the_same_parameters() -> None:
     methods = {name for name, member in vars(GatewayFromThread).items()
                if callable(member) and not name.startswith("_")}
-    assert methods == {"hold", "release", "drain", "routes_changed", "eject_host", "eject_engine", "restore_engine",
-                       "restore_host"}
+    assert methods == {"drain", "routes_changed", "eject_host", "eject_engine", "restore_engine", "restore_host"}
     for name in methods:
         wanted = [p for p in inspect.signature(getattr(GatewayFromThread, name)).parameters if p != "self"]
         theirs = inspect.signature(getattr(Gateway, name)).parameters
         assert [p for p in theirs if p != "self" and theirs[p].default is inspect.Parameter.empty] == wanted, name
 
 
-def test_a_thread_holds_releases_and_drains_on_the_loop() -> None:
+def test_a_thread_drains_and_ejects_on_the_loop() -> None:
     loop = asyncio.new_event_loop()
     runner = threading.Thread(target=loop.run_forever, daemon=True)
     runner.start()
     try:
         gateway = asyncio.run_coroutine_threadsafe(_made(), loop).result(10)
         control = GatewayFromThread(gateway, loop)
-        control.hold("primary", "a", "b")
-        assert gateway.holds["primary"].limit == 3  # the gateway's own hold settings
-        assert control.release("primary")["held_requests"] == 0
         assert control.drain("a") is True  # a coroutine on the loop, awaited there
+        control.eject_engine("http://127.0.0.1:1")
+        control.restore_engine("http://127.0.0.1:1")
     finally:
         loop.call_soon_threadsafe(loop.stop)
         runner.join(10)

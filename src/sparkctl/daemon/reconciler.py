@@ -57,10 +57,9 @@ class Desires(Protocol):
 
 class Reconciler:
     def __init__(self, machine: Machine, *, desired: Desires, turns: Turns, bus: EventBus, policy: planner.Policy,
-                 clock: Callable[[], float], run_async: bool = True,
-                 settled: Callable[[], None] = lambda: None) -> None:
+                 clock: Callable[[], float], settled: Callable[[], None] = lambda: None) -> None:
         self.machine, self.desired, self.turns, self.bus = machine, desired, turns, bus
-        self.policy, self.clock, self.run_async = policy, clock, run_async
+        self.policy, self.clock = policy, clock
         self.settled = settled  # an action finished: the world changed, so the loop should pass again
         self.history: dict[str, History] = {}
         self.wake_at: float | None = None  # when a backoff ends, the loop should pass again
@@ -130,14 +129,14 @@ class Reconciler:
             log.info("container_restarted", stack=action.stack, container=action.container[:12])
             self.bus.publish(Restarting(action.stack))
             self._restarting.add(action.stack)
-            await self._run(action.stack, self.machine.start, action.container)
+            self._run(action.stack, self.machine.start, action.container)
         elif isinstance(action, Deploy):
             log.info("stack_deploying", stack=action.stack)
-            await self._run(action.stack, self.machine.deploy_absent, action.stack)
+            self._run(action.stack, self.machine.deploy_absent, action.stack)
         elif isinstance(action, Prefetch):
             log.info("stack_prefetching", stack=action.stack, why=action.why)
             self.bus.publish(Prefetching(action.stack, action.why))
-            await self._run(action.stack, self.machine.fetch, action.stack)
+            self._run(action.stack, self.machine.fetch, action.stack)
         elif isinstance(action, GiveUp):
             self.history[action.stack] = replace(self.history.get(action.stack, History()), failed=action.reason)
             log.error("stack_failed", stack=action.stack, reason=action.reason)
@@ -149,8 +148,8 @@ class Reconciler:
             log.warning("alias_fell_back", alias=action.alias, stack=action.stack, reason=action.reason)
             self.bus.publish(Realiased(action.alias, action.stack, action.reason))
 
-    async def _run(self, stack: str, work: Callable[[str], object], arg: str) -> None:
-        """`work(arg)` in the stack's turn, on a worker; awaited here only when not run apart (tests)."""
+    def _run(self, stack: str, work: Callable[[str], object], arg: str) -> None:
+        """`work(arg)` in the stack's turn, on a worker, as a task of its own."""
         self._busy(stack, +1)
 
         async def job() -> None:
@@ -171,9 +170,6 @@ class Reconciler:
             self.bus.publish(Settled(stack, error is None, error))
             self.settled()  # a failed restart must not wait for the next resync to be retried
 
-        if not self.run_async:
-            await job()
-            return
         task = asyncio.create_task(job())
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)

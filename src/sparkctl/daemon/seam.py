@@ -51,12 +51,6 @@ class GatewayFromThread:
     def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
         self.gateway, self.loop = gateway, loop
 
-    def hold(self, alias: str, old: str | None, new: str) -> None:
-        self._on_loop(_now(self.gateway.hold, alias, old, new))
-
-    def release(self, alias: str) -> dict[str, float]:
-        return self._on_loop(_now(self.gateway.release, alias))
-
     def drain(self, stack: str) -> bool:
         return self._on_loop(self.gateway.drain(stack))
 
