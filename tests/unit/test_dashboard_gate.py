@@ -72,7 +72,9 @@ class Service:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Running, Service]]:
     service = Service()
-    with ServedApi(service, tmp_path / "api.sock") as sock:
+    served_api = ServedApi(service, tmp_path / "api.sock")
+    with served_api as sock:
+        service.bus.loop = served_api.loop  # the test publishes from its own thread: it crosses to the API's loop
         gateway = Gateway(lambda: RouteTable(), api_keys=[KEY])
         gateway.ui = Dashboard(f"unix:{sock}", gateway.upstreams, Logins(OWNER))
         running = Running(gateway)
