@@ -17,6 +17,7 @@ from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
 from sparkctl.daemon.seam import blocking
 from sparkctl.daemon.turns import Turns
+from sparkctl.deploy.launch import UpResult
 from sparkctl.deploy.progress import Stopped
 from sparkctl.errors import SparkctlError
 from sparkctl.messages import DownDone, PullDone, UpDone
@@ -44,23 +45,16 @@ class Deploys:
             await self.parking.wake(stack, ticket=ticket)
             ticket = None
         async with self.turns.turn(stack, ticket):
-            was_desired = stack in (await blocking(self.desired.read)).stacks
-            await blocking(self.desired.update, lambda d: d.with_stack(stack))
             self.reconciler.forget(stack)
-            result = None
             try:
                 with self.reconciler.holding(stack):
-                    result = await blocking(self.machine.deploy, stack, refresh=refresh, replace=replace, stop=stop)
-            except SparkctlError as e:  # a stack new to desired leaves it, as it was (the reconciler
-                resumed = isinstance(e, Stopped) and self.fetches.stopping  # would retry it), unless the
-                if not was_desired and not resumed:  # daemon's stop ended its fetch: the next daemon resumes it
-                    await blocking(self.desired.update, lambda d: d.without_stack(stack))
+                    result, changed = await blocking(self._up, stack, refresh=refresh, replace=replace, stop=stop)
+            except SparkctlError:
                 self.metrics.outcome(stack, ok=False)
+                self.kick()
                 raise
-            finally:
-                if result is None or result.changed or not was_desired:  # else routes and Docker are as they were
-                    await blocking(self.routes.refresh)
-                    self.kick()
+            if changed:  # else routes and Docker are as they were
+                self.kick()
         if result is None:
             raise SparkctlError(f"{stack} was taken down while it was being deployed")
         self.metrics.outcome(stack, ok=True)
@@ -68,6 +62,25 @@ class Deploys:
         self.serving_since[stack] = time.monotonic()
         return UpDone(stack, result.fingerprint, unchanged=not result.changed, url=result.url,
                       acceptance=result.acceptance)
+
+    def _up(self, stack: str, *, refresh: bool, replace: bool, stop: threading.Event | None
+            ) -> tuple[UpResult | None, bool]:
+        """The stack made desired and deployed, in one crossing (blocking), and whether that changed
+        anything (then the routes were rebuilt). A stack new to desired leaves it if its deploy fails, as it was (the
+        reconciler would retry it), unless the daemon's stop ended its fetch: the next daemon resumes it."""
+        was_desired = stack in self.desired.read().stacks
+        self.desired.update(lambda d: d.with_stack(stack))
+        result = None
+        try:
+            result = self.machine.deploy(stack, refresh=refresh, replace=replace, stop=stop)
+        except SparkctlError as e:
+            if not was_desired and not (isinstance(e, Stopped) and self.fetches.stopping):
+                self.desired.update(lambda d: d.without_stack(stack))
+            raise
+        finally:
+            if changed := result is None or result.changed or not was_desired:
+                self.routes.refresh()
+        return result, changed
 
     async def pull(self, stack: str, *, refresh: bool = False, ticket: int | None = None,
                    stop: threading.Event | None = None) -> PullDone:
