@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import inspect
 import json
 import re
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import openai
 import pytest
 
-from sparkctl.daemon.bridge import LoopControl
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.gateway.routes import RouteTable, Upstream
 from tests.conftest import Running, wait_for
@@ -45,9 +46,14 @@ def gateway(engines) -> Iterator[Running]:
     running.stop()
 
 
-def control(running: Running) -> LoopControl:
-    """The gateway's control methods from this (test) thread, as the daemon's switch calls them."""
-    return LoopControl(running.gateway, running.loop)
+def on_loop(running: Running, method: Callable[..., Any], *args: Any) -> Any:
+    """A method of the gateway, called on its loop (as the daemon's switch calls it) from this
+    (test) thread, which waits for its answer."""
+    async def call() -> Any:
+        answer = method(*args)
+        return await answer if inspect.isawaitable(answer) else answer
+
+    return asyncio.run_coroutine_threadsafe(call(), running.loop).result(30)
 
 
 def client(running: Running, key: str = "unused") -> openai.OpenAI:
@@ -144,19 +150,12 @@ def test_an_engine_that_is_down_or_dies_mid_stream_is_a_clean_error(sim) -> None
         running.stop()
 
 
-def on_loop(running: Running, fn):
-    async def call():
-        return fn()
-
-    return asyncio.run_coroutine_threadsafe(call(), running.loop).result(10)
-
-
 def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
     tables = {"now": RouteTable(upstreams={"gemma": Upstream("gemma", engines["fast"].url, "tiny")},
                                 aliases={"primary": "gemma"})}
     running = Running(Gateway(lambda: tables["now"]))
     try:
-        control(running).hold("primary", "gemma", "qwen")
+        on_loop(running, running.gateway.hold, "primary", "gemma", "qwen")
         health = json.loads(urllib.request.urlopen(running.url + "/health").read())
         assert health["switching"][0] | {"for_s": 0} == {"alias": "primary", "from": "gemma", "to": "qwen",
                                                          "held": 0, "for_s": 0}
@@ -176,7 +175,7 @@ def test_held_requests_wait_and_go_in_order_to_the_new_stack(engines) -> None:
         assert models[0].id == "primary" and models[0].switching["to"] == "qwen"
         tables["now"] = RouteTable(upstreams={"qwen": Upstream("qwen", engines["capped"].url, "tiny",
                                                                max_concurrency=1)}, aliases={"primary": "qwen"})
-        released = control(running).release("primary")
+        released = on_loop(running, running.gateway.release, "primary")
         for t in threads:
             t.join(30)
         assert released["held_requests"] == 4
@@ -196,7 +195,7 @@ def strict(engines) -> Iterator[Running]:
 
 def test_hold_timeout_and_a_full_queue_answer_503_with_retry_after(strict) -> None:
     gateway = strict
-    control(gateway).hold("primary", "gemma", "qwen")
+    on_loop(gateway, gateway.gateway.hold, "primary", "gemma", "qwen")
     timed_out: list[int] = []
 
     def held() -> None:
@@ -228,14 +227,14 @@ def test_drain_waits_for_accepted_requests_including_those_queued_at_a_cap(gatew
     counts = on_loop(gateway, gateway.gateway.ledger.snapshot)
     assert counts.accepted["qwen"] == 3 and counts.in_flight["qwen"] == 1
     assert asyncio.run_coroutine_threadsafe(gateway.gateway.drain("qwen", 0.01), gateway.loop).result(5) is False
-    assert control(gateway).drain("qwen") is True  # within the gateway's drain timeout
+    assert on_loop(gateway, gateway.gateway.drain, "qwen") is True  # within the gateway's drain timeout
     assert gateway.gateway.ledger.snapshot().accepted["qwen"] == 0
     for t in calls:
         t.join(60)
 
 
 def test_a_stopping_gateway_answers_held_requests_at_once(gateway) -> None:
-    control(gateway).hold("primary", "gemma", "qwen")
+    on_loop(gateway, gateway.gateway.hold, "primary", "gemma", "qwen")
     refused: list[openai.InternalServerError] = []
 
     def held() -> None:

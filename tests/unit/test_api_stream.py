@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sparkctl import messages
 from sparkctl.daemon import api
 from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.seam import blocking
 from sparkctl.daemon.turns import Turns
 from sparkctl.errors import SparkctlError
 
@@ -28,8 +29,8 @@ class Actions:
     def __init__(self) -> None:
         self.bus, self.turns, self.deploys = EventBus(), Turns(), self
 
-    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: object) -> messages.UpDone:
-        with self.turns.turn(stack, ticket):
+    async def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: object) -> messages.UpDone:
+        async with self.turns.turn(stack, ticket):
             self.bus.publish(messages.Note(stack, "deploying"))
             return messages.UpDone(stack, "f" * 12, unchanged=True)
 
@@ -44,18 +45,8 @@ def build() -> tuple[Actions, object]:
     return actions, api.build(actions, Reads())  # type: ignore[arg-type]
 
 
-def test_the_stream_ends_when_the_action_does_not_when_its_result_arrives() -> None:
+def test_the_stream_carries_the_actions_events_then_ends_with_its_outcome() -> None:
     async def main() -> tuple[list[dict[str, Any]], float]:
-        loop = asyncio.get_running_loop()
-        plain = loop.run_in_executor
-
-        def late(executor, fn, *args):  # the thread's result reaches the loop 0.3 s after it ended
-            future = loop.create_future()
-            inner = plain(executor, fn, *args)
-            inner.add_done_callback(lambda f: loop.call_later(0.3, future.set_result, f.result()))
-            return future
-
-        loop.run_in_executor = late
         async with TestClient(TestServer(build()[1])) as client:
             started = time.monotonic()
             response = await client.post("/v1/up", json={"stack": "a"})
@@ -125,22 +116,27 @@ class Fetching:
         self.bus, self.turns, self.deploys = EventBus(), Turns(), self
         self.release, self.ran, self.stops = threading.Event(), [], {}
 
-    def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: threading.Event) -> messages.UpDone:
-        self._fetch("up", stack, ticket, stop)
+    async def up(self, stack: str, *, refresh: bool, replace: bool, ticket: int, stop: threading.Event
+                 ) -> messages.UpDone:
+        await self._fetch("up", stack, ticket, stop)
         return messages.UpDone(stack, "f" * 12, unchanged=False)
 
-    def pull(self, stack: str, *, refresh: bool, ticket: int, stop: threading.Event) -> messages.PullDone:
-        self._fetch("pull", stack, ticket, stop)
+    async def pull(self, stack: str, *, refresh: bool, ticket: int, stop: threading.Event) -> messages.PullDone:
+        await self._fetch("pull", stack, ticket, stop)
         return messages.PullDone(stack, "f" * 12)
 
-    def _fetch(self, kind: str, stack: str, ticket: int, stop: threading.Event) -> None:
-        with self.turns.turn(stack, ticket):
+    async def _fetch(self, kind: str, stack: str, ticket: int, stop: threading.Event) -> None:
+        async with self.turns.turn(stack, ticket):
             self.ran.append(kind)
             self.stops[kind] = stop
             self.bus.publish(messages.Note(stack, f"{kind} fetching"))
-            while not self.release.wait(0.01):  # (the pipeline's streams look at `stop` at each progress)
-                if stop.is_set():
-                    raise SparkctlError(f"{kind}: stopped")
+            await blocking(self._streams, kind, stop)
+
+    def _streams(self, kind: str, stop: threading.Event) -> None:
+        """On a worker, as the pipeline's fetch: its streams look at `stop` at each progress."""
+        while not self.release.wait(0.01):
+            if stop.is_set():
+                raise SparkctlError(f"{kind}: stopped")
 
 
 def test_a_cancel_names_its_action_a_queued_one_leaves_the_queue_and_a_running_one_stops_alone() -> None:
@@ -214,8 +210,8 @@ def test_a_fleet_up_takes_its_turn_so_the_next_action_on_the_stack_runs() -> Non
         def __init__(self, turns: Turns) -> None:
             self.turns = turns
 
-        def up(self, stack: str, *, wait: float, ticket: int, say) -> messages.FleetUpDone:  # noqa: ANN001
-            with self.turns.turn(stack, ticket):
+        async def up(self, stack: str, *, wait: float, ticket: int, say) -> messages.FleetUpDone:  # noqa: ANN001
+            async with self.turns.turn(stack, ticket):
                 return messages.FleetUpDone(stack, ())
 
     async def main() -> tuple[bool, bool]:
@@ -225,12 +221,12 @@ def test_a_fleet_up_takes_its_turn_so_the_next_action_on_the_stack_runs() -> Non
             first = [json.loads(line) for line in (await (await client.post(
                 "/v1/fleet/up", json={"stack": "a"})).text()).splitlines()]
             ticket = actions.turns.ticket("a")
-            free = await asyncio.wait_for(asyncio.to_thread(_takes_turn, actions.turns, ticket), 5)
+            free = await asyncio.wait_for(_takes_turn(actions.turns, ticket), 5)
             return first[-1]["ok"], free
 
     assert asyncio.run(main()) == (True, True)
 
 
-def _takes_turn(turns: Turns, ticket: int) -> bool:
-    with turns.turn("a", ticket):
+async def _takes_turn(turns: Turns, ticket: int) -> bool:
+    async with turns.turn("a", ticket):
         return True

@@ -62,8 +62,8 @@ class Service:
     def status(self) -> dict:
         return {"stacks": [], "aliases": {"primary": "a"}}
 
-    def switch(self, alias: str, stack: str, *, ticket: int) -> messages.SwitchDone:
-        with self.turns.turn(f"alias:{alias}", ticket):
+    async def switch(self, alias: str, stack: str, *, ticket: int) -> messages.SwitchDone:
+        async with self.turns.turn(f"alias:{alias}", ticket):
             self.bus.publish(messages.PhaseChanged(stack, "starting"))
             self.switched.append((alias, stack))
             return messages.SwitchDone(alias, stack, "blue/green")
@@ -72,7 +72,9 @@ class Service:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Running, Service]]:
     service = Service()
-    with ServedApi(service, tmp_path / "api.sock") as sock:
+    served_api = ServedApi(service, tmp_path / "api.sock")
+    with served_api as sock:
+        service.bus.loop = served_api.loop  # the test publishes from its own thread: it crosses to the API's loop
         gateway = Gateway(lambda: RouteTable(), api_keys=[KEY])
         gateway.ui = Dashboard(f"unix:{sock}", gateway.upstreams, Logins(OWNER))
         running = Running(gateway)

@@ -9,6 +9,7 @@ an injected clock; the watch's threads are not started."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -42,7 +43,7 @@ GEMMA = Placed(stack="gemma", group="stack-gemma", spec="0123456789abcdef", part
 
 
 class Recorder:
-    """The control plane (`Fleetwide`) and the gateway's `LoopControl`, writing every call to one log."""
+    """The control plane (`Fleetwide`) and the gateway's `GatewayFromThread`, writing every call to one log."""
 
     def __init__(self, settings: Settings, fleet: Fleet | None) -> None:
         self.settings, self.fleet, self.backend, self.head = settings, fleet, None, "10.0.0.2:6379"
@@ -74,7 +75,7 @@ class Recorder:
             raise SparkctlError(f"the agent on {host} did not answer")
         return []
 
-    # LoopControl
+    # GatewayFromThread
     def eject_host(self, address: str) -> None:
         self.calls.append(("eject_host", address))
 
@@ -131,7 +132,7 @@ def test_a_dead_serving_host_is_ejected_by_its_serving_address_and_its_stack_re_
     assert recorder.calls == [("eject_host", "10.0.0.3"), ("recover", "gemma", 30.0, 12.0), ("refresh",),
                               ("routes_changed",)]
     assert watch.down == {"b"}
-    texts = [e["text"] for e in bus.after(0, timeout=0)]
+    texts = [e["text"] for e in asyncio.run(bus.wait_after(0, timeout=0))]
     assert texts == ["fleet host b is down: its replicas are out of routing", "gemma re-placed on a, b"]
 
 

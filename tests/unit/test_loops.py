@@ -42,7 +42,7 @@ class Reconciler:
     def wake_at(self) -> None:
         self.asked += 1
 
-    def reconcile(self) -> None:
+    async def reconcile(self) -> None:
         pass
 
 
@@ -52,7 +52,7 @@ def test_the_loops_stop_even_when_a_kick_lands_with_the_cancel(turns: int) -> No
         reconciler, streams = Reconciler(), []
         docker = SimpleNamespace(events=lambda: streams.append(Stream()) or streams[-1])
         loops = Loops(reconciler=reconciler, docker=docker, store=None, instance="default", resync=3600,
-                      after_pass=lambda: None)
+                      after_pass=lambda: asyncio.sleep(0))
         async def both_wait() -> None:  # for a kick, for the next event
             while not (reconciler.asked >= 2 and streams and streams[0].waiting.is_set()):
                 await asyncio.sleep(0.001)

@@ -4,12 +4,12 @@ daemon that heads no fleet. The actions ask the chosen machine; none of them bra
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
 from sparkctl.adapters.placements import PlacementFile
-from sparkctl.daemon.actions.machines import Machines
+from sparkctl.daemon.actions.machines import Fleet, Machines
 from sparkctl.daemon.turns import Turns
 from sparkctl.fleet.deploy import FleetUp, Fleetwide
 from sparkctl.fleet.machine import FleetMachine
@@ -28,13 +28,14 @@ def test_each_stack_is_run_by_the_machine_its_placement_names(tmp_path: Path) ->
     catalog = SimpleNamespace(stacks={"placed": spec(), "spread": spec(fleet=True), "group": spec(parallel=2),
                                       "here": spec()})
     fleetwide = Fleetwide(backend=None, settings=Settings(state_dir=tmp_path), fleet=None, head="h", book=book)
-    fleet = FleetMachine(fleetwide, SimpleNamespace(catalog=lambda: catalog), None, None, None, total_bytes=1, wait=1)
+    fleet = Fleet(FleetMachine(fleetwide=fleetwide, catalog=lambda: catalog, desired=None, routes=None, store=None,
+                               gateway=None, total_bytes=1, wait=1), Turns())
     spark = SimpleNamespace(local=True)
-    machines = Machines(spark, fleet)
+    machines = Machines(fleet, spark)
     assert {name: machines.of(name) for name in ("placed", "spread", "group", "here", "unknown")} == {
         "placed": fleet, "spread": fleet, "group": fleet, "here": spark, "unknown": spark}
     assert fleet.serves("placed") and not fleet.serves("spread")  # placed (up or parked), or not yet
-    assert Machines(spark).of("placed") is spark  # a daemon that heads no fleet
+    assert Machines(None, spark).of("placed") is spark  # a daemon that heads no fleet
 
 
 def test_fleet_up_and_down_use_the_turn_their_request_took(tmp_path: Path) -> None:
@@ -43,17 +44,16 @@ def test_fleet_up_and_down_use_the_turn_their_request_took(tmp_path: Path) -> No
     turns = Turns()
     placed = Placed("duo", "stack-duo", (Replica("b", "u", "f"),), "spec", {})
     fleetwide = SimpleNamespace(up=lambda spec, **kw: FleetUp(placed, {}, []), down=lambda stack, wait: [])
-    machine = SimpleNamespace(turns=turns, catalog=lambda: SimpleNamespace(stack=lambda name: spec()))
-    fleet = FleetMachine(fleetwide, machine, SimpleNamespace(refresh=lambda: None), None, None, total_bytes=1, wait=1)
+    fleet = Fleet(FleetMachine(fleetwide=fleetwide, catalog=lambda: SimpleNamespace(stack=lambda name: spec()),
+                               desired=None, routes=SimpleNamespace(refresh=lambda: None), store=None, gateway=None,
+                               total_bytes=1, wait=1), turns)
     done: list = []
 
-    def requests() -> None:  # as the API runs them: each with the ticket its request took
-        done.append(fleet.up("duo", wait=0, ticket=turns.ticket("duo"), say=print).replicas[0].host)
-        done.append(fleet.down("duo", wait=1, ticket=turns.ticket("duo")).removed)
-        with turns.turn("duo", turns.ticket("duo")):  # the park that follows
+    async def requests() -> None:  # as the API runs them: each with the ticket its request took
+        done.append((await fleet.up("duo", wait=0, ticket=turns.ticket("duo"), say=print)).replicas[0].host)
+        done.append((await fleet.down("duo", wait=1, ticket=turns.ticket("duo"))).removed)
+        async with turns.turn("duo", turns.ticket("duo")):  # the park that follows
             done.append("parked")
 
-    worker = threading.Thread(target=requests, daemon=True)
-    worker.start()
-    worker.join(5)
+    asyncio.run(asyncio.wait_for(requests(), 5))
     assert done == ["b", {}, "parked"]  # none waited for a turn that never came

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.daemon.machine import MemoryWatch
+from sparkctl.daemon.sleeper import MemoryWatch
 from sparkctl.deploy.memory import folder_bytes, meminfo
 from sparkctl.policy.parking import Footprint, Park, choose
 

@@ -4,7 +4,9 @@ the machine, with an injected clock and no sleeps."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pytest
 
@@ -25,9 +27,11 @@ from sparkctl.daemon.planner import (
     plan,
 )
 from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.turns import Turns
 from sparkctl.errors import SparkctlError
 from sparkctl.state.desired import Desired
 
+T = TypeVar("T")
 POLICY = Policy(crash_loop=5, window=600, backoff_base=1, backoff_max=60)
 NOW = 10_000.0
 
@@ -131,10 +135,10 @@ class FakeMachine:
         self.calls.append(("remove", container))
         self.containers = [o for o in self.containers if o.container != container]
 
-    def desired(self) -> Desired:
+    def read(self) -> Desired:  # the desired file's owner too
         return self.wanted
 
-    def update_desired(self, change) -> Desired:
+    def update(self, change) -> Desired:
         self.wanted = change(self.wanted)
         return self.wanted
 
@@ -148,16 +152,27 @@ class Clock:
 
 
 def reconciler(machine: FakeMachine, clock: Clock) -> Reconciler:
-    return Reconciler(machine, bus=EventBus(), policy=POLICY, clock=clock, run_async=False)
+    return Reconciler(machine, desired=machine, turns=Turns(), bus=EventBus(), policy=POLICY, clock=clock)
+
+
+def go(coroutine: Coroutine[Any, Any, T]) -> T:
+    """One of the reconciler's coroutines, run to its end with the actions it started."""
+    async def run() -> T:
+        result = await coroutine
+        while others := asyncio.all_tasks() - {asyncio.current_task()}:
+            await asyncio.gather(*others)
+        return result
+
+    return asyncio.run(run())
 
 
 def test_converges_adopts_and_removes_strays() -> None:
     machine = FakeMachine([run("mine", "a"), run("stray", "old")], Desired(("a", "b")))
     r = reconciler(machine, Clock())
-    r.reconcile()
+    go(r.reconcile())
     assert machine.calls == [("remove", "stray"), ("deploy", "b")]  # "mine" adopted, untouched
     machine.calls.clear()
-    r.reconcile()
+    go(r.reconcile())
     assert machine.calls == []  # converged: a second pass does nothing
 
 
@@ -168,13 +183,13 @@ def test_a_crash_is_restarted_then_a_crash_loop_gives_up_and_moves_the_alias() -
     r = reconciler(machine, clock)
     for crash in range(5):
         machine.containers = [Observed("a", "c1", "exited") if o.stack == "a" else o for o in machine.containers]
-        r.died("a", oom=crash == 0, exit_code=137)
+        go(r.died("a", oom=crash == 0, exit_code=137))
         clock.now += 100  # past every backoff, inside the 600 s window
-        r.reconcile()
+        go(r.reconcile())
     assert machine.calls == [("start", "c1")] * 4  # the fifth death is the crash loop
     assert r.history["a"].failed == "crash loop: 5 failures in 600 s"
     assert machine.wanted.aliases["primary"] == "b"
-    kinds = [e["kind"] for e in r.bus.after(0, timeout=0)]
+    kinds = [e["kind"] for e in go(r.bus.wait_after(0, timeout=0))]
     assert kinds.count("died") == 5 and "failed" in kinds and "realiased" in kinds
 
 
@@ -182,16 +197,16 @@ def test_a_standby_fallback_is_prefetched_once_and_a_crash_loop_deploys_it() -> 
     clock = Clock()
     machine = FakeMachine([run("c1", "a")], Desired(("a",), aliases={"primary": "a"}, fallbacks={"primary": "b"}))
     r = reconciler(machine, clock)
-    r.reconcile()
-    r.reconcile()
+    go(r.reconcile())
+    go(r.reconcile())
     assert machine.calls == [("fetch", "b")]  # once: then it is here
     for _ in range(5):
         machine.containers = [Observed("a", "c1", "exited")]
-        r.died("a", oom=False, exit_code=1)
+        go(r.died("a", oom=False, exit_code=1))
         clock.now += 100
-        r.reconcile()
+        go(r.reconcile())
     assert machine.wanted.aliases == {"primary": "b"} and "b" in machine.wanted.stacks  # desired, so deployed:
-    r.reconcile()
+    go(r.reconcile())
     assert machine.calls[-1] == ("deploy", "b")
 
 
@@ -202,10 +217,10 @@ def test_a_death_reported_while_a_pass_restarts_the_engine_still_counts() -> Non
     r = reconciler(machine, Clock())
     counted = []
     start = machine.start
-    machine.start = lambda c: (counted.append(r.died("a", oom=False, exit_code=137)), start(c))
-    r.reconcile()
+    machine.start = lambda c: (counted.append(go(r.died("a", oom=False, exit_code=137))), start(c))  # on its worker
+    go(r.reconcile())
     assert counted == [True] and len(r.history["a"].failures) == 1
-    assert [e["kind"] for e in r.bus.after(0, timeout=0)].count("died") == 1
+    assert [e["kind"] for e in go(r.bus.wait_after(0, timeout=0))].count("died") == 1
 
 
 def test_a_parked_stack_is_not_started_again() -> None:
@@ -213,7 +228,7 @@ def test_a_parked_stack_is_not_started_again() -> None:
     switch gave to another stack; waking it is the way back."""
     observed = [Observed("a", "c1", "exited"), Observed("b", "c2", "running")]
     machine = FakeMachine(observed, Desired(("a", "b", "c"), parked={"a": 0, "b": 1, "c": 2}))
-    assert reconciler(machine, Clock()).reconcile().actions == ()
+    assert go(reconciler(machine, Clock()).reconcile()).actions == ()
 
 
 def test_a_pass_deploy_ending_inside_a_switch_leaves_the_stack_held() -> None:
@@ -224,12 +239,12 @@ def test_a_pass_deploy_ending_inside_a_switch_leaves_the_stack_held() -> None:
     held = r.holding("a")
     deploy = machine.deploy
     machine.deploy = lambda stack: (held.__enter__(), deploy(stack))  # the switch arrives mid-deploy
-    r.reconcile()
+    go(r.reconcile())
     assert r.history["a"].busy == 1
     machine.containers = [Observed("a", o.container, "exited") for o in machine.containers]  # the switch stops it
     r.forget("a")  # an `up` asked meanwhile: failures go, the hold stays
-    assert not r.died("a", oom=False, exit_code=0)
-    r.reconcile()
+    assert not go(r.died("a", oom=False, exit_code=0))
+    go(r.reconcile())
     assert machine.calls == [("deploy", "a")]
     held.__exit__(None, None, None)
     assert r.history["a"].busy == 0
@@ -240,20 +255,20 @@ def test_failed_deploys_count_towards_the_crash_loop_and_forget_resets() -> None
     machine = FakeMachine(wanted=Desired(("a",)), deploy_fails=True)
     r = reconciler(machine, clock)
     for _ in range(5):
-        r.reconcile()
+        go(r.reconcile())
         clock.now += 100
-    r.reconcile()
+    go(r.reconcile())
     assert machine.calls == [("deploy", "a")] * 5 and r.history["a"].failed
     r.forget("a")
     machine.deploy_fails = False
-    r.reconcile()
+    go(r.reconcile())
     assert machine.calls[-1] == ("deploy", "a") and not r.history["a"].failed
 
 
 def test_deaths_of_stacks_not_desired_are_not_failures() -> None:
     machine = FakeMachine(wanted=Desired(("a",)))
     r = reconciler(machine, Clock())
-    r.died("gone", oom=False, exit_code=0)
+    go(r.died("gone", oom=False, exit_code=0))
     assert "gone" not in r.history
 
 
@@ -261,12 +276,12 @@ def test_backoff_wait_sets_the_next_wake() -> None:
     clock = Clock()
     machine = FakeMachine([Observed("a", "c1", "exited")], Desired(("a",)))
     r = reconciler(machine, clock)
-    r.died("a", oom=False, exit_code=1)
-    r.died("a", oom=False, exit_code=1)
-    the_plan = r.reconcile()
+    go(r.died("a", oom=False, exit_code=1))
+    go(r.died("a", oom=False, exit_code=1))
+    the_plan = go(r.reconcile())
     assert the_plan.of(planner.Wait) and r.wake_at == NOW + 1 and machine.calls == []
     clock.now = r.wake_at
-    r.reconcile()
+    go(r.reconcile())
     assert machine.calls == [("start", "c1")]
 
 
@@ -275,20 +290,26 @@ def test_an_oom_kill_is_reported_as_such(workspace) -> None:
     from sparkctl.daemon.app import Daemon
     from sparkctl.settings import Settings
 
-    async def made() -> Daemon:  # inside an event loop, as `daemon.app.run` makes it
-        return Daemon(Settings())
-
-    daemon = asyncio.run(made())
     seen = []
-    daemon.reconciler.died = lambda stack, *, oom, exit_code: seen.append((stack, oom, exit_code)) or True
-    actor = {"Attributes": {"sparkctl.stack": "qwen36-dflash", "sparkctl.instance": daemon.settings.instance,
-                            "exitCode": "137"}}
-    for action in ("oom", "die", "die"):  # as Docker's stream decodes them
-        daemon.loops.on_event(Event.from_stream({"Action": action, "id": "c1", "Actor": actor}))
-    assert seen == [("qwen36-dflash", True, 137), ("qwen36-dflash", False, 137)]
-    for other in ({"sparkctl.instance": "default"}, {}):  # another instance's, or one made before instances
-        daemon.loops.on_event(Event.from_stream({"Action": "die", "id": "c2", "Actor": {"Attributes": {
-            "sparkctl.stack": "qwen36-dflash", "exitCode": "1", **other}}}))
+
+    async def died(stack: str, *, oom: bool, exit_code: int | None) -> bool:
+        seen.append((stack, oom, exit_code))
+        return True
+
+    async def scenario() -> Daemon:  # inside an event loop, as `daemon.app.run` makes the daemon
+        daemon = Daemon(Settings())
+        daemon.reconciler.died = died
+        actor = {"Attributes": {"sparkctl.stack": "qwen36-dflash", "sparkctl.instance": daemon.settings.instance,
+                                "exitCode": "137"}}
+        for action in ("oom", "die", "die"):  # as Docker's stream decodes them
+            await daemon.loops.on_event(Event.from_stream({"Action": action, "id": "c1", "Actor": actor}))
+        assert seen == [("qwen36-dflash", True, 137), ("qwen36-dflash", False, 137)]
+        for other in ({"sparkctl.instance": "default"}, {}):  # another instance's, or one made before instances
+            await daemon.loops.on_event(Event.from_stream({"Action": "die", "id": "c2", "Actor": {"Attributes": {
+                "sparkctl.stack": "qwen36-dflash", "exitCode": "1", **other}}}))
+        return daemon
+
+    daemon = asyncio.run(scenario())
     assert len(seen) == 2
     assert [e["detail"] for e in daemon.store.events.list("qwen36-dflash")] == ["exit code 137", "OOM-killed"]
 
@@ -299,7 +320,7 @@ def test_a_finished_action_asks_for_another_pass() -> None:
     machine = FakeMachine([Observed("a", "c1", "exited")], Desired(("a",)), deploy_fails=True)
     machine.start = lambda container: (_ for _ in ()).throw(SparkctlError("exited while loading"))
     passes: list[int] = []
-    r = Reconciler(machine, bus=EventBus(), policy=POLICY, clock=Clock(), run_async=False,
+    r = Reconciler(machine, desired=machine, turns=Turns(), bus=EventBus(), policy=POLICY, clock=Clock(),
                    settled=lambda: passes.append(r.passes))
-    r.reconcile()
+    go(r.reconcile())
     assert passes == [1] and len(r.history["a"].failures) == 1

@@ -1,14 +1,17 @@
 """The switch's pure plan (blue/green vs hold/swap vs refused) and its rollbacks, against a
-recording fake of the machine and the gateway."""
+recording fake of the machine, the sleeper, the desired file and the gateway."""
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import pytest
 
 from sparkctl.daemon.switch import Switcher, SwitchFailed, recover
+from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.progress import RecordingReporter
 from sparkctl.errors import SparkctlError
 from sparkctl.messages import SwitchDone
@@ -93,30 +96,31 @@ class World:
     drains: bool = True  # the old stack's requests all finished within the drain's timeout
     stopped_drained: bool | None = None  # what the switch told `stop`
 
-    def desired(self) -> Desired:
+    def read(self) -> Desired:
         return self.state
 
-    def update_desired(self, change) -> Desired:
+    def update(self, change) -> Desired:
         self.state = change(self.state)
         return self.state
 
     def stage(self, stack: str) -> str:
         self._do(f"stage {stack}")
-        return f"staged {stack}"
+        return SimpleNamespace(stack=stack)  # a `Staged`, as far as the switch reads it
 
-    def discard(self, staged: str, why: str) -> None:
-        self._do(f"discard {staged}")
+    def discard(self, staged: SimpleNamespace, why: str) -> None:
+        self._do(f"discard staged {staged.stack}")
 
-    def deploy(self, stack: str, *, staged: str | None = None) -> None:
-        assert staged in (None, f"staged {stack}")
+    def deploy(self, stack: str, *, staged: SimpleNamespace | None = None) -> None:
+        assert staged is None or staged.stack == stack
         self._do(f"deploy {stack}")
 
     def down(self, stack: str) -> int:
         self._do(f"down {stack}")
         return 1
 
-    def park(self, stack: str, level: int, *, before=lambda: None) -> None:
-        before()
+    async def park(self, stack: str, level: int, *, before=None) -> None:
+        if before is not None:
+            await before()
         self._do(f"park {stack} {level}")
 
     def stop(self, stack: str, *, drained: bool = False) -> list[str]:
@@ -134,7 +138,7 @@ class World:
         self._do(f"release {alias} -> {self.state.aliases[alias]}")
         return {"held_requests": 3, "hold_s": 1.0}
 
-    def drain(self, stack: str) -> bool:
+    async def drain(self, stack: str) -> bool:
         self._do(f"drain {stack}")
         return self.drains
 
@@ -159,10 +163,10 @@ class World:
 def run(world: World, mode: Mode, *, bench: str = "off", tmp_path) -> SwitchDone:
     plan = replace(plan_switch("primary", "b", footprint=Footprint(0.4, 0.1), aliases={"primary": "a"},
                                memory=Memory({"a": 0.4}, 0.9)), mode=mode)
-    switcher = Switcher(machine=world, reconciler=world, gateway=world, refresh_routes=lambda: None,
-                        store=Store(tmp_path / "s.db"), reporter=RecordingReporter(), bench=world.bench,
-                        bench_mode=lambda _: bench)
-    return switcher.run(plan)
+    switcher = Switcher(machine=world, sleeper=world, desired=world, reconciler=world, turns=Turns(), gateway=world,
+                        refresh_routes=lambda: None, store=Store(tmp_path / "s.db"), reporter=RecordingReporter(),
+                        bench=world.bench, bench_mode=lambda _: bench)
+    return asyncio.run(switcher.run(plan))
 
 
 def recorded(tmp_path) -> dict:
@@ -251,11 +255,11 @@ def test_a_switch_left_unfinished_by_a_kill_is_completed_or_undone(tmp_path, des
     store.switches.begin({"alias": "primary", "from": "a", "to": "b", "mode": "hold/swap", "stop_old": True,
                         "new_was_desired": False})
     world = World(state=desired)
-    [done] = recover(world, store)
+    [done] = asyncio.run(recover(world, world, world, store))
     assert world.state == settled and done.startswith("switch 1 of primary")
     assert store.switches.list(unfinished=True) == []
     assert store.switches.list()[0]["ok"] is (desired.aliases["primary"] == "b")
-    assert recover(world, store) == []
+    assert asyncio.run(recover(world, world, world, store)) == []
 
 
 def test_a_switch_that_fits_in_no_mode_is_refused_even_when_the_old_stack_sleeps() -> None:
@@ -280,7 +284,7 @@ def test_the_switch_stops_the_evicted_parked_stacks_before_the_new_one_comes_up(
     world = World()
     plan = replace(plan_switch("primary", "b", footprint=Footprint(0.4, 0.1), aliases={"primary": "a"},
                                memory=Memory({"a": 0.4}, 0.9)), evict=("p",))
-    Switcher(machine=world, reconciler=world, gateway=world, refresh_routes=lambda: None,
-             store=Store(tmp_path / "s.db"), reporter=RecordingReporter(), bench=world.bench,
-             bench_mode=lambda _: "off").run(plan)
+    asyncio.run(Switcher(machine=world, sleeper=world, desired=world, reconciler=world, turns=Turns(), gateway=world,
+                         refresh_routes=lambda: None, store=Store(tmp_path / "s.db"), reporter=RecordingReporter(),
+                         bench=world.bench, bench_mode=lambda _: "off").run(plan))
     assert world.calls.index("park p 0") < world.calls.index("deploy b")

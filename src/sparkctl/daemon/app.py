@@ -11,7 +11,6 @@ import faulthandler
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
@@ -19,22 +18,26 @@ from aiohttp import web
 
 from sparkctl.adapters import hub, processes
 from sparkctl.adapters.placements import PlacementFile
-from sparkctl.daemon import api, planner, process
-from sparkctl.daemon.actions import Actions, Benchmarks, ImageBook, PatchChecks
-from sparkctl.daemon.actions.context import Context
+from sparkctl.daemon import api, planner, process, seam
+from sparkctl.daemon.actions import Actions, Aliases, Benchmarks, Deploys, ImageBook, Parking, PatchChecks, Trials
+from sparkctl.daemon.actions.machines import Fleet, Machines, Spark
 from sparkctl.daemon.api.actions import Underway
 from sparkctl.daemon.api.service import Gauge
-from sparkctl.daemon.bridge import LoopControl
 from sparkctl.daemon.events import BusReporter, EventBus
+from sparkctl.daemon.fetches import Fetches
 from sparkctl.daemon.loops import Loops
 from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reads import Reads
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.seam import GatewayFromThread, blocking
 from sparkctl.daemon.sentinel import Sentinel
 from sparkctl.daemon.series import Recorder, readings
-from sparkctl.daemon.switch import recover
+from sparkctl.daemon.sleeper import Sleeper
+from sparkctl.daemon.switch import Switcher, recover
 from sparkctl.daemon.turns import Turns
+from sparkctl.daemon.verdicts import Verdicts
 from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
 from sparkctl.fleet import local, membership, placement
@@ -51,6 +54,7 @@ from sparkctl.gateway.ui import Dashboard
 from sparkctl.policy.switch import Memory
 from sparkctl.settings import Settings
 from sparkctl.spec.fleet import load_fleet
+from sparkctl.state.desired import DesiredFile
 from sparkctl.wiring import Wiring
 
 log = structlog.get_logger()
@@ -62,25 +66,27 @@ class Daemon:
     """The daemon's composition root: every part built here once, in dependency order, each handed
     what it uses at construction (actions and reads, reconcile loop, event watcher, API, gateway,
     fleet watch); then their lifecycle. Made inside the event loop it serves on (`run`): the
-    bridge to the gateway holds that loop."""
+    event bus and the fleet's crossing to the gateway hold that loop."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
         policy = planner.Policy(crash_loop=s.crash_loop, window=s.crash_window,
                                 backoff_base=s.restart_backoff_base, backoff_max=s.restart_backoff_max)
-        self.bus = EventBus()
+        self.bus = EventBus(asyncio.get_running_loop())
         wiring, reporter = Wiring(s), BusReporter(self.bus)
-        self.docker, self.store = wiring.docker, wiring.store
-        parked = lambda: self.machine.desired().parked  # noqa: E731 - the deployer asks the owner of desired.yaml
+        self.docker, self.store, catalog = wiring.docker, wiring.store, wiring.catalog
+        self.desired, self.fetches, turns = DesiredFile(s.state_dir / "desired.yaml"), Fetches(), Turns()
+        parked = lambda: self.desired.read().parked  # noqa: E731 - the deployer asks the owner of desired.yaml
         self.machine = DockerMachine(docker=self.docker, deployer=lambda: wiring.deployer(reporter, parked=parked),
-                                     catalog=wiring.catalog, desired_path=s.state_dir / "desired.yaml",
-                                     reporter=reporter, store=self.store, turns=Turns(),
-                                     wake_floor=int(s.wake_memory_floor_gib * GIB))
+                                     catalog=catalog, desired=self.desired, fetches=self.fetches, reporter=reporter,
+                                     store=self.store)
+        self.sleeper = Sleeper(machine=self.machine, docker=self.docker, catalog=catalog, desired=self.desired,
+                               store=self.store, wake_floor=int(s.wake_memory_floor_gib * GIB))
         # The reconciler asks the loop that runs it for the next pass: the one cycle, closed by a lambda.
-        self.reconciler = Reconciler(self.machine, bus=self.bus, policy=policy, clock=time.time,
-                                     settled=lambda: self.loops.kick())
+        self.reconciler = Reconciler(self.machine, desired=self.desired, turns=turns, bus=self.bus, policy=policy,
+                                     clock=time.time, settled=lambda: self.loops.kick())
         fleetwide = _fleetwide(s)  # None unless this Spark heads a fleet
-        self.routes = Routes(self.docker, self.store, wiring.catalog, self.machine.desired,
+        self.routes = Routes(self.docker, self.store, catalog, self.desired.read,
                              placed=fleetwide.book.entries if fleetwide else dict,
                              engine_auth=lambda: membership.relay_auth(s),
                              restarting=lambda: self.sentinel.restarting())
@@ -99,64 +105,95 @@ class Daemon:
             waker=Waker(self._wake_on_demand, limit=s.switch_hold_queue, timeout=s.switch_hold_timeout),
             counters=Counters(self._model_dir),
             ui=Dashboard(f"unix:{s.socket_path}", upstreams, Logins(ensure_key(s.dashboard_key_path))))
-        control = LoopControl(self.gateway, asyncio.get_running_loop())
-        fleet = fleetwide and FleetMachine(fleetwide, self.machine, self.routes, self.store, control,
-                                          total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout)
-        context = Context(s, self.machine, self.reconciler, self.routes, self.bus, control, kick=self.loops.kick,
-                          fleet=fleet)
-        self.actions = Actions.over(
-            context, patches=PatchChecks(deployer=self.machine.deployer, turns=self.machine.turns,
-                                         fetching=self.machine.fetching),
-            bench=Benchmarks(settings=s, store=self.store, docker=self.docker, catalog=wiring.catalog,
-                             turns=self.machine.turns, holding=self.reconciler.holding, reporter=reporter,
-                             fetching=self.machine.fetching),
+        # The fleet's own threads (its watch, its actions' work on workers) reach the gateway through the seam.
+        control = GatewayFromThread(self.gateway, asyncio.get_running_loop())
+        fleet = fleetwide and Fleet(FleetMachine(fleetwide=fleetwide, catalog=catalog, desired=self.desired,
+                                                 routes=self.routes, store=self.store, gateway=control,
+                                                 total_bytes=local.memory_total(s), wait=s.fleet_deploy_timeout),
+                                    turns)
+        machines = Machines(fleet)
+
+        def view() -> MemoryView:  # the memory adapter, made here only
+            return MemoryView(s, self.store, catalog(), self.docker)
+
+        def memory() -> Memory:  # unified memory as the planner sees it: status and the time series
+            return view().now(self.desired.read().parked)
+
+        self.serving_since: dict[str, float] = {}  # when each stack last came up or woke (monotonic)
+        metrics, memory_lock = DaemonMetrics(), asyncio.Lock()
+        parking = Parking(settings=s, catalog=catalog, desired=self.desired, docker=self.docker, sleeper=self.sleeper,
+                          reconciler=self.reconciler, routes=self.routes, gateway=self.gateway, turns=turns,
+                          memory=view, memory_lock=memory_lock, bus=self.bus, store=self.store,
+                          serving_since=self.serving_since, machines=machines)
+        deploys = Deploys(desired=self.desired, machine=self.machine, fetches=self.fetches, reconciler=self.reconciler,
+                          routes=self.routes, turns=turns, kick=self.loops.kick, metrics=metrics,
+                          serving_since=self.serving_since, parking=parking)
+        verdicts = Verdicts(s, self.store, self.bus, lambda name: catalog().stack(name), self.docker)
+        switcher = Switcher(machine=self.machine, sleeper=self.sleeper, desired=self.desired,
+                            reconciler=self.reconciler, turns=turns, gateway=self.gateway,
+                            refresh_routes=self.routes.refresh, store=self.store, reporter=reporter,
+                            bench=verdicts.bench, blame=verdicts.blame, woke=parking.record_wake,
+                            bench_mode=lambda name: catalog().stack(name).switch.bench)
+        aliases = Aliases(settings=s, catalog=catalog, desired=self.desired, reconciler=self.reconciler,
+                          routes=self.routes, turns=turns, memory=view, memory_lock=memory_lock,
+                          store=self.store, kick=self.loops.kick, serving_since=self.serving_since,
+                          switcher=switcher, deploys=deploys, parking=parking, machines=machines)
+        machines.spark = Spark(parking, aliases)
+        trials = Trials(settings=s, catalog=catalog, deployer=self.machine.deployer,
+                        reconciler=self.reconciler, turns=turns, store=self.store)
+        self.actions = Actions(
+            bus=self.bus, turns=turns, deploys=deploys, parking=parking, aliases=aliases, trials=trials, fleet=fleet,
+            patches=PatchChecks(deployer=self.machine.deployer, turns=turns, fetches=self.fetches),
+            bench=Benchmarks(settings=s, store=self.store, docker=self.docker, catalog=catalog, turns=turns,
+                             holding=self.reconciler.holding, reporter=reporter, fetches=self.fetches),
             images=ImageBook(records=self.store.images, policy=wiring.policy,
                              registry_digest=lambda ref: self.docker.registry_digest(ref, mirrors=s.registry_mirrors)))
-        def memory() -> Memory:  # unified memory as the planner sees it: status and the time series
-            return MemoryView(s, self.store, wiring.catalog(), self.docker).now(self.machine.desired().parked)
-
         self.recorder = Recorder(engines=lambda: readings(self.routes.table), memory=memory,
                                  requests=self.gateway.ledger.snapshot)
-        self.sentinel = Sentinel(gateway=self.gateway, routes=self.routes, machine=self.machine, state_dir=s.state_dir,
+        self.sentinel = Sentinel(gateway=self.gateway, routes=self.routes, sleeper=self.sleeper, docker=self.docker,
+                                 store=self.store, state_dir=s.state_dir,
                                  kernel_log=s.kernel_log, meminfo_path=s.meminfo_path,
                                  floor=int(s.wake_memory_floor_gib * GIB), hang_after=s.hang_after,
-                                 started=lambda: self._started(context.serving_since),
+                                 started=self._started,
                                  failed=lambda name: bool(self.reconciler.history.get(name, planner.History()).failed))
         self.follows = Gauge()  # the log follows open, on both listeners of the API
         self.underway: dict[str, Underway] = {}  # the API's actions under way by name, on both listeners
-        self.reads = Reads(s, self.machine, self.reconciler, self.routes, context.metrics, self.recorder, memory)
+        self.reads = Reads(s, self.desired, catalog, self.docker, self.store, self.reconciler, self.routes, metrics,
+                           self.recorder, memory)
         self.fleet_watch = fleetwide and FleetWatch(
-            fleetwide, control=control, refresh=self.routes.refresh, bus=self.bus,
+            fleetwide, control=control,
+            refresh=self.routes.refresh, bus=self.bus,
             wait=s.fleet_deploy_timeout, within=s.fleet_replace_within,
             policy=policy, backoff=lambda failures: planner.backoff(failures, policy),
-            served_name=lambda name: wiring.catalog().stack(name).served_name)
+            served_name=lambda name: catalog().stack(name).served_name)
 
-    def _started(self, serving_since: dict[str, float]) -> dict[str, float]:
+    def _started(self) -> dict[str, float]:
         """Each running engine of this instance, not parked: when it last started or woke (epoch s),
         for the sentinel to stop the one that grew last."""
-        parked, shift = self.machine.desired().parked, time.time() - time.monotonic()
-        return {c.stack: max(c.created, serving_since.get(c.stack, 0.0) + shift) for c in self.docker.containers()
+        parked, shift = self.desired.read().parked, time.time() - time.monotonic()
+        return {c.stack: max(c.created, self.serving_since.get(c.stack, 0.0) + shift) for c in self.docker.containers()
                 if c.running and not c.placed and c.stack not in parked}
 
-    def _after_pass(self) -> None:
+    async def _after_pass(self) -> None:
         """Routes rebuilt from what runs now; stacks idle past their `switch.idle_park` parked."""
-        self.routes.refresh()
-        self.actions.parking.park_idle()
+        await blocking(self.routes.refresh)
+        await self.actions.parking.park_idle()
 
-    def _recover(self) -> None:
+    async def _recover(self) -> None:
         """What a killed daemon left: unfinished deployments and switches, parked stacks awake,
         scratch containers, and containers made before instances. Routes are rebuilt before the
         gateway listens, so a restarted daemon routes what runs at once."""
-        for interrupted in self.store.deployments.interrupt_unfinished("interrupted: the daemon stopped mid-deploy"):
+        unfinished = self.store.deployments.interrupt_unfinished
+        for interrupted in await blocking(unfinished, "interrupted: the daemon stopped mid-deploy"):
             log.warning("deployment_interrupted", deployment=interrupted)
-        for parked in self.actions.parking.settle_parked():  # asleep as recorded, before any wake
+        for parked in await self.actions.parking.settle_parked():  # asleep as recorded, before any wake
             log.warning("parked_settled", detail=parked)
-        for settled in recover(self.machine, self.store):
+        for settled in await recover(self.desired, self.sleeper, self.machine, self.store):
             log.warning("switch_interrupted", outcome=settled)
-        self._adopt_unlabelled()
-        if removed := self.docker.remove_scratch():
+        await blocking(self._adopt_unlabelled)
+        if removed := await blocking(self.docker.remove_scratch):
             log.info("scratch_containers_removed", count=removed, reason="left by a daemon that was killed")
-        self.routes.refresh()
+        await blocking(self.routes.refresh)
 
     def _adopt_unlabelled(self) -> None:
         """Containers made before instances existed carry no instance label; the default instance
@@ -194,9 +231,9 @@ class Daemon:
         return server
 
     async def _wake_on_demand(self, stack: str) -> str | None:
-        """A parked stack a request named: woken on a worker thread; None once it serves."""
+        """A parked stack a request named, woken; None once it serves."""
         try:
-            await asyncio.to_thread(self.actions.parking.wake_on_demand, stack)
+            await self.actions.parking.wake_on_demand(stack)
         except Exception as e:  # noqa: BLE001 - the held requests get the reason, the daemon goes on
             reason = str(e).splitlines()[0] if isinstance(e, SparkctlError) else f"{type(e).__name__}: {e}"
             log.warning("wake_on_demand_failed", stack=stack, error=reason[:300])
@@ -232,9 +269,8 @@ class Daemon:
     async def serve(self) -> None:
         lock = process.exclusive(self.settings.lock_path)  # held until the process ends
         loop = asyncio.get_running_loop()
-        # Worker threads for blocking calls: each streaming action holds one for its length.
-        loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="worker"))
-        await asyncio.to_thread(self._recover)
+        seam.install(loop)
+        await self._recover()
         process.freeze_startup()
         path = self.settings.socket_path
         path.unlink(missing_ok=True)  # a dead daemon's: a live one would hold the lock
@@ -264,7 +300,7 @@ class Daemon:
         await stop.wait()
         gone.cancel()
         log.info("daemon_stopping", note="engine containers keep running")
-        self.machine.stop_all()
+        self.fetches.stop_all()
         faulthandler.dump_traceback_later(SLOW_STOP)  # what holds a slow stop up, for its bug report
         gateway_server.close()  # new connections wait in the socket's queue when systemd holds it
         if not await gateway.finish(timeout=self.settings.switch_drain_timeout):
@@ -282,7 +318,7 @@ class Daemon:
         gateway.close()
         if tcp is not None:
             await tcp.cleanup()
-        self.reconciler.close()
+        await self.reconciler.close()
         path.unlink(missing_ok=True)
         lock.close()
         log.info("daemon_stopped")

@@ -1,72 +1,50 @@
 """The daemon's event log: what happened, in order, for the API's streaming endpoint and the
 CLI's progress. Events are the typed records of `sparkctl.messages`; each names the stack (or
-alias) it is about, so a stream shows only what its request started. Thread-safe; readers wait
-for events after a sequence number and get them in their wire form (a dict with seq, time,
-kind)."""
+alias) it is about, so a stream shows only what its request started. Kept on the daemon's loop:
+a publish from a worker (the pipeline's progress, a benchmark's note, the fleet watch) crosses
+there through the seam. Readers wait for events after a sequence number and get them in their
+wire form (a dict with seq, time, kind)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from sparkctl.daemon.seam import to_loop
 from sparkctl.messages import Event, Note, PhaseChanged, Progress
 
 
 class EventBus:
-    """Published to from any thread; read by threads (`after`) or by coroutines (`wait_after`,
-    which parks no thread while it waits)."""
-
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop  # the daemon's (None: whoever publishes, on their own thread)
         self._events: deque[dict[str, Any]] = deque(maxlen=2000)
         self._seq = 0
-        self._changed = threading.Condition()
-        self._waiters: set[Callable[[], None]] = set()  # coroutines' wake-ups
+        self._arrived = asyncio.Event()  # set (and replaced) at each publish
 
-    def publish(self, event: Event) -> dict[str, Any]:
-        with self._changed:
-            self._seq += 1
-            record = {"seq": self._seq, "time": time.time(), "kind": event.kind, **asdict(event)}
-            self._events.append(record)
-            self._changed.notify_all()
-            for wake in self._waiters:
-                wake()
-        return record
+    def publish(self, event: Event) -> None:
+        """From the loop, or from a worker (then it lands in call order, soon)."""
+        to_loop(self.loop, self._append, event)
+
+    def _append(self, event: Event) -> None:
+        self._seq += 1
+        self._events.append({"seq": self._seq, "time": time.time(), "kind": event.kind, **asdict(event)})
+        arrived, self._arrived = self._arrived, asyncio.Event()
+        arrived.set()
 
     @property
     def last(self) -> int:
         return self._seq
 
-    def after(self, seq: int, *, timeout: float) -> list[dict[str, Any]]:
-        """Events newer than `seq`, waiting up to `timeout` seconds for one to arrive."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._seq > seq, timeout=timeout)
-            return [e for e in self._events if e["seq"] > seq]
-
     async def wait_after(self, seq: int, *, timeout: float) -> list[dict[str, Any]]:
-        """`after`, for a coroutine on an event loop."""
-        loop, woken = asyncio.get_running_loop(), asyncio.Event()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(woken.set)
-
-        with self._changed:
-            if self._seq > seq or timeout <= 0:
-                return [e for e in self._events if e["seq"] > seq]
-            self._waiters.add(wake)
-        try:
+        """Events newer than `seq`, waiting up to `timeout` seconds for one to arrive."""
+        if self._seq <= seq and timeout > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), timeout)
-        finally:
-            with self._changed:
-                self._waiters.discard(wake)
-        return self.after(seq, timeout=0)
+                await asyncio.wait_for(self._arrived.wait(), timeout)
+        return [e for e in self._events if e["seq"] > seq]
 
 
 class BusReporter:

@@ -1,15 +1,15 @@
 """The daemon's two loops, as tasks on its event loop: the reconcile loop (a pass when kicked,
 when a backoff ends, and every resync interval) and the Docker event watcher (deaths and OOM
-kills of this instance's containers; reconnects with backoff, and resyncs after). Their
-blocking calls (a pass, the next Docker event) run on worker threads; `kick` may be called
-from any thread. Built and started by `daemon/app.py`."""
+kills of this instance's containers; reconnects with backoff, and resyncs after). A pass is a
+coroutine; the wait for the next Docker event is blocking, on a worker through the seam. Built
+and started by `daemon/app.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -18,6 +18,7 @@ from sparkctl.adapters.docker import DockerEngine, Events
 from sparkctl.container import Event
 from sparkctl.daemon import process
 from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.seam import blocking
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()
@@ -25,10 +26,9 @@ log = structlog.get_logger()
 
 class Loops:
     def __init__(self, *, reconciler: Reconciler, docker: DockerEngine, store: Store, instance: str,
-                 resync: float, after_pass: Callable[[], None]) -> None:
+                 resync: float, after_pass: Callable[[], Awaitable[None]]) -> None:
         self.reconciler, self.docker, self.store, self.instance = reconciler, docker, store, instance
         self.resync, self.after_pass = resync, after_pass  # after a pass: rebuild the gateway's routes
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._oom: set[str] = set()
@@ -36,13 +36,10 @@ class Loops:
         self._stopping = False
 
     def kick(self) -> None:
-        """Ask for a pass now (from any thread; before the loops run, the first pass comes anyway)."""
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self._loop.call_soon_threadsafe(self._kick.set)
+        """Ask for a pass now (before the loops run, the first pass comes anyway)."""
+        self._kick.set()
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self.watch_events()), asyncio.create_task(self.reconcile_forever())]
 
     async def stop(self) -> None:
@@ -65,37 +62,37 @@ class Loops:
                 break
             self._kick.clear()
             try:
-                await asyncio.to_thread(self._pass)
+                await self._pass()
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one bad pass
                 log.error("reconcile_failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
                 await asyncio.sleep(1.0)
                 self._kick.set()  # try again: the resync must not wait a whole interval after a failure
 
-    def _pass(self) -> None:
+    async def _pass(self) -> None:
         try:
-            self.reconciler.reconcile()
-            self.after_pass()
+            await self.reconciler.reconcile()
+            await self.after_pass()
         finally:
-            process.give_back_memory()
+            await blocking(process.give_back_memory)
 
     async def watch_events(self) -> None:
         """Docker events (die, oom, start, destroy) of our containers; reconnects with backoff."""
         delay = 0.5
         while not self._stopping:
             try:
-                self._events_stream = stream = await asyncio.to_thread(self.docker.events)
+                self._events_stream = stream = await blocking(self.docker.events)
                 log.info("docker_events_connected")
                 delay = 0.5
                 self._kick.set()  # resync: events may have been missed while disconnected
-                while (event := await asyncio.to_thread(next, stream, None)) is not None:
-                    await asyncio.to_thread(self.on_event, event)
+                while (event := await blocking(next, stream, None)) is not None:
+                    await self.on_event(event)
                 raise ConnectionError("the event stream ended")
             except Exception as e:  # noqa: BLE001 - the engine went away: back off and reconnect
                 log.warning("docker_events_lost", error=f"{type(e).__name__}: {e}"[:200], retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def on_event(self, event: Event) -> None:
+    async def on_event(self, event: Event) -> None:
         """One Docker event: a death counts towards the crash-loop rule; any change asks for a pass."""
         if not instances.owned(event.labels, self.instance):
             return  # another instance's container: its own daemon handles it
@@ -104,8 +101,10 @@ class Loops:
         elif event.action == "die" and event.stack:
             oom = event.container in self._oom
             self._oom.discard(event.container)
-            if self.reconciler.died(event.stack, oom=oom, exit_code=event.exit_code):
-                self.store.events.record(event.stack, "died", "OOM-killed" if oom else f"exit code {event.exit_code}")
-            self.kick()
+            died = await self.reconciler.died(event.stack, oom=oom, exit_code=event.exit_code)
+            self.kick()  # the pass counts the death at once; its record may land after
+            if died:
+                await blocking(self.store.events.record, event.stack, "died",
+                               "OOM-killed" if oom else f"exit code {event.exit_code}")
         elif event.action in ("destroy", "stop"):
             self.kick()

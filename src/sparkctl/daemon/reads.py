@@ -17,7 +17,6 @@ from sparkctl.adapters.docker import DockerEngine
 from sparkctl.bench import metrics
 from sparkctl.daemon import planner
 from sparkctl.daemon.charts import CHARTS, chart
-from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.metrics import DaemonMetrics
 from sparkctl.daemon.reconciler import Reconciler
 from sparkctl.daemon.routes import Routes
@@ -42,7 +41,7 @@ from sparkctl.policy.switch import Memory
 from sparkctl.settings import Settings
 from sparkctl.spec.engine import Weights
 from sparkctl.spec.load import Catalog
-from sparkctl.state.desired import Desired
+from sparkctl.state.desired import Desired, DesiredFile
 from sparkctl.state.store import Store
 
 REPORT_KINDS = {"reports": "comparison.md", "bench": "agent.md"}  # state-dir folder -> its reports' page
@@ -65,27 +64,26 @@ def report_file(state_dir: Path, report: str, path: str) -> Path:
 @dataclass
 class Reads:
     settings: Settings
-    machine: DockerMachine
+    desired_file: DesiredFile
+    catalog: Callable[[], Catalog]
+    docker: DockerEngine
+    store: Store
     reconciler: Reconciler
     routes: Routes
     metrics: DaemonMetrics
     recorder: Recorder  # the dashboard's time series
     memory: Callable[[], Memory]  # unified memory as the planner sees it now
 
-    @property
-    def store(self) -> Store:
-        return self.machine.store
-
     def check_stack(self, name: str) -> str:
-        return self.machine.catalog().stack(name).name
+        return self.catalog().stack(name).name
 
     def desired(self) -> Desired:
-        return self.machine.desired()
+        return self.desired_file.read()
 
     def status(self) -> Status:
         """The CLI's status rows, plus desired stacks without a container and failure marks."""
-        desired, catalog, policy = self.machine.desired(), self.machine.catalog(), self.store.images.policy()
-        rows = status_rows(self.machine.docker, self.store, catalog)
+        desired, catalog, policy = self.desired_file.read(), self.catalog(), self.store.images.policy()
+        rows = status_rows(self.docker, self.store, catalog)
         seen = {r.stack for r in rows}
         history = self.reconciler.history
         rows += [StatusRow(s, "failed" if history.get(s, planner.History()).failed else "pending", "absent", "", None,
@@ -96,14 +94,14 @@ class Reads:
         restarts = Counter(e["stack"] for e in self.store.events.list(limit=10_000) if e["kind"] == "restarted")
         memory = self.memory()
         return Status(tuple(self._full(row, catalog, policy, restarts) for row in rows),
-                      other_instances(self.machine.docker), aliases=desired.aliases, pid=os.getpid(),
+                      other_instances(self.docker), aliases=desired.aliases, pid=os.getpid(),
                       instance=self.settings.instance,
                       memory=MemoryHeld(memory.held, memory.ceiling, memory.parked),
                       catalog=tuple(sorted(s.name for s in catalog.deployable())))
 
     def _full(self, row: StatusRow, catalog: Catalog, policy: ImagePolicy, restarts: Counter[str]) -> StatusRow:
         """A row with what the daemon knows beside the container: desired, failures, parked, image."""
-        desired, h = self.machine.desired(), self.reconciler.history.get(row.stack, planner.History())
+        desired, h = self.desired_file.read(), self.reconciler.history.get(row.stack, planner.History())
         parked = desired.parked.get(row.stack)
         phase = row.phase if parked is None else f"parked (sleep level {parked})" if parked else "parked (stopped)"
         image, digest, verdict = self._image(row.stack, catalog, policy)
@@ -114,7 +112,7 @@ class Reads:
 
     def stacks(self) -> tuple[StackRow, ...]:
         """`sparkctl stacks list`'s rows, from the catalog and policy as the files are now."""
-        return stack_rows(self.machine.catalog(), self.store.images.policy())
+        return stack_rows(self.catalog(), self.store.images.policy())
 
     def _image(self, stack: str, catalog: Catalog, policy: ImagePolicy) -> tuple[str | None, str | None, str | None]:
         """A stack's image as written, the digest its last deploy ran, and the policy's verdict on it."""
@@ -190,13 +188,13 @@ class Reads:
     def logs(self, stack: str, tail: int) -> AsyncIterator[bytes]:
         """A stack's engine log as docker streams it (its last `tail` lines, then following), to be
         read on the loop; `aclose()` ends it."""
-        found = self.machine.docker.containers(self.check_stack(stack))
+        found = self.docker.containers(self.check_stack(stack))
         if not found:
             raise SparkctlError(f"{stack} has no container; `sparkctl status` lists what runs")
-        return self.machine.docker.follow_logs(found[0].id, tail=tail)
+        return self.docker.follow_logs(found[0].id, tail=tail)
 
     def metrics_text(self) -> str:
-        states = {o.stack: o.state for o in self.machine.observe()}
+        states = {c.stack: c.state for c in self.docker.containers() if not c.placed}
         states |= {s: "failed" for s, h in self.reconciler.history.items() if h.failed}
         return self.metrics.render(passes=self.reconciler.passes, restarts=self.reconciler.restarts, states=states)
 

@@ -6,7 +6,7 @@ On GB10 the worst failure is a frozen host, not a failed request: the driver log
 event loop, and once a second reads MemAvailable (and its slope) and writes its last words
 (`state/lastwords.py`). On a warning sign (`policy/wedge.py`) it acts at once: the gateway admits
 no new request for the engine that grew last (503 with Retry-After), that engine is killed and
-recorded parked (`DockerMachine.halt`), and the log says what and why.
+recorded parked (`Sleeper.halt`), and the log says what and why.
 
 The hang watch rides the same tick: for a stack with requests in flight through the gateway it
 reads the engine's /metrics; generated and prompt tokens flat past `hang_after` while requests run
@@ -15,7 +15,7 @@ requests wait for it, its streams under way end), is killed, and the reconciler 
 the crash-loop rules (its death counts); once the restarted engine answers, it is routed again.
 
 Everything here runs on the daemon's event loop, which owns the gateway; reads and writes that
-block (meminfo, /metrics, Docker, the fsync) run on worker threads through `asyncio.to_thread`.
+block (meminfo, /metrics, Docker, the fsync) run on workers through the seam (`seam.blocking`).
 Built and run by `daemon/app.py`.
 """
 
@@ -32,15 +32,18 @@ from typing import Any
 
 import structlog
 
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.adapters.kernellog import FOLLOW, KernelLog, open_log
 from sparkctl.bench import metrics
-from sparkctl.daemon.machine import DockerMachine
 from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.seam import blocking
+from sparkctl.daemon.sleeper import Sleeper
 from sparkctl.deploy.memory import GIB, meminfo
 from sparkctl.gateway.proxy import Gateway
 from sparkctl.policy import wedge
 from sparkctl.policy.wedge import Progress, Warning
 from sparkctl.state.lastwords import LastWords
+from sparkctl.state.store import Store
 
 log = structlog.get_logger()
 
@@ -60,12 +63,13 @@ class Held:
 
 
 class Sentinel:
-    def __init__(self, *, gateway: Gateway, routes: Routes, machine: DockerMachine, state_dir: Path,
+    def __init__(self, *, gateway: Gateway, routes: Routes, sleeper: Sleeper, docker: DockerEngine,
+                 store: Store, state_dir: Path,
                  kernel_log: str, meminfo_path: Path, floor: int, hang_after: float,
                  started: Callable[[], dict[str, float]], failed: Callable[[str], bool]) -> None:
         """`started()`: each running engine's last start or wake (epoch s); `failed(stack)`: the
         reconciler gave up on it (a crash loop)."""
-        self.gateway, self.routes, self.machine = gateway, routes, machine
+        self.gateway, self.routes, self.sleeper, self.docker, self.store = gateway, routes, sleeper, docker, store
         self.kernel_log, self.meminfo_path, self.floor, self.hang_after = kernel_log, meminfo_path, floor, hang_after
         self.started, self.failed = started, failed
         self.words = LastWords(state_dir)
@@ -86,7 +90,7 @@ class Sentinel:
 
     async def run(self) -> None:
         """Until cancelled: the previous run's ending reported, the kernel log waited on, a tick a second."""
-        ending = await asyncio.to_thread(self.words.begin)
+        ending = await blocking(self.words.begin)
         if ending is not None:
             log.warning("previous_run_unclean", summary=ending.summary())
         await self._open_kernel_log()
@@ -107,7 +111,7 @@ class Sentinel:
 
     # --- the kernel log -------------------------------------------------------------------------
     async def _open_kernel_log(self) -> None:
-        opened = await asyncio.to_thread(open_log, self.kernel_log)  # `auto` may ask journalctl first
+        opened = await blocking(open_log, self.kernel_log)  # `auto` may ask journalctl first
         if isinstance(opened, str):
             log.warning("kernel_log_unreadable", reason=opened, note="the sentinel watches memory only")
             return
@@ -160,13 +164,13 @@ class Sentinel:
         table = self.routes.table
         busy = {s for s, n in self.gateway.ledger.snapshot().in_flight.items() if n} | set(self.held)
         urls = {s: u.url for s, u in table.upstreams.items() if s in busy and not u.placed}
-        available, readings = await asyncio.to_thread(self._read, urls)
+        available, readings = await blocking(self._read, urls)
         now = time.time()
         self.samples.append((now, available))
         if (warning := wedge.memory(self.samples, floor=self.floor)) is not None:
             await self._act(warning)
         await self._watch(readings, urls, now)
-        await asyncio.to_thread(self.words.append, self._record(now))
+        await blocking(self.words.append, self._record(now))
 
     def _read(self, urls: dict[str, str]) -> tuple[int, dict[str, dict[str, float] | None]]:
         return meminfo("MemAvailable", self.meminfo_path), {s: metrics.read(u) for s, u in urls.items()}
@@ -187,11 +191,11 @@ class Sentinel:
         """Stop the engine that grew last, once per SETTLE_S; what was seen is on disk first."""
         async with self._acting:
             now = time.time()
-            await asyncio.to_thread(self.words.append, {**self._record(now), "sign": str(warning.sign)})
+            await blocking(self.words.append, {**self._record(now), "sign": str(warning.sign)})
             if now < self._calm_at:
                 return
             began = time.monotonic()
-            stack = wedge.grew_last(await asyncio.to_thread(self.started))
+            stack = wedge.grew_last(await blocking(self.started))
             if stack is None:
                 log.warning("sentinel_warning", sign=str(warning.sign), detail=warning.detail,
                             action="none: no engine of this instance runs")
@@ -199,11 +203,11 @@ class Sentinel:
             why = f"{warning.sign}: {warning.detail}"
             self.gateway.refuse(stack, f"the host is short of memory ({warning.sign})", REFUSE_S)
             self._calm_at = now + SETTLE_S
-            killed = await asyncio.to_thread(self.machine.halt, stack, why)
+            killed = await blocking(self.sleeper.halt, stack, why)
             log.warning("sentinel_stopped_engine", stack=stack, sign=str(warning.sign), detail=warning.detail,
                         containers=[c[:12] for c in killed], took_s=round(time.monotonic() - began, 3),
                         refused_for_s=REFUSE_S, reason="it grew last; the host could freeze (NV_ERR_NO_MEMORY)")
-            await asyncio.to_thread(self.routes.refresh)
+            await blocking(self.routes.refresh)
 
     # --- the hang watch ---------------------------------------------------------------------------------
     async def _watch(self, readings: dict[str, dict[str, float] | None], urls: dict[str, str], now: float) -> None:
@@ -226,13 +230,13 @@ class Sentinel:
         self.gateway.eject_engine(url)
         log.warning("engine_hung", stack=stack, reason=why,
                     action="out of routing, killed; the reconciler restarts it under the crash-loop rules")
-        await asyncio.to_thread(self._kill, stack, why)
+        await blocking(self._kill, stack, why)
 
     def _kill(self, stack: str, why: str) -> None:
-        for c in self.machine.docker.containers(stack):
+        for c in self.docker.containers(stack):
             if c.running and not c.placed:
-                self.machine.docker.kill(c.id)
-        self.machine.store.events.record(stack, "hung", why)
+                self.docker.kill(c.id)
+        self.store.events.record(stack, "hung", why)
 
     async def _restarted(self, stack: str, counters: dict[str, float] | None) -> None:
         """Routed again once the restarted engine answers (its counters started over); let go if
@@ -245,4 +249,4 @@ class Sentinel:
         del self.held[stack]
         self.gateway.restore_engine(held.url)
         log.info("engine_routed_again", stack=stack, restarted=back)
-        await asyncio.to_thread(self.routes.refresh)
+        await blocking(self.routes.refresh)

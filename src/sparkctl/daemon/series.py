@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import structlog
 
 from sparkctl.bench import metrics
+from sparkctl.daemon.seam import blocking
 from sparkctl.gateway.ledger import Snapshot
 from sparkctl.gateway.routes import RouteTable
 from sparkctl.messages import Series, StackSeries
@@ -54,7 +55,7 @@ class Recorder:
         left out, and the series has a gap there."""
         while True:
             try:
-                engines, memory = await asyncio.to_thread(lambda: (self.engines(), self.memory()))
+                engines, memory = await blocking(lambda: (self.engines(), self.memory()))
             except Exception as e:  # noqa: BLE001 - the sampler outlives any one bad read
                 log.warning("series_sample_failed", error=str(e)[:200])
             else:

@@ -8,8 +8,8 @@ flip, release the queue in order. A parked stack stays desired: switching back w
 
 Any failure rolls back: the new stack is removed, the old one is kept, started or woken again,
 the alias keeps naming it and the queue is released to it. Each switch is recorded with its
-timings. Called by the daemon's API on a worker thread; the gateway part runs on the gateway's
-loop.
+timings. A coroutine on the daemon's loop: the gateway is called directly, each blocking step
+on a stack goes through the seam in that stack's turn.
 """
 
 from __future__ import annotations
@@ -22,14 +22,19 @@ from typing import Any
 
 import structlog
 
-from sparkctl.daemon.bridge import GatewayControl
-from sparkctl.daemon.reconciler import Machine, Reconciler
+from sparkctl.daemon.machine import DockerMachine
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.seam import blocking
+from sparkctl.daemon.sleeper import Sleeper
+from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.launch import Staged
 from sparkctl.deploy.progress import Reporter
 from sparkctl.errors import SparkctlError
+from sparkctl.gateway.proxy import Gateway
 from sparkctl.messages import SwitchDone, WakeDone
 from sparkctl.policy.parking import Park
 from sparkctl.policy.switch import Mode, SwitchPlan
+from sparkctl.state.desired import DesiredFile
 from sparkctl.state.store import Store
 
 log = structlog.get_logger()
@@ -60,9 +65,12 @@ class Switch:
 
 @dataclass
 class Switcher:
-    machine: Machine
+    machine: DockerMachine
+    sleeper: Sleeper
+    desired: DesiredFile
     reconciler: Reconciler
-    gateway: GatewayControl
+    turns: Turns
+    gateway: Gateway
     refresh_routes: Callable[[], None]
     store: Store
     reporter: Reporter
@@ -71,35 +79,36 @@ class Switcher:
     blame: Callable[[str, Exception], str | None] = lambda stack, cause: None  # e.g. blacklist its digest
     woke: Callable[[str, WakeDone], None] = lambda stack, woken: None  # e.g. record how its digest wakes
 
-    def run(self, plan: SwitchPlan) -> SwitchDone:
-        switch = Switch(plan, new_was_desired=plan.new in self.machine.desired().stacks)
+    async def run(self, plan: SwitchPlan) -> SwitchDone:
+        switch = Switch(plan, new_was_desired=plan.new in (await blocking(self.desired.read)).stacks)
         started = time.time()
         self._note(plan, f"switching {plan.alias}: {plan.old or '(nothing)'} -> {plan.new} ({plan.mode}; {plan.why})")
         intent = {"alias": plan.alias, "from": plan.old, "to": plan.new, "mode": str(plan.mode),
                   "stop_old": plan.stop_old, "new_was_desired": switch.new_was_desired, "park": str(plan.park),
                   "wake": plan.wake, "evict": list(plan.evict), "why": plan.why}
-        switch_id = self.store.switches.begin(intent)  # a daemon killed mid-way finishes or undoes it on start
+        # A daemon killed mid-way finishes or undoes it on start.
+        switch_id = await blocking(self.store.switches.begin, intent)
         error = None
         try:
             with ExitStack() as busy:  # the reconciler leaves both stacks alone meanwhile
                 for stack in filter(None, (plan.old, plan.new)):
                     busy.enter_context(self.reconciler.holding(stack))
                 for stack in plan.evict:  # parked already: stopping it changes no route
-                    self.machine.park(stack, 0)
+                    await self._park(stack, 0, quiesce=False)
                 if plan.mode is Mode.BLUE_GREEN:
-                    self._blue_green(switch)
+                    await self._blue_green(switch)
                 else:
-                    self._hold_swap(switch)
+                    await self._hold_swap(switch)
         except SparkctlError as e:
             error = str(e)
         switch.timings["total_s"] = round(time.time() - started, 3)
         record = intent | {"ok": error is None, "error": error, "timings": switch.timings, **switch.facts}
-        self.store.switches.finish(switch_id, record)
+        await blocking(self.store.switches.finish, switch_id, record)
         log.info("switch_finished", **{k: v for k, v in record.items() if k != "timings"}, **switch.timings)
         if error is not None:
             raise SwitchFailed(error)
         if self.bench_mode(plan.new) == "after":
-            switch.facts["bench"] = self._bench_after(plan.new)
+            switch.facts["bench"] = await self._bench_after(plan.new)
         woken = switch.facts.get("woken")
         return SwitchDone(plan.alias, plan.new, str(plan.mode), previous=plan.old, why=plan.why,
                           timings=dict(switch.timings), park=str(plan.park),
@@ -107,71 +116,77 @@ class Switcher:
                           woken=WakeDone(**woken) if woken else None)
 
     # --- the two modes ------------------------------------------------------------------------
-    def _blue_green(self, switch: Switch) -> None:
+    async def _blue_green(self, switch: Switch) -> None:
         plan = switch.plan
         try:
-            self._bring_up(switch)
+            await self._bring_up(switch)
         except Exception as e:  # noqa: BLE001 - whatever failed, the old stack keeps the alias
             if not switch.new_was_desired:
-                self._remove(plan.new)
-            raise self._rolled_back(plan, e) from None
-        self._flip(switch)
-        if plan.old and plan.stop_old and plan.old not in self.machine.desired().parked:
+                await self._remove(plan.new)
+            raise await self._rolled_back(plan, e) from None
+        await self._flip(switch)
+        if plan.old and plan.stop_old and plan.old not in (await blocking(self.desired.read)).parked:
             with switch.timed("drain_s"):
-                switch.facts["drained"] = self.gateway.drain(plan.old)
+                switch.facts["drained"] = await self.gateway.drain(plan.old)
             if plan.park is Park.STOP:
                 with switch.timed("stop_old_s"):
-                    self._retire(switch, plan.old)
+                    await self._retire(switch, plan.old)
             else:
                 try:
                     with switch.timed("park_old_s"):
-                        self._park(plan.old, plan.park.level)
+                        await self._park(plan.old, plan.park.level)
                 except SparkctlError as e:  # the switch stands: the old stack goes as a stopped one would
                     switch.facts["park_error"] = str(e)
-                    self._retire(switch, plan.old)
+                    await self._retire(switch, plan.old)
 
-    def _hold_swap(self, switch: Switch) -> None:
+    async def _hold_swap(self, switch: Switch) -> None:
         plan = switch.plan
         assert plan.old is not None
-        staged = self._stage(switch)
+        staged = await self._stage(switch)
         self.gateway.hold(plan.alias, plan.old, plan.new)
         released = False
         try:
             with switch.timed("drain_s"):
-                switch.facts["drained"] = self.gateway.drain(plan.old)
+                switch.facts["drained"] = await self.gateway.drain(plan.old)
             try:
-                stopped = self._leave(switch)
+                stopped = await self._leave(switch)
             except Exception as e:  # noqa: BLE001 - it still serves: only the staged container to undo
                 if staged is not None:
-                    self.machine.discard(staged, f"not started: the switch was rolled back ({e})")
-                self.refresh_routes()
-                raise self._rolled_back(plan, e) from None
+                    await self._step(staged.stack, self.machine.discard, staged,
+                                     f"not started: the switch was rolled back ({e})")
+                await blocking(self.refresh_routes)
+                raise await self._rolled_back(plan, e) from None
             try:
-                self._bring_up(switch, staged)
+                await self._bring_up(switch, staged)
             except Exception as e:  # noqa: BLE001 - whatever failed, the stopped old stack starts again
                 if switch.new_was_desired:  # e.g. a parked stack that failed to wake: kept, stopped
-                    self.machine.park(plan.new, 0)
+                    await self._park(plan.new, 0, quiesce=False)
                 else:
-                    self._remove(plan.new)
+                    await self._remove(plan.new)
                 with switch.timed("restart_old_s"):
                     if plan.park is Park.STOP:
                         for container in stopped:
-                            self.machine.start(container)
+                            await self._step(plan.old, self.machine.start, container)
                     else:
-                        self.machine.wake(plan.old)
-                self.refresh_routes()
-                raise self._rolled_back(plan, e) from None
-            self._flip(switch)
+                        await self._step(plan.old, self.sleeper.wake, plan.old)
+                await blocking(self.refresh_routes)
+                raise await self._rolled_back(plan, e) from None
+            await self._flip(switch)
             switch.facts |= self.gateway.release(plan.alias)
             released = True
             if plan.park is Park.STOP:
-                self._retire(switch, plan.old)
+                await self._retire(switch, plan.old)
         finally:
             if not released:
                 switch.facts |= self.gateway.release(plan.alias)
 
     # --- steps --------------------------------------------------------------------------------
-    def _stage(self, switch: Switch) -> Staged | None:
+    async def _step(self, stack: str, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A blocking step on `stack`, in its turn, on a worker."""
+        async with self.turns.turn(stack):
+            return await blocking(work, *args, **kwargs)
+
+    async def _stage(self, switch: Switch) -> Staged | None:
         """Before the hold, while the old stack still serves: the new stack's preparation and its
         container, created, so that the hold is left with the old one's stop and the new one's
         admission, start and health. Only for a stack that is not desired yet: if the daemon is
@@ -180,80 +195,82 @@ class Switcher:
             return None
         try:
             with switch.timed("stage_s"):
-                return self.machine.stage(switch.plan.new)
+                return await self._step(switch.plan.new, self.machine.stage, switch.plan.new)
         except Exception as e:  # noqa: BLE001 - nothing held or stopped yet: nothing to undo
-            raise self._rolled_back(switch.plan, e) from None
+            raise await self._rolled_back(switch.plan, e) from None
 
-    def _leave(self, switch: Switch) -> list[str]:
+    async def _leave(self, switch: Switch) -> list[str]:
         """The old stack makes room: parked, or stopped (its containers, to start on a rollback)."""
         plan = switch.plan
         assert plan.old is not None
         if plan.park is Park.STOP:
             with switch.timed("stop_old_s"):
-                return self.machine.stop(plan.old, drained=switch.facts["drained"])
+                return await self._step(plan.old, self.machine.stop, plan.old, drained=switch.facts["drained"])
         with switch.timed("park_old_s"):
-            self._park(plan.old, plan.park.level)
+            await self._park(plan.old, plan.park.level)
         return []
 
-    def _park(self, stack: str, level: int) -> None:
-        """Park a stack once the gateway stopped routing to it and its requests finished; its
-        names then wake it on demand."""
-        def before() -> None:
-            self.refresh_routes()
-            self.gateway.drain(stack)
+    async def _park(self, stack: str, level: int, *, quiesce: bool = True) -> None:
+        """Park a stack in its turn; `quiesce`: once the gateway stopped routing to it and its
+        requests finished (its names then wake it on demand)."""
+        async def before() -> None:
+            await blocking(self.refresh_routes)
+            await self.gateway.drain(stack)
 
-        self.machine.park(stack, level, before=before)
-        self.refresh_routes()
+        async with self.turns.turn(stack):
+            await self.sleeper.park(stack, level, before=before if quiesce else None)
+        if quiesce:
+            await blocking(self.refresh_routes)
 
-    def _bring_up(self, switch: Switch, staged: Staged | None = None) -> None:
+    async def _bring_up(self, switch: Switch, staged: Staged | None = None) -> None:
         """The new stack woken, or through the whole pipeline; then the benchmark gate if it has one."""
         new = switch.plan.new
-        desired = self.machine.update_desired(lambda d: d.with_stack(new))
+        desired = await blocking(self.desired.update, lambda d: d.with_stack(new))
         if switch.plan.wake or new in desired.parked:  # asleep, or parked stopped
             with switch.timed("wake_s"):
-                woken = self.machine.wake(new)
-            self.woke(new, woken)
+                woken = await self._step(new, self.sleeper.wake, new)
+            await blocking(self.woke, new, woken)
             switch.facts["woken"] = asdict(woken)
         else:
             with switch.timed("deploy_s"):
-                done = self.machine.deploy(new, staged=staged)
+                done = await self._step(new, self.machine.deploy, new, staged=staged)
             switch.timings |= done.timings if done else {}
-        self.refresh_routes()  # routes the new stack by name (the gate benchmarks through the gateway)
+        await blocking(self.refresh_routes)  # routes the new stack by name (the gate benchmarks through the gateway)
         if self.bench_mode(new) == "gate":
             with switch.timed("bench_s"):
-                switch.facts["bench"] = self.bench(new)
+                switch.facts["bench"] = await blocking(self.bench, new)
 
-    def _flip(self, switch: Switch) -> None:
+    async def _flip(self, switch: Switch) -> None:
         plan = switch.plan
         began = time.time()  # any route rebuild (the reconciler's too) may take the new alias from here on
-        self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, plan.alias: plan.new}))
-        self.refresh_routes()
+        await blocking(self.desired.update, lambda d: replace(d, aliases={**d.aliases, plan.alias: plan.new}))
+        await blocking(self.refresh_routes)
         switch.facts["flipped"] = [began, time.time()]  # the gateway took the new routes in this window
         self._note(plan, f"{plan.alias} now names {plan.new}")
 
-    def _remove(self, stack: str) -> None:
-        self.machine.update_desired(lambda d: d.without_stack(stack))
-        self.machine.down(stack)
+    async def _remove(self, stack: str) -> None:
+        await blocking(self.desired.update, lambda d: d.without_stack(stack))
+        await self._step(stack, self.machine.down, stack)
 
-    def _retire(self, switch: Switch, stack: str) -> None:
+    async def _retire(self, switch: Switch, stack: str) -> None:
         """Remove the old stack after the flip: the switch stands whatever happens here."""
         try:
-            self._remove(stack)
+            await self._remove(stack)
         except SparkctlError as e:  # it is no longer desired: the reconciler removes it later
             switch.facts["cleanup_error"] = str(e)
             self.reporter.note(stack, f"{stack} was not removed after the switch ({e}); the daemon will retry")
 
-    def _rolled_back(self, plan: SwitchPlan, cause: Exception) -> SwitchFailed:
+    async def _rolled_back(self, plan: SwitchPlan, cause: Exception) -> SwitchFailed:
         keeps = f"{plan.alias} still names {plan.old}, which keeps serving" if plan.old else \
             f"{plan.alias} was not changed"
-        blamed = self.blame(plan.new, cause)
+        blamed = await blocking(self.blame, plan.new, cause)
         said = cause if isinstance(cause, SparkctlError) else f"{type(cause).__name__}: {cause}"  # a bug: its kind too
         return SwitchFailed(f"switch of {plan.alias} to {plan.new} rolled back: {keeps}. Cause: {said}"
                             + (f"\n{blamed}" if blamed else ""))
 
-    def _bench_after(self, stack: str) -> dict[str, Any]:
+    async def _bench_after(self, stack: str) -> dict[str, Any]:
         try:
-            return self.bench(stack)
+            return await blocking(self.bench, stack)
         except SparkctlError as e:  # the switch stands; the report says what the benchmark found
             self.reporter.note(stack, f"switch-over benchmark: {e}")
             return {"error": str(e)}
@@ -262,7 +279,7 @@ class Switcher:
         self.reporter.note(plan.alias, text)
 
 
-def recover(machine: Machine, store: Store) -> list[str]:
+async def recover(desired: DesiredFile, sleeper: Sleeper, machine: DockerMachine, store: Store) -> list[str]:
     """Settle switches a killed daemon left unfinished, from desired.yaml alone: an alias that
     already names the new stack completes (the old stack leaves the desired set, or is parked),
     one that does not rolls back (the new stack leaves it, unless it was desired before, and an
@@ -272,26 +289,26 @@ def recover(machine: Machine, store: Store) -> list[str]:
     for s in store.switches.list(unfinished=True):
         alias, old, new = s["alias"], s["from"], s["to"]
         park = Park(s.get("park") or Park.STOP)
-        flipped = machine.desired().aliases.get(alias) == new
+        flipped = (await blocking(desired.read)).aliases.get(alias) == new
         try:
             if flipped and old and s["stop_old"] and park is Park.STOP:
-                machine.update_desired(lambda d, old=old: d.without_stack(old))
-            elif flipped and old and s["stop_old"] and old not in machine.desired().parked:
-                machine.park(old, park.level)
+                await blocking(desired.update, lambda d, old=old: d.without_stack(old))
+            elif flipped and old and s["stop_old"] and old not in (await blocking(desired.read)).parked:
+                await sleeper.park(old, park.level)
             elif not flipped:
-                if s["new_was_desired"] and s.get("wake") and new not in machine.desired().parked:
-                    machine.park(new, s["wake"])  # it was woken for the switch: back to sleep first
+                if s["new_was_desired"] and s.get("wake") and new not in (await blocking(desired.read)).parked:
+                    await sleeper.park(new, s["wake"])  # it was woken for the switch: back to sleep first
                 if not s["new_was_desired"]:
-                    machine.update_desired(lambda d, new=new: d.without_stack(new))
+                    await blocking(desired.update, lambda d, new=new: d.without_stack(new))
                     if park is not Park.STOP:  # its memory must be free before the old stack wakes
-                        machine.down(new)
-                if old in machine.desired().parked:
-                    machine.wake(old)
+                        await blocking(machine.down, new)
+                if old in (await blocking(desired.read)).parked:
+                    await blocking(sleeper.wake, old)
         except SparkctlError as e:
             done.append(f"switch {s['id']} of {alias}: {e}")
         outcome = f"completed: {alias} names {new}" if flipped else f"rolled back: {alias} names {old}"
         intent = {k: v for k, v in s.items() if k not in ("id", "at")}
-        store.switches.finish(s["id"], intent | {"ok": flipped, "error": None if flipped else
+        await blocking(store.switches.finish, s["id"], intent | {"ok": flipped, "error": None if flipped else
                                                f"interrupted: the daemon stopped mid-switch; {outcome}"})
         done.append(f"switch {s['id']} of {alias} {outcome}")
     return done

@@ -1,7 +1,9 @@
 """The fleet as the head's daemon runs stacks on it: `fleet up`, `fleet down` and `fleet ps`
 asked of the daemon (it is the one writer of the placement book: `Fleetwide.book`), and the
 machine behind `switch`, `park` and `wake` of a stack placed across the fleet, beside this Spark's
-own Docker machine (`daemon/actions`).
+own Docker machine (`daemon/actions`). Blocking, called on a worker: the daemon's actions
+(`daemon/actions/machines.Fleet`) take the stack's turn on the loop and call it through the seam,
+and it reaches the gateway through `seam.GatewayFromThread`.
 
 `sparkctl switch ALIAS STACK` for a stack placed across the fleet the daemon heads: blue/green
 across hosts. The new stack is placed and started where Ray fits it (`fleet up`: every chosen
@@ -32,44 +34,41 @@ from sparkctl.fleet import agents, placement, survey
 from sparkctl.fleet.deploy import Fleetwide
 from sparkctl.messages import FleetDownDone, FleetPs, FleetUpDone, ParkDone, SwitchDone, WakeDone
 from sparkctl.node import Containers
-from sparkctl.policy.parking import Park
 from sparkctl.spec.models import Stack
 from sparkctl.state.store import Store
 
 if TYPE_CHECKING:
-    from sparkctl.daemon.bridge import GatewayControl
-    from sparkctl.daemon.machine import DockerMachine
     from sparkctl.daemon.routes import Routes
+    from sparkctl.daemon.seam import GatewayFromThread
+    from sparkctl.spec.load import Catalog
+    from sparkctl.state.desired import DesiredFile
 
 log = structlog.get_logger()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FleetMachine:
     fleetwide: Fleetwide
-    machine: DockerMachine
+    catalog: Callable[[], Catalog]
+    desired: DesiredFile
     routes: Routes
     store: Store
-    gateway: GatewayControl
+    gateway: GatewayFromThread
     total_bytes: int  # a Spark's memory, which stacks' fractions are of
     wait: float  # each host's deploy
-    local = False  # its stacks hold no memory of this Spark (`daemon/actions/machines.Machine`)
 
-    def up(self, stack: str, *, wait: float, ticket: int | None, say: Callable[[str], None]) -> FleetUpDone:
-        """Place `stack` with Ray and start it on each chosen host (`Fleetwide.up`), in the stack's
-        turn; routed at once."""
-        with self.machine.turns.turn(stack, ticket):
-            spec = self.machine.catalog().stack(stack)
-            done = self.fleetwide.up(spec, total_bytes=self.total_bytes, wait=wait or self.wait, say=say)
-            self.routes.refresh()
+    def up(self, stack: str, *, wait: float, say: Callable[[str], None]) -> FleetUpDone:
+        """Place `stack` with Ray and start it on each chosen host (`Fleetwide.up`); routed at once."""
+        spec = self.catalog().stack(stack)
+        done = self.fleetwide.up(spec, total_bytes=self.total_bytes, wait=wait or self.wait, say=say)
+        self.routes.refresh()
         return FleetUpDone(stack, tuple(messages.FleetReplica(**asdict(r)) for r in done.placed.replicas),
                            done.failed, tuple(dict.fromkeys(done.notes)))
 
-    def down(self, stack: str, *, wait: float, ticket: int | None) -> FleetDownDone:
-        """Remove the stack's containers on every host and release its placement, in the stack's turn."""
-        with self.machine.turns.turn(stack, ticket):
-            done = survey.removal(stack, self.fleetwide.down(stack, wait=wait))
-            self.routes.refresh()
+    def down(self, stack: str, *, wait: float) -> FleetDownDone:
+        """Remove the stack's containers on every host and release its placement."""
+        done = survey.removal(stack, self.fleetwide.down(stack, wait=wait))
+        self.routes.refresh()
         return done
 
     def ps(self, *, wait: float, book_only: bool = False) -> FleetPs:
@@ -84,7 +83,7 @@ class FleetMachine:
     def runs(self, stack: str) -> bool:
         """Whether `stack` runs across the fleet: it is placed already, or its file places it
         (a placement or ranks)."""
-        spec = self.machine.catalog().stacks.get(stack)
+        spec = self.catalog().stacks.get(stack)
         return stack in self._book() or (spec is not None and (spec.placement.fleet or spec.parallel is not None))
 
     def serves(self, stack: str) -> bool:
@@ -93,7 +92,7 @@ class FleetMachine:
 
     def switch(self, alias: str, stack: Stack) -> SwitchDone:
         gateway = self.gateway
-        old = self.machine.desired().aliases.get(alias)
+        old = self.desired.read().aliases.get(alias)
         intent = {"alias": alias, "from": old, "to": stack.name, "mode": "fleet blue/green", "stop_old": False,
                   "new_was_desired": True, "park": "stop", "wake": 0, "evict": [],
                   "why": f"{stack.name} is placed across the fleet"}
@@ -106,7 +105,7 @@ class FleetMachine:
                                     + "; ".join(f"{h}: {why}" for h, why in up.failed.items()))
             hosts = up.placed.hosts
             timings["deploy_s"] = round(time.time() - started, 3)
-            self.machine.update_desired(lambda d: replace(d, aliases={**d.aliases, alias: stack.name}))
+            self.desired.update(lambda d: replace(d, aliases={**d.aliases, alias: stack.name}))
             self.routes.refresh()
             gateway.routes_changed()
             timings["flip_s"] = round(time.time() - started, 3)
@@ -131,25 +130,23 @@ class FleetMachine:
         entry = self._book().get(stack)
         return entry is not None and entry.parked
 
-    def park(self, stack: str, *, how: Park, ticket: int | None, still: Callable[[], bool]) -> ParkDone:
-        """Stop the stack's engines on every host (whatever `how` asks: sleep mode is not used
-        across hosts) once its requests drained; new ones wait in the gateway's hold and wake it."""
-        with self.machine.turns.turn(stack, ticket):
-            if self.parked(stack) or not still():
-                return ParkDone(stack, "unchanged", f"{stack} is parked already or in use")
-            placed = self.fleetwide.park(stack, wait=self.wait, before=lambda: self._quiesce(stack))
-            self.routes.refresh()
+    def park(self, stack: str) -> ParkDone:
+        """Stop the stack's engines on every host (sleep mode is not used across hosts) once its
+        requests drained; new ones wait in the gateway's hold and wake it."""
+        if self.parked(stack):
+            return ParkDone(stack, "unchanged", f"{stack} is parked already or in use")
+        placed = self.fleetwide.park(stack, wait=self.wait, before=lambda: self._quiesce(stack))
+        self.routes.refresh()
         self.store.events.record(stack, "parked", f"stopped on {', '.join(placed.hosts)}")
         what = f"its {len(placed.ranks)} ranks" if placed.ranks else "its engines"
         return ParkDone(stack, "stop", f"stop: {stack} is placed across the fleet, so {what} stop on every host "
                         "and its placement stays reserved (sleep mode is not used across hosts)")
 
-    def wake(self, stack: str, *, ticket: int | None) -> WakeDone:
+    def wake(self, stack: str) -> WakeDone:
         """Start a parked placed stack again where Ray has its bundles; routed once it serves."""
         began = time.monotonic()
-        with self.machine.turns.turn(stack, ticket):
-            done = self.fleetwide.wake(stack, wait=self.wait, within=self.fleetwide.settings.fleet_replace_within)
-            self.routes.refresh()
+        done = self.fleetwide.wake(stack, wait=self.wait, within=self.fleetwide.settings.fleet_replace_within)
+        self.routes.refresh()
         self.store.events.record(stack, "woke", f"started cold on {', '.join(done.entry.hosts)}")
         return WakeDone(stack, 0, round(time.monotonic() - began, 3))
 

@@ -1,5 +1,5 @@
 """What the head's daemon does about a placed replica whose `/health` failed: pure, from one
-observation. The fleet watch's probes (`daemon/fleetprobe.py`) observe once per probe pass (for each
+observation. The fleet watch's probes (`fleet/watch.py`) observe once per probe pass (for each
 failing replica: Ray's node table before and after its host's agent was asked, that agent's
 `containers()` answer, the book as it is after the answer), decide here, then act and log.
 

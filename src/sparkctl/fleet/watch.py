@@ -35,9 +35,9 @@ from sparkctl.messages import Note
 from sparkctl.node import LABEL_ADDRESS, AgentAnswer, Node
 
 if TYPE_CHECKING:
-    from sparkctl.daemon.bridge import GatewayControl
     from sparkctl.daemon.events import EventBus
     from sparkctl.daemon.planner import Policy
+    from sparkctl.daemon.seam import GatewayFromThread
 
 log = structlog.get_logger()
 RETRY = 1.0  # s before watching again after the head stopped answering
@@ -49,7 +49,7 @@ AWAKE = re.compile(r'^vllm:engine_sleep_state\{[^}]*sleep_state="awake"[^}]*\}\s
 
 
 class FleetWatch:
-    def __init__(self, fleetwide: Fleetwide, *, control: GatewayControl,
+    def __init__(self, fleetwide: Fleetwide, *, control: GatewayFromThread,
                  refresh: Callable[[], None], bus: EventBus, wait: float, within: float,
                  policy: Policy, backoff: Callable[[int], float], served_name: Callable[[str], str] = str,
                  background: Callable[[Callable[[], object]], None] = lambda work: threading.Thread(

@@ -7,7 +7,7 @@ between. A client that goes away cancels its upstream request. A request that ca
 alias held during a switch, its stack parked and waking, or with no replica in routing) waits in
 the hold (`hold.py`) until it can or the hold times out; `drain` waits, through the `Ledger`, for
 a stack's accepted requests to finish. Errors the gateway itself raises use the OpenAI envelope
-(`pages.py`). Built and served by the daemon, which drives a switch through `daemon/bridge.py`.
+(`pages.py`). Built and served by the daemon, whose switch calls these control methods on the loop.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ The daemon owns the file: CLI verbs change it through the daemon's API. Writes a
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -106,3 +108,22 @@ def save(path: Path, desired: Desired) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
+
+
+class DesiredFile:
+    """The daemon's one owner of `desired.yaml`: every read and change goes through it, one at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._lock = path, threading.Lock()
+
+    def read(self) -> Desired:
+        with self._lock:
+            return load(self.path)
+
+    def update(self, change: Callable[[Desired], Desired]) -> Desired:
+        with self._lock:
+            old = load(self.path)
+            new = change(old)
+            if new != old:  # e.g. `up` of a stack already desired: no write, no fsync
+                save(self.path, new)
+            return new

@@ -3,128 +3,176 @@ watchdog, parked when idle, woken by a request that names it, and settled after 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sparkctl.adapters.sleepmode import SleepMode
+from sparkctl.adapters.docker import DockerEngine
 from sparkctl.daemon import planner
-from sparkctl.daemon.actions.context import Context
-from sparkctl.deploy.memory import GIB
+from sparkctl.daemon.events import EventBus
+from sparkctl.daemon.reconciler import Reconciler
+from sparkctl.daemon.routes import Routes
+from sparkctl.daemon.seam import blocking
+from sparkctl.daemon.sleeper import Sleeper
+from sparkctl.daemon.turns import Turns
+from sparkctl.deploy.memory import GIB, MemoryView
 from sparkctl.errors import SparkctlError
+from sparkctl.gateway.proxy import Gateway
 from sparkctl.messages import Note, ParkDone, WakeDone
-from sparkctl.policy.parking import Park, choose, sleep_refusal
+from sparkctl.policy.parking import Choice, Park, choose, sleep_refusal
+from sparkctl.settings import Settings
+from sparkctl.spec.load import Catalog
 from sparkctl.spec.models import Kind, Stack
+from sparkctl.state.desired import DesiredFile
+from sparkctl.state.store import Store
+
+if TYPE_CHECKING:
+    from sparkctl.daemon.actions.machines import Machines
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Parking:
-    ctx: Context
+    settings: Settings
+    catalog: Callable[[], Catalog]
+    desired: DesiredFile
+    docker: DockerEngine
+    sleeper: Sleeper
+    reconciler: Reconciler
+    routes: Routes
+    gateway: Gateway
+    turns: Turns
+    memory: Callable[[], MemoryView]
+    # Held from a memory decision (switch, park, wake) until it is carried out, so two of them
+    # never both count on the same free memory. Taken before any stack's turn, never after.
+    memory_lock: asyncio.Lock
+    bus: EventBus
+    store: Store
+    serving_since: dict[str, float]  # when each stack last came up or woke (monotonic)
+    machines: Machines  # each stack's machine: this Spark's (the `_here` paths) or the fleet's
+    started: float = field(default_factory=time.monotonic)
 
-    def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
-             still: Callable[[], bool] = lambda: True) -> ParkDone:
+    async def park(self, stack: str, *, how: Park = Park.AUTO, ticket: int | None = None,
+                   still: Callable[[], bool] = lambda: True) -> ParkDone:
         """Put a running stack to sleep (or stop it) as deep as `how` and the memory allow; its
         requests drain first. `still`: checked once in the stack's turn (an idle park that a
         request or a switch overtook does nothing). On the machine that runs it."""
-        return self.ctx.machines.of(stack).park(stack, how=how, ticket=ticket, still=still)
+        machine = await blocking(self.machines.of, stack)
+        return await machine.park(stack, how=how, ticket=ticket, still=still)
 
-    def park_here(self, stack: str, *, how: Park, ticket: int | None, still: Callable[[], bool]) -> ParkDone:
+    async def park_here(self, stack: str, *, how: Park, ticket: int | None, still: Callable[[], bool]) -> ParkDone:
         """On this Spark's Docker machine (`machines.Spark`)."""
-        with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
-            spec, desired = self.ctx.machine.catalog().stack(stack), self.ctx.machine.desired()
-            if stack in desired.parked or not still():
+        async with self.memory_lock, self.turns.turn(stack, ticket):
+            choice = still() and await blocking(self._choose, stack, how)
+            if not choice:
                 return ParkDone(stack, "unchanged", f"{stack} is parked already or in use")
-            view = self.ctx.memory()
-            memory = view.now(desired.parked)
-            if stack not in desired.stacks or stack not in memory.held:
-                raise SparkctlError(f"{stack} is not running as a desired stack; nothing to park")
-            beside = memory.beside(stack)
-            choice = choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
-                            unable=self.cannot_sleep(spec))
-            with self.ctx.reconciler.holding(stack):
-                self.ctx.machine.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
-            self.ctx.routes.refresh()
+            with self.reconciler.holding(stack):
+                await self.sleeper.park(stack, choice.park.level, before=lambda: self.quiesce(stack))
+            await blocking(self.routes.refresh)
             return ParkDone(stack, str(choice.park), choice.why)
 
-    def quiesce(self, stack: str) -> None:
+    def _choose(self, stack: str, how: Park) -> Choice | None:
+        """How deep the stack parks (None: it is parked already)."""
+        spec, desired = self.catalog().stack(stack), self.desired.read()
+        if stack in desired.parked:
+            return None
+        view = self.memory()
+        memory = view.now(desired.parked)
+        if stack not in desired.stacks or stack not in memory.held:
+            raise SparkctlError(f"{stack} is not running as a desired stack; nothing to park")
+        beside = memory.beside(stack)
+        return choose(how, view.footprint(stack), beside=beside, after=beside, ceiling=memory.ceiling,
+                      unable=self.cannot_sleep(spec))
+
+    async def quiesce(self, stack: str) -> None:
         """Before a stack sleeps: the gateway stops routing to it (its names now wake it) and its
         accepted requests finish."""
-        self.ctx.routes.refresh()
-        self.ctx.gateway.drain(stack)
+        await blocking(self.routes.refresh)
+        await self.gateway.drain(stack)
 
-    def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
+    async def wake(self, stack: str, *, ticket: int | None = None) -> WakeDone:
         """Wake a parked stack, on the machine that runs it."""
-        return self.ctx.machines.of(stack).wake(stack, ticket=ticket)
+        machine = await blocking(self.machines.of, stack)
+        return await machine.wake(stack, ticket=ticket)
 
-    def wake_here(self, stack: str, *, ticket: int | None) -> WakeDone:
+    async def wake_here(self, stack: str, *, ticket: int | None) -> WakeDone:
         """On this Spark's Docker machine, if its wake peak fits beside what runs."""
-        with self.ctx.memory_lock, self.ctx.turns.turn(stack, ticket):
-            desired = self.ctx.machine.desired()
-            if stack not in desired.parked:
-                raise SparkctlError(f"{stack} is not parked")
-            view = self.ctx.memory()
-            memory, level = view.now(desired.parked), desired.parked[stack]
-            peak = memory.beside(stack) + view.footprint(stack).peak(level)
-            if peak > memory.ceiling + 1e-9:
-                raise SparkctlError(f"{stack} does not fit: waking it from level {level} would hold {peak:.2f} of "
-                                    f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
-                                    "another stack first")
+        async with self.memory_lock, self.turns.turn(stack, ticket):
+            await blocking(self._fits, stack)
             try:
-                with self.ctx.reconciler.holding(stack):
-                    woken = self.ctx.machine.wake(stack)
+                with self.reconciler.holding(stack):
+                    woken = await blocking(self.sleeper.wake, stack)
             finally:
-                self.ctx.routes.refresh()
-            self.ctx.serving_since[stack] = time.monotonic()
-            self.record_wake(stack, woken)
+                await blocking(self.routes.refresh)
+            self.serving_since[stack] = time.monotonic()
+            await blocking(self.record_wake, stack, woken)
             return woken
 
-    def settle_parked(self) -> list[str]:
+    def _fits(self, stack: str) -> None:
+        """Raise unless the parked stack's wake peak fits beside what runs."""
+        desired = self.desired.read()
+        if stack not in desired.parked:
+            raise SparkctlError(f"{stack} is not parked")
+        view = self.memory()
+        memory, level = view.now(desired.parked), desired.parked[stack]
+        peak = memory.beside(stack) + view.footprint(stack).peak(level)
+        if peak > memory.ceiling + 1e-9:
+            raise SparkctlError(f"{stack} does not fit: waking it from level {level} would hold {peak:.2f} of "
+                                f"memory at its peak, over the ceiling {memory.ceiling:.2f}; park or stop "
+                                "another stack first")
+
+    async def settle_parked(self) -> list[str]:
         """After a restart, `GET /is_sleeping` is the truth: a stack recorded parked that is awake
         (the daemon was killed mid-park or mid-wake) is parked again, before anything else wakes."""
         done = []
-        desired = self.ctx.machine.desired()
-        running = {c.stack for c in self.ctx.machine.docker.containers() if c.running}
+        desired, catalog = await blocking(self.desired.read), await blocking(self.catalog)
+        running = {c.stack for c in await blocking(self.docker.containers) if c.running}
         for stack, level in desired.parked.items():
-            if not level or stack not in running or stack not in self.ctx.machine.catalog().stacks:
+            if not level or stack not in running or stack not in catalog.stacks:
                 continue
             try:
-                if not SleepMode(self.ctx.machine.catalog().stack(stack).url).sleeping():
-                    self.ctx.machine.park(stack, level)
+                if not await blocking(self.sleeper.sleeping, stack):
+                    await self.sleeper.park(stack, level)
                     done.append(f"{stack} was awake though recorded parked: parked again at level {level}")
             except SparkctlError as e:
                 done.append(f"{stack} is recorded parked, but its engine did not answer ({e}); stopping it")
                 try:
-                    self.ctx.machine.park(stack, 0)
+                    await self.sleeper.park(stack, 0)
                 except SparkctlError as again:
                     done.append(f"{stack} could not be stopped either: {again}")
         return done
 
-    def park_idle(self) -> None:
+    async def park_idle(self) -> None:
         """Park each stack whose `switch.idle_park` went by without a request through the gateway
-        (its ledger, read on the gateway's loop). Called after each reconcile pass."""
-        catalog, desired = self.ctx.machine.catalog(), self.ctx.machine.desired()
-        for c in self.ctx.machine.docker.containers():
-            spec = catalog.stacks.get(c.stack)
-            if not c.running or c.stack in desired.parked or spec is None or spec.switch.idle_park is None:
-                continue
-            def idle(stack: str = c.stack, ttl: float = spec.switch.idle_park) -> bool:
-                quiet = self.ctx.gateway.quiet_since(stack)
-                busy = self.ctx.reconciler.history.get(stack, planner.History()).busy
-                since = max(quiet or 0.0, self.ctx.serving_since.get(stack, self.ctx.started))
+        (its ledger). Called after each reconcile pass."""
+        for stack, spec in await blocking(self._idle_parkers):
+            def idle(stack: str = stack, ttl: float = spec.switch.idle_park) -> bool:
+                quiet = self.gateway.quiet_since(stack)
+                busy = self.reconciler.history.get(stack, planner.History()).busy
+                since = max(quiet or 0.0, self.serving_since.get(stack, self.started))
                 return quiet is not None and not busy and time.monotonic() - since >= ttl
 
             if idle():
                 try:
-                    self.park(c.stack, how=spec.switch.park, still=idle)  # checked again in its turn
+                    await self.park(stack, how=spec.switch.park, still=idle)  # checked again in its turn
                 except SparkctlError as e:
-                    self.ctx.bus.publish(Note(c.stack, f"{c.stack} was idle but did not park: {e}"))
+                    self.bus.publish(Note(stack, f"{stack} was idle but did not park: {e}"))
 
-    def wake_on_demand(self, stack: str) -> None:
+    def _idle_parkers(self) -> list[tuple[str, Stack]]:
+        """The running stacks, not parked, that park when idle."""
+        catalog, desired = self.catalog(), self.desired.read()
+        specs = [(c.stack, catalog.stacks.get(c.stack)) for c in self.docker.containers()
+                 if c.running and c.stack not in desired.parked]
+        return [(name, spec) for name, spec in specs if spec is not None and spec.switch.idle_park is not None]
+
+    async def wake_on_demand(self, stack: str) -> None:
         """A request named the parked stack (the gateway holds it meanwhile)."""
-        if self.ctx.machines.of(stack).parked(stack):
-            self.wake(stack)
+        machine = await blocking(self.machines.of, stack)
+        if await blocking(machine.parked, stack):
+            await machine.wake(stack, ticket=None)
         else:  # woken meanwhile (a switch, `up`): the routes may not say so yet
-            self.ctx.routes.refresh()
+            await blocking(self.routes.refresh)
 
     def cannot_sleep(self, stack: Stack, *, waking: str | None = None) -> str | None:
         """Why the stack's engine cannot be parked with sleep mode, if it cannot. `waking`: a
@@ -133,12 +181,12 @@ class Parking:
             return "stop: a compose project's engine is not run by sparkctl, so it does not sleep"
         if not stack.sleeps:
             return "stop: switch.park is stop, so its engine runs without sleep mode"
-        latest = self.ctx.store.deployments.latest(stack.name)
-        refused = self.ctx.store.images.policy().wake_refused(latest.parts.get("image") if latest else None)
+        latest = self.store.deployments.latest(stack.name)
+        refused = self.store.images.policy().wake_refused(latest.parts.get("image") if latest else None)
         if refused:
             return f"stop: {refused}"
-        settings, desired = self.ctx.settings, self.ctx.machine.desired()
-        kv = self.ctx.memory().kv_bytes(stack) if stack.resources.kv_cache == "planned" else None
+        settings, desired = self.settings, self.desired.read()
+        kv = self.memory().kv_bytes(stack) if stack.resources.kv_cache == "planned" else None
         sleeping = tuple(s for s, level in desired.parked.items()
                          if level and s != waking) if settings.sleep_one_at_a_time else ()
         refused = sleep_refusal(stack.name, kv_bytes=kv, kv_limit=int(settings.wake_kv_max_gib * GIB),
@@ -146,7 +194,7 @@ class Parking:
         if refused:
             return refused
         try:
-            available = SleepMode(stack.url).available()
+            available = self.sleeper.available(stack.name)
         except SparkctlError as e:
             return f"stop: its engine did not answer ({str(e).splitlines()[0]})"
         if not available:
@@ -156,14 +204,14 @@ class Parking:
 
     def record_wake(self, stack: str, woken: WakeDone) -> None:
         """The first watched wake of an image digest goes into the image policy's wake ledger; a failed one always."""
-        latest = self.ctx.store.deployments.latest(stack)
+        latest = self.store.deployments.latest(stack)
         digest = latest.parts.get("image") if latest else None
         if not digest or not woken.level:
             return
-        known = self.ctx.store.images.policy().wakes.get(digest)
+        known = self.store.images.policy().wakes.get(digest)
         if woken.killed or known is None:
             try:
-                self.ctx.store.images.record_wake(digest, ok=not woken.killed, reason=woken.killed or "")
+                self.store.images.record_wake(digest, ok=not woken.killed, reason=woken.killed or "")
             except (SparkctlError, OSError) as e:  # the wake stands; the ledger learns next time
-                self.ctx.bus.publish(Note(stack, f"could not record how {digest} woke in the state: {e}"))
+                self.bus.publish(Note(stack, f"could not record how {digest} woke in the state: {e}"))
 

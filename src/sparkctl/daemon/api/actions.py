@@ -1,6 +1,6 @@
 """The API's actions: each request checked and named (`Underway`), a ticket for its stack's (or
-alias's) turn taken as it arrives, then the action run on a worker thread while its events stream
-back as NDJSON, ending with its outcome. A cancel names one action under way, never a stack."""
+alias's) turn taken as it arrives, then the action run as a task on the loop while its events
+stream back as NDJSON, ending with its outcome. A cancel names one action under way, never a stack."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,26 +19,27 @@ from aiohttp import web
 from sparkctl import messages
 from sparkctl.daemon.api import http
 from sparkctl.daemon.api.service import COMMANDS, QUERIES, Commands
+from sparkctl.daemon.seam import blocking
 from sparkctl.errors import SparkctlError
 from sparkctl.log import redact
 from sparkctl.policy.parking import Park
 
 if TYPE_CHECKING:
-    from sparkctl.fleet.machine import FleetMachine
+    from sparkctl.daemon.actions.machines import Fleet
 
 UNDERWAY = web.AppKey("underway", dict)  # name -> the action `Underway`: what a cancel can name
 
 
 @dataclass
 class Underway:
-    """An action the API accepted, from its arrival until its worker ends: what a cancel that
+    """An action the API accepted, from its arrival until its task ends: what a cancel that
     names it needs."""
 
     name: str  # the client's (`messages.Asked.action`), or the daemon's
     key: str  # the queue it takes its turn in: its stack, `alias:NAME` or `retest:`
     ticket: int
     stop: threading.Event | None  # a cancel sets it: its fetch streams end (None: nothing to stop)
-    task: asyncio.Future | None = None  # its worker, once started
+    task: asyncio.Task | None = None  # its task, once started
 
 
 async def up(request: web.Request) -> web.StreamResponse:
@@ -84,8 +85,8 @@ async def switch(request: web.Request) -> web.StreamResponse:
     ask = await http.parse_body(request, messages.SwitchRequest)
     actions, reads = request.app[COMMANDS], request.app[QUERIES]
     async with _queued(request, ask, f"alias:{ask.alias}") as this:
-        stack = await asyncio.to_thread(reads.check_stack, ask.stack)
-        old = (await asyncio.to_thread(reads.desired)).aliases.get(ask.alias)
+        stack = await blocking(reads.check_stack, ask.stack)
+        old = (await blocking(reads.desired)).aliases.get(ask.alias)
     return await _stream_action(request, this, (stack, ask.alias, *filter(None, [old])),
                                 lambda: actions.aliases.switch(ask.alias, stack, ticket=this.ticket))
 
@@ -132,10 +133,10 @@ async def fleet_ps(request: web.Request) -> web.Response:
     """`sparkctl fleet ps`: every host's containers, as its agent lists them, and the book."""
     fleet = _fleet(request.app[COMMANDS])
     ask = await http.parse_body(request, messages.FleetPsRequest)
-    return web.json_response(asdict(await asyncio.to_thread(fleet.ps, wait=ask.wait, book_only=ask.book_only)))
+    return web.json_response(asdict(await fleet.ps(wait=ask.wait, book_only=ask.book_only)))
 
 
-def _fleet(actions: Commands) -> FleetMachine:
+def _fleet(actions: Commands) -> Fleet:
     """The fleet this daemon heads; refused before anything queues when it heads none."""
     if actions.fleet is None:
         raise SparkctlError("this daemon heads no fleet (it reads this Spark's node record at its start): run it "
@@ -149,7 +150,7 @@ async def retest(request: web.Request) -> web.StreamResponse:
     ask = await http.parse_body(request, messages.RetestRequest)
     trials = request.app[COMMANDS].trials
     async with _queued(request, ask, "retest:") as this:
-        trial, stack = await asyncio.to_thread(trials.retest_target, ask.ref, ask.stack)
+        trial, stack = await blocking(trials.retest_target, ask.ref, ask.stack)
     return await _stream_action(request, this, (trial, stack),
                                 lambda: trials.retest(ask.ref, stack=stack, force=ask.force, ticket=this.ticket))
 
@@ -167,7 +168,7 @@ async def patch_check(request: web.Request) -> web.StreamResponse:
 async def image(request: web.Request) -> web.Response:
     """An edit of the image policy (`images.yaml`): short, so answered whole, not streamed."""
     ask = await http.parse_body(request, messages.ImageEdit)
-    return web.json_response(messages.encode_done(await asyncio.to_thread(request.app[COMMANDS].images.edit, ask)))
+    return web.json_response(messages.encode_done(await blocking(request.app[COMMANDS].images.edit, ask)))
 
 
 async def compare(request: web.Request) -> web.Response:
@@ -177,12 +178,12 @@ async def compare(request: web.Request) -> web.Response:
         chosen, label = [int(r) for r in body["runs"]], str(body.get("label", ""))
     except (KeyError, TypeError, ValueError, AttributeError):
         raise http.bad(400, 'request body must be {"runs": [run id, ...], "label": "..."}') from None
-    written = await asyncio.to_thread(request.app[COMMANDS].trials.compare, chosen, label)
+    written = await blocking(request.app[COMMANDS].trials.compare, chosen, label)
     return web.json_response(messages.encode_done(written))
 
 
 async def _on_stack(request: web.Request, kind: type[messages.Request],
-                    act: Callable[[Commands, Any, str, Underway], Any],
+                    act: Callable[[Commands, Any, str, Underway], Awaitable[messages.Done]],
                     check: Callable[[Any], bool | str] = lambda ask: True, stoppable: bool = False
                     ) -> web.StreamResponse:
     """An action on one stack: the request checked, a ticket for the stack's turn taken as it
@@ -192,7 +193,7 @@ async def _on_stack(request: web.Request, kind: type[messages.Request],
         raise http.bad(400, str(problem))
     actions = request.app[COMMANDS]
     async with _queued(request, ask, ask.stack, stoppable=stoppable) as this:
-        stack = await asyncio.to_thread(request.app[QUERIES].check_stack, ask.stack)
+        stack = await blocking(request.app[QUERIES].check_stack, ask.stack)
     return await _stream_action(request, this, (stack,), lambda: act(actions, ask, stack, this))
 
 
@@ -216,22 +217,22 @@ async def _queued(request: web.Request, ask: messages.Asked, key: str, *, stoppa
 
 
 async def _stream_action(request: web.Request, this: Underway, names: tuple[str, ...],
-                         work: Callable[[], messages.Done]) -> web.StreamResponse:
-    """Run `work` in a thread; stream the events of these stacks (or alias) meanwhile; end with
+                         work: Callable[[], Awaitable[messages.Done]]) -> web.StreamResponse:
+    """Run `work` as a task; stream the events of these stacks (or alias) meanwhile; end with
     the outcome. The work starts before the response does: it holds a ticket that must be used.
-    Its last event is its own `Finished`, published after all of its others: the stream ends
-    there, whenever the thread's result reaches the loop. The action stays under way (a cancel
-    finds it) until its worker ends, whether or not its client still reads."""
+    Its last event is its own `Finished`, published after all of its others (its workers'
+    included: they cross to the loop in order): the stream ends there. The action stays under
+    way (a cancel finds it) until its task ends, whether or not its client still reads."""
     stack, bus = names[0], request.app[COMMANDS].bus
     since = bus.last
 
-    def run() -> messages.Done:
+    async def run() -> messages.Done:
         try:
-            return work()
+            return await work()
         finally:
             bus.publish(messages.Finished(stack, this.name))
 
-    task = this.task = asyncio.get_running_loop().run_in_executor(None, run)
+    task = this.task = asyncio.create_task(run())
     task.add_done_callback(lambda _: request.app[UNDERWAY].pop(this.name, None))
     response = await http.ndjson(request)
     if request.app[COMMANDS].turns.waiting(this.key, this.ticket):  # its client hears why nothing happens yet

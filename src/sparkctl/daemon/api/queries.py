@@ -14,6 +14,7 @@ from aiohttp import web
 from sparkctl import messages
 from sparkctl.daemon.api import http
 from sparkctl.daemon.api.service import COMMANDS, FOLLOWS, QUERIES, Queries
+from sparkctl.daemon.seam import blocking
 from sparkctl.log import redact
 
 TYPES = {".md": "text/markdown; charset=utf-8", ".png": "image/png", ".json": "application/json",
@@ -30,7 +31,7 @@ def _answer(ask: Callable[[Queries], object], key: str | None = None) -> Handler
     or its list of rows under `key`."""
 
     async def handler(request: web.Request) -> web.Response:
-        found = await asyncio.to_thread(ask, request.app[QUERIES])
+        found = await blocking(ask, request.app[QUERIES])
         return web.json_response({key: [asdict(row) for row in found]} if key else asdict(found))
 
     return handler
@@ -44,7 +45,7 @@ reports = _answer(lambda q: q.reports(), "reports")
 
 
 async def desired(request: web.Request) -> web.Response:
-    d = await asyncio.to_thread(request.app[QUERIES].desired)
+    d = await blocking(request.app[QUERIES].desired)
     routes = {a: tuple(messages.RouteRule(r.stack, r.up_to) for r in rules) for a, rules in d.routes.items()}
     return web.json_response(asdict(messages.DesiredState(d.stacks, d.aliases, d.fallbacks, d.parked, routes)))
 
@@ -75,7 +76,7 @@ async def logs(request: web.Request) -> web.StreamResponse:
     except ValueError:
         raise http.bad(400, "`tail` must be a number of lines") from None
     with request.app[FOLLOWS].held():
-        stream = await asyncio.to_thread(request.app[QUERIES].logs, request.query.get("stack", ""), tail)
+        stream = await blocking(request.app[QUERIES].logs, request.query.get("stack", ""), tail)
         async with contextlib.aclosing(stream):
             await anext(stream)  # Docker accepted the follow: a refusal is answered as an error, not a cut stream
             response, write = await http.lines(request)
@@ -104,23 +105,23 @@ async def _within(step: asyncio.Future, seconds: float) -> bool:
 
 
 async def report_file(request: web.Request) -> web.FileResponse:
-    path = await asyncio.to_thread(request.app[QUERIES].report_file, request.query.get("report", ""),
+    path = await blocking(request.app[QUERIES].report_file, request.query.get("report", ""),
                                    request.query.get("path", ""))
     return web.FileResponse(path, headers={"Content-Type": TYPES.get(path.suffix, "application/octet-stream"),
                                            "X-Content-Type-Options": "nosniff"})
 
 
 async def history(request: web.Request) -> web.Response:
-    found = await asyncio.to_thread(request.app[QUERIES].history, request.query.get("stack"))
+    found = await blocking(request.app[QUERIES].history, request.query.get("stack"))
     return web.json_response(asdict(found))
 
 
 async def chart(request: web.Request) -> web.Response:
     """One of the dashboard's charts, as SVG (`?name=tps|ttft|requests|memory`)."""
-    svg = await asyncio.to_thread(request.app[QUERIES].chart, request.query.get("name", ""))
+    svg = await blocking(request.app[QUERIES].chart, request.query.get("name", ""))
     return web.Response(text=svg, content_type="image/svg+xml", headers={"Cache-Control": "no-store",
                                                                          "X-Content-Type-Options": "nosniff"})
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=await asyncio.to_thread(request.app[QUERIES].metrics_text), content_type="text/plain")
+    return web.Response(text=await blocking(request.app[QUERIES].metrics_text), content_type="text/plain")

@@ -20,12 +20,12 @@ from sparkctl.state.desired import Desired
 
 if TYPE_CHECKING:
     from sparkctl.daemon.actions import Aliases, Benchmarks, Deploys, ImageBook, Parking, PatchChecks, Trials
-    from sparkctl.fleet.machine import FleetMachine
+    from sparkctl.daemon.actions.machines import Fleet
 
 
 class Commands(Protocol):
-    """The actions (`daemon/actions/`), each run on a worker thread in the turn of the ticket its
-    request took as it arrived."""
+    """The actions (`daemon/actions/`), each a coroutine run in the turn of the ticket its request
+    took as it arrived."""
 
     @property
     def bus(self) -> EventBus: ...
@@ -55,11 +55,11 @@ class Commands(Protocol):
     def images(self) -> ImageBook: ...
 
     @property
-    def fleet(self) -> FleetMachine | None: ...
+    def fleet(self) -> Fleet | None: ...
 
 
 class Queries(Protocol):
-    """What the daemon answers without changing anything (`daemon/reads.py`), on a worker thread."""
+    """What the daemon answers without changing anything (`daemon/reads.py`), on a worker (`seam.blocking`)."""
 
     def check_stack(self, name: str) -> str: ...
 
