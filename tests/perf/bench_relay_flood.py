@@ -21,7 +21,6 @@ import http.client
 import os
 import resource
 import selectors
-import signal
 import socket
 import statistics
 import subprocess
@@ -53,7 +52,8 @@ def main() -> None:
         samples: list[dict[str, float]] = []
         probes: dict[str, list[float | None]] = {"new connection": [], "keep-alive": []}
         kept = _Kept(port)
-        flooder = subprocess.Popen([sys.executable, __file__, "--flood", str(port)], stdout=subprocess.PIPE, text=True)
+        flooder = subprocess.Popen([sys.executable, __file__, "--flood", str(port)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
         ends = time.monotonic() + SECONDS
         next_sample = 0.0
         while time.monotonic() < ends:
@@ -63,8 +63,7 @@ def main() -> None:
                 samples.append(_sample(relay.pid))
                 next_sample = time.monotonic() + 0.2
             time.sleep(PROBE_EVERY)
-        flooder.send_signal(signal.SIGINT)
-        opened = int(flooder.communicate(timeout=30)[0].strip() or 0)
+        opened = int(flooder.communicate(timeout=60)[0].strip() or 0)  # its stdin closed: it stops
         time.sleep(1.0)  # the relay sees the flood's connections close
         after = _sample(relay.pid)
         report(before, samples, after, probes, opened, out.stat().st_size)
@@ -100,35 +99,37 @@ def report(before: dict[str, float], samples: list[dict[str, float]], after: dic
 
 def flood(port: int) -> None:
     """Keep FLOOD connections open from LAN, each idle; open a new one for each the relay closes,
-    until SIGINT; then print how many were opened. A process of its own, so the probe's timing
-    is not the flood's turn at the interpreter."""
+    until stdin ends; then print how many were opened. A process of its own, so the probe's timing
+    is not the flood's turn at the interpreter. (The end of stdin, not a signal: a signal sent
+    before a loaded machine has started this process would be lost or kill it.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, FLOOD + 512)), hard))
     sel, opened = selectors.DefaultSelector(), 0
-    try:
-        while True:
-            while len(sel.get_map()) < FLOOD:
-                conn = socket.socket()
-                conn.bind((LAN, 0))
-                conn.setblocking(False)
-                try:
-                    conn.connect((HEAD, port))
-                except BlockingIOError:
-                    pass
-                sel.register(conn, selectors.EVENT_READ)
-                opened += 1
-            for key, _ in sel.select(0.05):
-                try:
-                    gone = key.fileobj.recv(1) == b""
-                except (BlockingIOError, InterruptedError):
-                    gone = False
-                except OSError:
-                    gone = True
-                if gone:
-                    sel.unregister(key.fileobj)
-                    key.fileobj.close()
-    except KeyboardInterrupt:
-        pass
+    sel.register(sys.stdin, selectors.EVENT_READ, "stop")
+    while True:
+        while len(sel.get_map()) <= FLOOD:
+            conn = socket.socket()
+            conn.bind((LAN, 0))
+            conn.setblocking(False)
+            try:
+                conn.connect((HEAD, port))
+            except BlockingIOError:
+                pass
+            sel.register(conn, selectors.EVENT_READ)
+            opened += 1
+        ready = sel.select(0.05)
+        if any(key.data == "stop" for key, _ in ready):
+            break
+        for key, _ in ready:
+            try:
+                gone = key.fileobj.recv(1) == b""
+            except (BlockingIOError, InterruptedError):
+                gone = False
+            except OSError:
+                gone = True
+            if gone:
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
     print(opened, flush=True)
 
 
