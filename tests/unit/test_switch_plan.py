@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkctl.daemon.switch import Switcher, SwitchFailed, recover
+from sparkctl.daemon.actions.switch import Switcher, SwitchFailed, recover
 from sparkctl.daemon.turns import Turns
 from sparkctl.deploy.progress import RecordingReporter
 from sparkctl.errors import SparkctlError

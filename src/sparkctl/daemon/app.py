@@ -21,6 +21,7 @@ from sparkctl.adapters.placements import PlacementFile
 from sparkctl.daemon import api, planner, process, seam
 from sparkctl.daemon.actions import Actions, Aliases, Benchmarks, Deploys, ImageBook, Parking, PatchChecks, Trials
 from sparkctl.daemon.actions.machines import Fleet, Machines, Spark
+from sparkctl.daemon.actions.switch import Switcher, recover
 from sparkctl.daemon.api.actions import Underway
 from sparkctl.daemon.api.service import Gauge
 from sparkctl.daemon.events import BusReporter, EventBus
@@ -35,7 +36,6 @@ from sparkctl.daemon.seam import GatewayFromThread, blocking
 from sparkctl.daemon.sentinel import Sentinel
 from sparkctl.daemon.series import Recorder, readings
 from sparkctl.daemon.sleeper import Sleeper
-from sparkctl.daemon.switch import Switcher, recover
 from sparkctl.daemon.turns import Turns
 from sparkctl.daemon.verdicts import Verdicts
 from sparkctl.deploy.memory import GIB, MemoryView

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sparkctl.daemon.actions.aliases import Aliases
 from sparkctl.daemon.actions.bench import Benchmarks
 from sparkctl.daemon.actions.deploys import Deploys
 from sparkctl.daemon.actions.images import ImageBook
 from sparkctl.daemon.actions.parking import Parking
 from sparkctl.daemon.actions.patches import PatchChecks
+from sparkctl.daemon.actions.switch import Aliases
 from sparkctl.daemon.actions.trials import Trials
 from sparkctl.daemon.events import EventBus
 from sparkctl.daemon.turns import Turns

@@ -18,8 +18,8 @@ from sparkctl.messages import FleetDownDone, FleetPs, FleetUpDone, ParkDone, Swi
 from sparkctl.policy.parking import Park
 
 if TYPE_CHECKING:
-    from sparkctl.daemon.actions.aliases import Aliases
     from sparkctl.daemon.actions.parking import Parking
+    from sparkctl.daemon.actions.switch import Aliases
     from sparkctl.fleet.machine import FleetMachine
     from sparkctl.spec.models import Stack
 
